@@ -1,0 +1,2 @@
+// Package distlock is a distributed mutual-exclusion lock over Redis.
+package distlock

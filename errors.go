@@ -1,0 +1,145 @@
+package distlock
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors reported by distlock. Test for them with [errors.Is]; the concrete
+// errors returned wrap them and carry details ([*OptionError],
+// [*TimeoutError], [*NotAcquiredError], [*LostError]).
+var (
+	// ErrNotAcquired means a single attempt found the lock held by someone
+	// else.
+	ErrNotAcquired = errors.New("distlock: not acquired")
+	// ErrTimeout means waiting for the lock ran out of time: the Mutex's
+	// max wait or the timeout given to TryLockFor, not the context.
+	ErrTimeout = errors.New("distlock: timed out waiting for the lock")
+	// ErrLost is the cause of a lost lease: it is wrapped by [Event.Err] and
+	// by the cause of [Guard.Context].
+	ErrLost = errors.New("distlock: lock lost")
+	// ErrReleased is the cause of [Guard.Context] once the guard has been
+	// released.
+	ErrReleased = errors.New("distlock: lock released")
+	// ErrInvalidOption means an argument or option was rejected before
+	// anything was sent to Redis.
+	ErrInvalidOption = errors.New("distlock: invalid option")
+)
+
+// OptionError reports an argument or option that distlock refused. It
+// matches [ErrInvalidOption].
+type OptionError struct {
+	Field  string // the option or argument, e.g. "ttl" or "key"
+	Reason string // what is wrong with it
+}
+
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("distlock: invalid option %s: %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is [ErrInvalidOption].
+func (e *OptionError) Is(target error) bool { return target == ErrInvalidOption }
+
+func invalid(field, format string, args ...any) error {
+	return &OptionError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// TimeoutError reports that waiting for a lock ran out of time. It matches
+// [ErrTimeout].
+type TimeoutError struct {
+	Key      string        // the lease key
+	Waited   time.Duration // how long the caller waited
+	Attempts int           // how many times Redis was asked
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("distlock: timed out waiting for %s after %v and %d attempts",
+		e.Key, e.Waited.Round(time.Millisecond), e.Attempts)
+}
+
+// Is reports whether target is [ErrTimeout].
+func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
+
+// NotAcquiredError reports that a single attempt found the lock held. It
+// matches [ErrNotAcquired].
+type NotAcquiredError struct {
+	Key string // the lease key
+	// Holder is the owner id of the current holder (the whole value if
+	// distlock did not write it).
+	Holder string
+	// Remaining is how long the holder's lease has left, as Redis saw it; it
+	// is negative when the key has no expiry (someone set it by hand).
+	Remaining time.Duration
+}
+
+func (e *NotAcquiredError) Error() string {
+	if e.Remaining < 0 {
+		return fmt.Sprintf("distlock: not acquired: %s is held by %q with no expiry", e.Key, e.Holder)
+	}
+	return fmt.Sprintf("distlock: not acquired: %s is held by %q for another %v",
+		e.Key, e.Holder, e.Remaining)
+}
+
+// Is reports whether target is [ErrNotAcquired].
+func (e *NotAcquiredError) Is(target error) bool { return target == ErrNotAcquired }
+
+// LostReason says why a lease was lost.
+type LostReason int
+
+const (
+	// LostRefused: a renewal found that the key no longer holds this
+	// acquisition's value (it expired, was deleted or was overwritten).
+	LostRefused LostReason = iota + 1
+	// LostRenewFailed: a renewal failed (Redis unreachable or answered with
+	// an error), so the lease could not be confirmed.
+	LostRenewFailed
+	// LostDeadline: the local lease deadline passed without a confirmed
+	// renewal; Redis may expire the key at any moment after it.
+	LostDeadline
+)
+
+func (r LostReason) String() string {
+	switch r {
+	case LostRefused:
+		return "refused"
+	case LostRenewFailed:
+		return "renew-failed"
+	case LostDeadline:
+		return "deadline"
+	}
+	return fmt.Sprintf("LostReason(%d)", int(r))
+}
+
+// LostError describes why a lease was lost. It matches [ErrLost] and unwraps
+// to the Redis error, if one caused it.
+type LostError struct {
+	Key    string
+	Reason LostReason
+	// Holder is the owner id found in the key when a renewal was refused
+	// (the whole value if distlock did not write it); empty when the key was
+	// missing.
+	Holder string
+	Err    error // the underlying error, for LostRenewFailed
+}
+
+func (e *LostError) Error() string {
+	switch e.Reason {
+	case LostRefused:
+		if e.Holder == "" {
+			return fmt.Sprintf("distlock: lock lost: %s expired or was deleted", e.Key)
+		}
+		return fmt.Sprintf("distlock: lock lost: %s now holds %q", e.Key, e.Holder)
+	case LostRenewFailed:
+		return fmt.Sprintf("distlock: lock lost: renewing %s failed: %v", e.Key, e.Err)
+	case LostDeadline:
+		return fmt.Sprintf("distlock: lock lost: lease deadline of %s passed without a confirmed renewal", e.Key)
+	}
+	return "distlock: lock lost: " + e.Key
+}
+
+// Is reports whether target is [ErrLost].
+func (e *LostError) Is(target error) bool { return target == ErrLost }
+
+// Unwrap returns the underlying error, if any.
+func (e *LostError) Unwrap() error { return e.Err }

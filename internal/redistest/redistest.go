@@ -1,0 +1,287 @@
+// Package redistest starts private redis-server processes for tests.
+//
+// Each [Server] listens on a free loopback port, keeps nothing on disk, and
+// is killed when the test ends. Tests can pause it (SIGSTOP), resume it
+// (SIGCONT), kill it (SIGKILL) and restart it on the same port, which is how
+// the distlock tests simulate a hung, crashed or restarted Redis.
+//
+// If redis-server is not on PATH, [Start] fails the test with a message
+// saying how to install it.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// startTimeout bounds how long Start waits for a new server to answer PING.
+const startTimeout = 10 * time.Second
+
+// InstallHint tells how to get redis-server.
+const InstallHint = "redis-server is not on PATH; install it, e.g. `sudo apt-get install -y redis-server` " +
+	"on Debian/Ubuntu or `brew install redis` on macOS (the tests start their own private servers)"
+
+// Server is a private redis-server process.
+type Server struct {
+	tb   testing.TB
+	port int
+	dir  string
+	args []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// Start starts a redis-server for the test on a free loopback port, with
+// extra command-line arguments such as "--maxmemory", "1mb". It is killed
+// when the test and its subtests finish.
+func Start(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Fatal(InstallHint)
+	}
+	s := &Server{tb: tb, dir: tb.TempDir(), args: args}
+	tb.Cleanup(s.Kill)
+	var err error
+	for range 5 { // another process may take the port between probe and bind
+		if s.port, err = freePort(); err != nil {
+			continue
+		}
+		if err = s.start(); err == nil {
+			return s
+		}
+	}
+	tb.Fatalf("redistest: cannot start redis-server: %v", err)
+	return nil
+}
+
+// Addr returns the server's "host:port".
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Port returns the server's port.
+func (s *Server) Port() int { return s.port }
+
+// URL returns the server's redis:// URL.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Pause stops the server with SIGSTOP: it keeps its connections open but
+// answers nothing until [Server.Resume].
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server with SIGCONT.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+// Kill kills the server with SIGKILL and waits for it to exit. Its data is
+// gone (it keeps nothing on disk). Killing a server that is not running does
+// nothing.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+// Restart kills the server if it runs and starts a fresh, empty one on the
+// same port.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.mu.Lock()
+	s.killLocked()
+	s.mu.Unlock()
+	var err error
+	for range 50 { // the old socket may linger for a moment
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.tb.Fatalf("redistest: cannot restart redis-server on port %d: %v", s.port, err)
+}
+
+// Pid returns the process id of the running server.
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Pid
+}
+
+// ClientOption returns the rueidis options for a client of this server:
+// client-side caching off (the tests do not need it) and one connection.
+func (s *Server) ClientOption() rueidis.ClientOption {
+	return rueidis.ClientOption{
+		InitAddress:  []string{s.Addr()},
+		DisableCache: true,
+	}
+}
+
+// Client returns a new rueidis client of the server, closed when the test
+// ends.
+func (s *Server) Client() rueidis.Client {
+	s.tb.Helper()
+	return NewClient(s.tb, s.ClientOption())
+}
+
+// NewClient returns a rueidis client built from opt, closed when the test
+// ends.
+func NewClient(tb testing.TB, opt rueidis.ClientOption) rueidis.Client {
+	tb.Helper()
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		tb.Fatalf("redistest: rueidis client: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// Do runs one admin command on a short-lived connection of its own, so that
+// it is not queued behind the clients under test, and returns the reply.
+func (s *Server) Do(ctx context.Context, args ...string) (rueidis.RedisMessage, error) {
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:       []string{s.Addr()},
+		DisableCache:      true,
+		DisableRetry:      true,
+		ForceSingleClient: true,
+	})
+	if err != nil {
+		return rueidis.RedisMessage{}, err
+	}
+	defer c.Close()
+	return c.Do(ctx, c.B().Arbitrary(args...).Build()).ToMessage()
+}
+
+// MustDo is [Server.Do] that fails the test on an error (a nil reply is not
+// an error).
+func (s *Server) MustDo(args ...string) *rueidis.RedisMessage {
+	s.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	msg, err := s.Do(ctx, args...)
+	if err != nil && !rueidis.IsRedisNil(err) {
+		s.tb.Fatalf("redistest: %v: %v", args, err)
+	}
+	return &msg
+}
+
+func (s *Server) start() error {
+	args := append([]string{
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", s.dir,
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+		"--daemonize", "no",
+		"--protected-mode", "no",
+	}, s.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = cmd.Wait()
+	}()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(startTimeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			return fmt.Errorf("redis-server on port %d exited at start: %s", s.port, lastLines(log, 5))
+		default:
+		}
+		if err := ping(s.Addr()); err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.Kill()
+	return errors.New("redis-server did not answer PING in time")
+}
+
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	select {
+	case <-s.done:
+	default:
+		_ = s.cmd.Process.Signal(syscall.SIGCONT) // a stopped process still dies, but be tidy
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	s.cmd = nil
+}
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.tb.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.tb.Fatalf("redistest: signal %v: server is not running", sig)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.tb.Fatalf("redistest: signal %v: %v", sig, err)
+	}
+}
+
+// ping checks that addr answers a RESP PING.
+func ping(addr string) error {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 7)
+	n, err := conn.Read(buf)
+	if err != nil {
+		return err
+	}
+	if string(buf[:n]) != "+PONG\r\n" {
+		return fmt.Errorf("unexpected reply %q", buf[:n])
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func lastLines(b []byte, n int) string {
+	end := len(b)
+	for i := len(b) - 1; i >= 0 && n >= 0; i-- {
+		if b[i] == '\n' {
+			n--
+			if n < 0 {
+				return string(b[i+1 : end])
+			}
+		}
+	}
+	return string(b[:end])
+}

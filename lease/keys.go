@@ -1,0 +1,93 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Limits on the names that make up a lock's Redis keys.
+const (
+	// MaxNameLen is the longest lock name, in bytes.
+	MaxNameLen = 512
+	// MaxNamespaceLen is the longest namespace, in bytes.
+	MaxNamespaceLen = 128
+	// MaxOwnerLen is the longest owner id, in bytes.
+	MaxOwnerLen = 256
+)
+
+// ErrInvalidName is wrapped by every error that [CheckName], [CheckNamespace]
+// and [CheckOwner] return.
+var ErrInvalidName = errors.New("invalid name")
+
+// Keys are the Redis keys of one lock. All of them share the hash tag
+// "{name}", so in Redis Cluster they live in one slot and a script may touch
+// them together.
+type Keys struct {
+	// Lease holds the current holder's value and carries the lease's TTL.
+	Lease string
+	// Fence holds the highest fencing token issued for the lock.
+	Fence string
+	// Channel is the pub/sub channel on which a release is announced.
+	Channel string
+}
+
+// NewKeys returns the keys of the lock name in namespace ns. It checks both
+// with [CheckNamespace] and [CheckName].
+//
+// The lease key is "ns:{name}", the fencing key "ns:{name}:fence" and the
+// release channel "ns:{name}:released".
+func NewKeys(ns, name string) (Keys, error) {
+	if err := CheckNamespace(ns); err != nil {
+		return Keys{}, err
+	}
+	if err := CheckName(name); err != nil {
+		return Keys{}, err
+	}
+	base := ns + ":{" + name + "}"
+	return Keys{
+		Lease:   base,
+		Fence:   base + ":fence",
+		Channel: base + ":released",
+	}, nil
+}
+
+// CheckName reports whether name may be used as a lock name: 1 to
+// [MaxNameLen] bytes of valid UTF-8 made of printable characters (letters,
+// marks, numbers, punctuation, symbols and the ASCII space), without '{' or
+// '}'. The braces are reserved because distlock wraps the name in a Redis
+// Cluster hash tag; control characters and other white space are refused so
+// that a key reads the same in logs, redis-cli and the distlock command.
+func CheckName(name string) error { return check("key", name, MaxNameLen, true) }
+
+// CheckNamespace applies the rules of [CheckName] to a namespace, with a
+// limit of [MaxNamespaceLen] bytes.
+func CheckNamespace(ns string) error { return check("namespace", ns, MaxNamespaceLen, true) }
+
+// CheckOwner reports whether id may be used as an owner id: 1 to
+// [MaxOwnerLen] bytes of printable UTF-8. Braces are allowed, since the owner
+// id is stored in the value, never in a key name.
+func CheckOwner(id string) error { return check("owner", id, MaxOwnerLen, false) }
+
+func check(what, s string, maxLen int, keyPart bool) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: %s is empty", ErrInvalidName, what)
+	case len(s) > maxLen:
+		return fmt.Errorf("%w: %s is %d bytes long, more than %d", ErrInvalidName, what, len(s), maxLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidName, what)
+	}
+	if i := strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(s[i:])
+		return fmt.Errorf("%w: %s has the unprintable character %U at byte %d", ErrInvalidName, what, r, i)
+	}
+	if keyPart {
+		if i := strings.IndexAny(s, "{}"); i >= 0 {
+			return fmt.Errorf("%w: %s has %q at byte %d; braces are reserved for the Redis Cluster hash tag", ErrInvalidName, what, s[i], i)
+		}
+	}
+	return nil
+}

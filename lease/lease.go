@@ -1,0 +1,220 @@
+// Package lease is distlock's Redis protocol: the scripts that acquire, renew
+// and release a lease, the layout of a lock's keys, and the format of the
+// value a holder writes.
+//
+// Every operation is a single Lua script, so it takes one round trip and
+// cannot interleave with another client's. Every script that touches a held
+// lease first checks that the key still holds the caller's value; none of them
+// ever re-creates a lease that has expired.
+//
+// # Fencing tokens
+//
+// Acquire issues a fencing token in the same script that writes the lease.
+// A token is the Redis server's clock in microseconds at the grant, raised to
+// one more than the previous token if the clock has not moved past it. Tokens
+// of one lock therefore strictly increase as long as the fencing key survives,
+// and, when it does not (a restart without persistence, an eviction, a
+// failover to a replica that missed the last writes, or simply
+// [FenceRetention] without any acquisition), they still increase unless the
+// server's clock has stepped back by more than the time that passed. Tokens
+// stay below 2^53, so they are exact in Lua, in JSON and in float64.
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/rueidis"
+)
+
+// FenceRetention is how long the fencing key outlives the last acquisition.
+// It guards token order against a server clock that steps back; see the
+// package documentation.
+const FenceRetention = 24 * time.Hour
+
+// ErrProtocol is wrapped by errors for replies that do not have the shape the
+// scripts return, which means something other than distlock wrote the keys or
+// answered the call.
+var ErrProtocol = errors.New("unexpected reply")
+
+// acquireScript writes the lease if it is free, and issues a fencing token.
+//
+// KEYS[1] lease key, KEYS[2] fencing key.
+// ARGV[1] the acquisition's value, ARGV[2] TTL in ms, ARGV[3] fencing key
+// retention in ms.
+// Reply: {1, token} when the lease is now ours; {0, pttl, holder value} when
+// another value holds it (pttl is -1 when the key has no expiry).
+//
+// The lease is also granted when it already holds ARGV[1]: that happens when
+// an earlier attempt of the same acquisition was applied but its reply was
+// lost, and granting it again (with a fresh TTL and a new token) avoids
+// blocking everyone, the caller included, until the orphan expires. All reads
+// come before the first write, so a key of the wrong type fails the script
+// without leaving anything behind.
+var acquireScript = rueidis.NewLuaScript(`
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if not last then
+  return redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
+end
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then
+  return {0, redis.call('PTTL', KEYS[1]), cur}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if token <= last then
+  token = last + 1
+end
+redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+return {1, token}
+`)
+
+// renewScript extends the lease if it still holds the caller's value.
+//
+// KEYS[1] lease key. ARGV[1] the acquisition's value, ARGV[2] TTL in ms.
+// Reply: {1} when extended; {0, holder value or false} when refused.
+var renewScript = rueidis.NewLuaScript(`
+local cur = redis.pcall('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1}
+end
+if type(cur) ~= 'string' then
+  cur = false
+end
+return {0, cur}
+`)
+
+// releaseScript deletes the lease if it still holds the caller's value.
+//
+// KEYS[1] lease key. ARGV[1] the acquisition's value.
+// Reply: 1 when deleted, 0 when the key held something else or nothing.
+var releaseScript = rueidis.NewLuaScript(`
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+`)
+
+// NewValue returns a fresh lease value for one acquisition by owner:
+// "owner#id", where id is a random UUID. The owner part lets an operator see
+// who holds a key; the id makes the value unique, so two acquisitions by the
+// same owner never renew or release each other's lease.
+func NewValue(owner string) string {
+	return owner + "#" + uuid.NewString()
+}
+
+// Owner returns the owner part of a value written by [NewValue]. For a value
+// that distlock did not write it returns the whole value.
+func Owner(value string) string {
+	i := strings.LastIndexByte(value, '#')
+	if i < 0 {
+		return value
+	}
+	if _, err := uuid.Parse(value[i+1:]); err != nil {
+		return value
+	}
+	return value[:i]
+}
+
+// Client runs the lease scripts through a rueidis client. It holds no state
+// of its own and is safe for concurrent use.
+type Client struct {
+	rc rueidis.Client
+}
+
+// New returns a Client that talks to Redis through rc.
+func New(rc rueidis.Client) *Client { return &Client{rc: rc} }
+
+// Grant is the outcome of [Client.Acquire].
+type Grant struct {
+	// Acquired reports whether the lease is now held by the caller's value.
+	Acquired bool
+	// Token is the fencing token, when Acquired.
+	Token int64
+	// Holder is the value that holds the lease, when not Acquired.
+	Holder string
+	// HolderTTL is the holder's remaining lease, when not Acquired; it is
+	// negative when the key has no expiry.
+	HolderTTL time.Duration
+}
+
+// Acquire writes value to the lease with the given TTL if the lease is free
+// (or already holds value), and issues a fencing token. It makes one round
+// trip. A Redis error, including a key of the wrong type, is returned wrapped
+// and leaves nothing written.
+func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Duration) (Grant, error) {
+	res := acquireScript.Exec(ctx, c.rc, []string{k.Lease, k.Fence},
+		[]string{value, ms(ttl), ms(FenceRetention)})
+	arr, err := res.ToArray()
+	if err != nil {
+		return Grant{}, err
+	}
+	if len(arr) < 2 {
+		return Grant{}, fmt.Errorf("%w to acquire: %d elements", ErrProtocol, len(arr))
+	}
+	ok, err1 := arr[0].AsInt64()
+	n, err2 := arr[1].AsInt64()
+	if err := errors.Join(err1, err2); err != nil {
+		return Grant{}, fmt.Errorf("%w to acquire: %w", ErrProtocol, err)
+	}
+	if ok == 1 {
+		return Grant{Acquired: true, Token: n}, nil
+	}
+	g := Grant{HolderTTL: time.Duration(n) * time.Millisecond}
+	if len(arr) > 2 {
+		g.Holder, _ = arr[2].ToString()
+	}
+	return g, nil
+}
+
+// Renewal is the outcome of [Client.Renew].
+type Renewal struct {
+	// OK reports whether the lease held the caller's value and was extended.
+	OK bool
+	// Holder is the value found instead when not OK; empty if the key was
+	// missing (expired or deleted).
+	Holder string
+}
+
+// Renew extends the lease to the given TTL, counted from when Redis runs the
+// script, if it still holds value. It never re-creates a missing lease.
+func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Duration) (Renewal, error) {
+	res := renewScript.Exec(ctx, c.rc, []string{k.Lease}, []string{value, ms(ttl)})
+	arr, err := res.ToArray()
+	if err != nil {
+		return Renewal{}, err
+	}
+	if len(arr) < 1 {
+		return Renewal{}, fmt.Errorf("%w to renew: empty array", ErrProtocol)
+	}
+	ok, err := arr[0].AsInt64()
+	if err != nil {
+		return Renewal{}, fmt.Errorf("%w to renew: %w", ErrProtocol, err)
+	}
+	r := Renewal{OK: ok == 1}
+	if !r.OK && len(arr) > 1 {
+		r.Holder, _ = arr[1].ToString()
+	}
+	return r, nil
+}
+
+// Release deletes the lease if it still holds value and reports whether it
+// did. It never touches a lease held by another value.
+func (c *Client) Release(ctx context.Context, k Keys, value string) (bool, error) {
+	n, err := releaseScript.Exec(ctx, c.rc, []string{k.Lease}, []string{value}).AsInt64()
+	if err != nil {
+		return false, err
+	}
+	return n == 1, nil
+}
+
+// ms formats d in whole milliseconds, the unit of Redis's PX and PEXPIRE.
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }

@@ -1,0 +1,273 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// store is the lease protocol as the Mutex and its guards use it. The
+// production store is *lease.Client; tests substitute fakes to drive the
+// timing logic deterministically.
+type store interface {
+	Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error)
+	Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error)
+	Release(ctx context.Context, k lease.Keys, value string) (bool, error)
+}
+
+// cleanupTimeout bounds the conditional delete that Lock sends when it gives
+// up after an attempt whose outcome it could not see (the reply was lost or
+// the context ended while the script was in flight).
+const cleanupTimeout = 250 * time.Millisecond
+
+// A Mutex is a named distributed lock. It holds the lock's configuration and
+// no state: every successful Lock returns a new [Guard] that owns one
+// acquisition. A Mutex is safe for concurrent use, and several goroutines may
+// call Lock on the same Mutex; they contend for the lock exactly as separate
+// processes would.
+type Mutex struct {
+	store         store
+	keys          lease.Keys
+	owner         string
+	ttl           time.Duration
+	maxWait       time.Duration
+	retryInterval time.Duration
+	log           *slog.Logger
+}
+
+// NewMutex returns a Mutex for the lock named key, reached through client.
+//
+// The client is shared, not owned: the Mutex and its guards never close it,
+// and rueidis multiplexes all their commands over its connections. A
+// standalone, Sentinel or Cluster client works the same way.
+//
+// The key and namespace (see [WithNamespace]) are each 1 to 512 (namespace:
+// 128) bytes of printable UTF-8 (letters, digits, punctuation, symbols and
+// the ASCII space) and must not contain '{' or '}'. The lease is stored at
+// "namespace:{key}", and the lock's other keys share the "{key}" hash tag so
+// that they land in one Redis Cluster slot.
+//
+// NewMutex checks its arguments and options and returns an error matching
+// [ErrInvalidOption] (a [*OptionError] naming the field) for the first one
+// that is wrong; it sends nothing to Redis.
+func NewMutex(client rueidis.Client, key string, opts ...Option) (*Mutex, error) {
+	if client == nil {
+		return nil, invalid("client", "is nil")
+	}
+	m, err := newMutex(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	m.store = lease.New(client)
+	return m, nil
+}
+
+// newMutex checks key and opts and builds a Mutex without a store.
+func newMutex(key string, opts []Option) (*Mutex, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalid("option", "is nil")
+		}
+		opt.apply(&o)
+	}
+	if err := lease.CheckName(key); err != nil {
+		return nil, invalid("key", "%v", unwrapName(err))
+	}
+	keys, err := lease.NewKeys(o.namespace, key)
+	if err != nil {
+		return nil, invalid("namespace", "%v", unwrapName(err))
+	}
+	if err := lease.CheckOwner(o.owner); err != nil {
+		return nil, invalid("owner", "%v", unwrapName(err))
+	}
+	switch {
+	case o.ttl <= 0:
+		return nil, invalid("ttl", "%v is not positive", o.ttl)
+	case o.ttl < MinTTL:
+		return nil, invalid("ttl", "%v is below the minimum of %v, too short to renew in time", o.ttl, MinTTL)
+	case o.ttl > MaxTTL:
+		return nil, invalid("ttl", "%v is above the maximum of %v", o.ttl, MaxTTL)
+	case o.maxWait < 0:
+		return nil, invalid("max wait", "%v is negative", o.maxWait)
+	case o.retryInterval < 0:
+		return nil, invalid("retry interval", "%v is negative", o.retryInterval)
+	case o.logger == nil:
+		return nil, invalid("logger", "is nil")
+	}
+	return &Mutex{
+		keys:          keys,
+		owner:         o.owner,
+		ttl:           o.ttl.Truncate(time.Millisecond),
+		maxWait:       o.maxWait,
+		retryInterval: o.retryInterval,
+		log:           o.logger.With("key", keys.Lease),
+	}, nil
+}
+
+// unwrapName strips lease.ErrInvalidName's prefix from a validation message,
+// since the OptionError already names the field.
+func unwrapName(err error) string {
+	msg := err.Error()
+	prefix := lease.ErrInvalidName.Error() + ": "
+	if len(msg) > len(prefix) && msg[:len(prefix)] == prefix {
+		return msg[len(prefix):]
+	}
+	return msg
+}
+
+// Key returns the Redis key that holds the lease, such as "distlock:{job}".
+func (m *Mutex) Key() string { return m.keys.Lease }
+
+// Owner returns the owner id written into the lease by this Mutex's
+// acquisitions.
+func (m *Mutex) Owner() string { return m.owner }
+
+// Lock acquires the lock, waiting while someone else holds it.
+//
+// It tries at once and then every retry interval ([WithRetryInterval]) until
+// it acquires the lock, the max wait ([WithMaxWait]) runs out, or ctx is done.
+// On success it returns a [Guard] whose lease is renewed in the background.
+//
+// ctx bounds both the wait and the hold: if ctx is cancelled after the lock
+// was acquired, the guard releases it, just as [Guard.Release] would. To
+// bound only the wait, use [WithMaxWait] or [Mutex.TryLockFor] and pass a
+// context that lives as long as the critical section.
+//
+// When ctx ends first, the error matches ctx.Err() under [errors.Is]; when
+// the max wait runs out, it matches [ErrTimeout] and is a [*TimeoutError].
+// A Redis error ends the wait at once and is returned wrapped. If an attempt
+// was in flight when Lock gave up, Lock deletes whatever that attempt may
+// have written before it returns, so no orphaned lease is left to block
+// others. Lock is safe for concurrent use.
+func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
+	return m.acquire(ctx, m.maxWait, m.retryInterval, false)
+}
+
+// TryLock makes a single attempt to acquire the lock. If someone else holds
+// it, TryLock returns an error matching [ErrNotAcquired] (a
+// [*NotAcquiredError] that names the holder). Like [Mutex.Lock], ctx bounds
+// the attempt and the hold.
+func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
+	return m.acquire(ctx, 0, 0, true)
+}
+
+// TryLockFor tries to acquire the lock for up to timeout, retrying every
+// retryInterval (0 retries at once). When timeout runs out it returns an
+// error matching [ErrTimeout]; a timeout of 0 makes a single attempt, as
+// [Mutex.TryLock] does. Negative durations are refused with
+// [ErrInvalidOption]. Like [Mutex.Lock], ctx bounds the wait and the hold,
+// and when ctx ends first the error matches ctx.Err().
+func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
+	switch {
+	case timeout < 0:
+		return nil, invalid("timeout", "%v is negative", timeout)
+	case retryInterval < 0:
+		return nil, invalid("retry interval", "%v is negative", retryInterval)
+	case timeout == 0:
+		return m.acquire(ctx, 0, 0, true)
+	}
+	return m.acquire(ctx, timeout, retryInterval, false)
+}
+
+// acquire is the retry loop behind Lock, TryLock and TryLockFor. wait 0 with
+// once false means no limit.
+func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, once bool) (*Guard, error) {
+	if ctx == nil {
+		return nil, invalid("ctx", "is nil")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, m.ctxError(ctx)
+	}
+	start := time.Now()
+	// One value for every attempt of this call: if an attempt's reply is
+	// lost, the next attempt finds its own value and is granted at once.
+	value := lease.NewValue(m.owner)
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for attempt := 0; ; attempt++ {
+		sent := time.Now()
+		actx, cancel := context.WithDeadline(ctx, sent.Add(m.ttl-margin(m.ttl)))
+		grant, err := m.store.Acquire(actx, m.keys, value, m.ttl)
+		cancel()
+		if err != nil {
+			// A reply from Redis means the script did not run to a write (it
+			// reads before it writes); anything else (a lost connection, a
+			// deadline, a cancelled ctx) leaves its outcome unknown.
+			if _, replied := rueidis.IsRedisErr(err); !replied {
+				m.cleanup(ctx, value)
+			}
+			if ctx.Err() != nil {
+				return nil, m.ctxError(ctx)
+			}
+			return nil, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
+		}
+		if grant.Acquired {
+			if time.Since(sent) < m.ttl-margin(m.ttl) {
+				return m.startGuard(ctx, value, grant.Token, attempt, sent), nil
+			}
+			// The reply came too late to trust the lease; the next attempt
+			// finds our value and renews it with a fresh send time.
+			continue
+		}
+		if once {
+			return nil, &NotAcquiredError{Key: m.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL}
+		}
+		waited := time.Since(start)
+		if wait > 0 && waited >= wait {
+			return nil, &TimeoutError{Key: m.keys.Lease, Waited: waited, Attempts: attempt + 1}
+		}
+		pause := interval
+		if wait > 0 {
+			pause = min(pause, wait-waited)
+		}
+		if pause > 0 {
+			if timer == nil {
+				timer = time.NewTimer(pause)
+			} else {
+				timer.Reset(pause)
+			}
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return nil, m.ctxError(ctx)
+			}
+		} else if ctx.Err() != nil {
+			return nil, m.ctxError(ctx)
+		}
+	}
+}
+
+// cleanup deletes value from the lease, if it is there, after Lock gave up
+// following an attempt whose outcome it did not see. It is bounded by
+// cleanupTimeout and ignores ctx's cancellation (ctx is usually why Lock gave
+// up). Failing is harmless: the orphan expires within the TTL.
+func (m *Mutex) cleanup(ctx context.Context, value string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, m.ttl))
+	defer cancel()
+	if ok, err := m.store.Release(cctx, m.keys, value); err != nil {
+		m.log.Warn("distlock: could not clean up after an unconfirmed attempt", "err", err)
+	} else if ok {
+		m.log.Info("distlock: deleted the lease of an attempt whose reply was lost")
+	}
+}
+
+// ctxError wraps ctx's error, and its cause when that differs, so that the
+// result matches both under errors.Is.
+func (m *Mutex) ctxError(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause != nil && !errors.Is(cause, err) {
+		return fmt.Errorf("distlock: waiting for %s: %w: %w", m.keys.Lease, err, cause)
+	}
+	return fmt.Errorf("distlock: waiting for %s: %w", m.keys.Lease, err)
+}

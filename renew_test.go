@@ -1,0 +1,390 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// These tests drive a guard's timing against a fake lease store inside a
+// synctest bubble, where time only moves when every goroutine is blocked, so
+// deadlines can be checked to the nanosecond.
+
+type renewMode int
+
+const (
+	renewOK     renewMode = iota
+	renewRefuse           // the key holds another value
+	renewFail             // Redis answers with an error
+	renewHang             // no answer until the call's deadline
+)
+
+type renewCall struct {
+	sent     time.Time
+	deadline time.Time
+}
+
+// fakeStore is a lease store with one key, whose renewals behave as told.
+type fakeStore struct {
+	mu        sync.Mutex
+	holder    string
+	token     int64
+	mode      renewMode
+	acquireFn func(ctx context.Context) error // optional failure for Acquire
+	renews    []renewCall
+	releases  []string
+	afterDone int // calls made after the guard reported done
+	done      <-chan struct{}
+}
+
+func (f *fakeStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error) {
+	f.mu.Lock()
+	fn := f.acquireFn
+	f.mu.Unlock()
+	if fn != nil {
+		if err := fn(ctx); err != nil {
+			return lease.Grant{}, err
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holder != "" && f.holder != value {
+		return lease.Grant{Holder: f.holder, HolderTTL: ttl}, nil
+	}
+	f.holder = value
+	f.token++
+	return lease.Grant{Acquired: true, Token: f.token}, nil
+}
+
+func (f *fakeStore) Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error) {
+	f.mu.Lock()
+	dl, _ := ctx.Deadline()
+	f.renews = append(f.renews, renewCall{sent: time.Now(), deadline: dl})
+	f.noteAfterDone()
+	mode := f.mode
+	f.mu.Unlock()
+	switch mode {
+	case renewRefuse:
+		return lease.Renewal{Holder: "other#1"}, nil
+	case renewFail:
+		return lease.Renewal{}, errors.New("connection refused")
+	case renewHang:
+		<-ctx.Done()
+		return lease.Renewal{}, ctx.Err()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return lease.Renewal{OK: f.holder == value, Holder: f.holder}, nil
+}
+
+func (f *fakeStore) Release(ctx context.Context, k lease.Keys, value string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.releases = append(f.releases, value)
+	f.noteAfterDone()
+	if f.holder == value {
+		f.holder = ""
+		return true, nil
+	}
+	return false, nil
+}
+
+func (f *fakeStore) noteAfterDone() {
+	if f.done == nil {
+		return
+	}
+	select {
+	case <-f.done:
+		f.afterDone++
+	default:
+	}
+}
+
+func (f *fakeStore) set(mode renewMode) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mode = mode
+}
+
+func (f *fakeStore) renewCalls() []renewCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]renewCall(nil), f.renews...)
+}
+
+const fakeTTL = 3 * time.Second
+
+func fakeMutex(t *testing.T, f *fakeStore, opts ...Option) *Mutex {
+	t.Helper()
+	m, err := newMutex("job", append([]Option{WithTTL(fakeTTL)}, opts...))
+	require.NoError(t, err)
+	m.store = f
+	return m
+}
+
+func drain(ch <-chan Event) []State {
+	var got []State
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				return got
+			}
+			got = append(got, ev.State)
+		default:
+			return got
+		}
+	}
+}
+
+func TestRenewsEveryThirdOfTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		start := time.Now()
+
+		time.Sleep(10*fakeTTL/3 + time.Millisecond)
+		calls := f.renewCalls()
+		require.Len(t, calls, 10)
+		for i, c := range calls {
+			assert.Equal(t, time.Duration(i+1)*fakeTTL/3, c.sent.Sub(start), "renewal %d", i)
+			// L1: no call for a held lock outlives the deadline, which is
+			// counted from the previous confirmed send.
+			wantD := c.sent.Add(-fakeTTL / 3).Add(fakeTTL - margin(fakeTTL))
+			assert.Equal(t, wantD, c.deadline, "deadline of renewal %d", i)
+		}
+		assert.Equal(t, Acquired, g.State())
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+	})
+}
+
+func TestLostExactlyAtDeadlineWhileRenewalHangs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{mode: renewHang}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		start := time.Now()
+		events := g.Subscribe(t.Context())
+		require.Equal(t, Acquired, (<-events).State)
+
+		d := start.Add(fakeTTL - margin(fakeTTL))
+		time.Sleep(time.Until(d) - time.Nanosecond)
+		assert.Equal(t, Acquired, g.State(), "just before D")
+		time.Sleep(time.Nanosecond)
+		// State checks the clock itself, whatever the timers did.
+		assert.Equal(t, Lost, g.State(), "at D")
+		ev := <-events
+		assert.Equal(t, Lost, ev.State)
+		assert.Equal(t, d, ev.Time, "Lost published at D")
+		var le *LostError
+		require.ErrorAs(t, ev.Err, &le)
+		assert.Equal(t, LostDeadline, le.Reason)
+		assert.True(t, ev.Time.Before(start.Add(fakeTTL)), "Lost must come before Redis can expire the key")
+		assert.ErrorIs(t, context.Cause(g.Context()), ErrLost)
+
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Lost, st)
+	})
+}
+
+func TestFailedRenewalLosesThenRegains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		start := time.Now()
+		events := g.Subscribe(t.Context())
+		require.Equal(t, Acquired, (<-events).State)
+
+		f.set(renewFail)
+		time.Sleep(fakeTTL/3 + time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, Lost, g.State(), "a failed renewal loses the lease at once")
+		ev := <-events
+		var le *LostError
+		require.ErrorAs(t, ev.Err, &le)
+		assert.Equal(t, LostRenewFailed, le.Reason)
+		assert.EqualError(t, errors.Unwrap(le), "connection refused")
+
+		// The next try comes TTL/9 later and succeeds: the lease is back.
+		f.set(renewOK)
+		time.Sleep(fakeTTL / 9)
+		synctest.Wait()
+		assert.Equal(t, Acquired, g.State())
+		ev = <-events
+		assert.Equal(t, Acquired, ev.State)
+		assert.Equal(t, start.Add(fakeTTL/3+fakeTTL/9), ev.Time)
+		// The context stays cancelled.
+		assert.ErrorIs(t, context.Cause(g.Context()), ErrLost)
+
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+	})
+}
+
+func TestRefusedRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{mode: renewRefuse}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		time.Sleep(fakeTTL/3 + time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, Lost, g.State())
+		var le *LostError
+		require.ErrorAs(t, context.Cause(g.Context()), &le)
+		assert.Equal(t, LostRefused, le.Reason)
+		assert.Equal(t, "other#1", le.Holder, "not a distlock value, so shown whole")
+		// It keeps trying, once per period, until released.
+		time.Sleep(fakeTTL)
+		assert.Len(t, f.renewCalls(), 4)
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
+	})
+}
+
+func TestReleaseWaitsForRenewalAndThenGoesQuiet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{mode: renewHang}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		f.mu.Lock()
+		f.done = g.Done()
+		f.mu.Unlock()
+		time.Sleep(fakeTTL/3 + time.Millisecond) // a renewal is now hanging
+		synctest.Wait()
+		require.Len(t, f.renewCalls(), 1)
+
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+		assert.Len(t, f.releases, 1)
+		time.Sleep(10 * fakeTTL)
+		assert.Zero(t, f.afterDone, "a command reached the store after Release returned")
+		assert.Len(t, f.renewCalls(), 1)
+	})
+}
+
+func TestLockContextCancelReleases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		ctx, cancel := context.WithCancel(t.Context())
+		g, err := fakeMutex(t, f).Lock(ctx)
+		require.NoError(t, err)
+		cancel()
+		<-g.Done()
+		assert.Equal(t, Released, g.State())
+		assert.Empty(t, f.holder)
+		assert.ErrorIs(t, g.Context().Err(), context.Canceled)
+	})
+}
+
+func TestSlowSubscriberSeesNewestState(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		slow := g.Subscribe(t.Context()) // read only at the end
+		// Flap five times: ten transitions, far more than the buffer.
+		for range 5 {
+			f.set(renewFail)
+			time.Sleep(fakeTTL / 3)
+			synctest.Wait()
+			f.set(renewOK)
+			time.Sleep(fakeTTL / 9)
+			synctest.Wait()
+		}
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
+		got := drain(slow)
+		require.Len(t, got, subscriberBuffer)
+		assert.Equal(t, Released, got[len(got)-1], "Released is always delivered")
+		assert.Equal(t, []State{Lost, Acquired, Lost, Acquired, Released}[5-subscriberBuffer:], got)
+	})
+}
+
+func TestLockRetriesAndTimesOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{holder: "someone#1"}
+		m := fakeMutex(t, f, WithRetryInterval(100*time.Millisecond), WithMaxWait(time.Second))
+		start := time.Now()
+		_, err := m.Lock(t.Context())
+		var te *TimeoutError
+		require.ErrorAs(t, err, &te)
+		assert.Equal(t, time.Second, te.Waited)
+		assert.Equal(t, time.Second, time.Since(start))
+		assert.Equal(t, 11, te.Attempts, "at 0, 100ms, ..., 1s")
+
+		// Freed half-way: acquired on the attempt after.
+		time.AfterFunc(450*time.Millisecond, func() {
+			f.mu.Lock()
+			f.holder = ""
+			f.mu.Unlock()
+		})
+		g, err := m.Lock(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, 5, g.Attempt())
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
+	})
+}
+
+func TestLostReplyIsCleanedUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The script runs but its reply never arrives: Acquire writes the
+		// lease, then reports the connection dropped.
+		f := &fakeStore{}
+		m := fakeMutex(t, f)
+		lostReply := errors.New("read: connection reset by peer")
+		var value string
+		m.store = &replyLosingStore{fakeStore: f, err: lostReply, written: &value}
+		_, err := m.Lock(t.Context())
+		require.ErrorIs(t, err, lostReply)
+		require.NotEmpty(t, value)
+		assert.Equal(t, []string{value}, f.releases, "Lock must delete what the lost attempt wrote")
+		assert.Empty(t, f.holder)
+	})
+}
+
+// replyLosingStore applies Acquire but reports an error instead of its reply.
+type replyLosingStore struct {
+	*fakeStore
+	err     error
+	written *string
+}
+
+func (s *replyLosingStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error) {
+	if _, err := s.fakeStore.Acquire(ctx, k, value, ttl); err != nil {
+		return lease.Grant{}, err
+	}
+	*s.written = value
+	return lease.Grant{}, s.err
+}
+
+func TestNewMutexDefaults(t *testing.T) {
+	m, err := newMutex("k", nil)
+	require.NoError(t, err)
+	assert.Equal(t, DefaultTTL, m.ttl)
+	assert.Equal(t, DefaultRetryInterval, m.retryInterval)
+	assert.Zero(t, m.maxWait)
+	assert.Len(t, m.owner, 36, "a UUID")
+	m2, err := newMutex("k", nil)
+	require.NoError(t, err)
+	assert.NotEqual(t, m.owner, m2.owner, "each Mutex gets its own owner id")
+	m3, err := newMutex("k", []Option{WithTTL(1500*time.Millisecond + 700*time.Microsecond), WithLogger(slog.Default())})
+	require.NoError(t, err)
+	assert.Equal(t, 1500*time.Millisecond, m3.ttl, "TTL counts whole milliseconds")
+}
