@@ -37,7 +37,8 @@ type Actor[M any] struct {
 	inbox    chan M
 	stop     chan struct{}
 	stopOnce sync.Once
-	done     chan struct{}
+	returned chan struct{} // closed when loop has returned; children may still run
+	done     chan struct{} // closed when loop and every child have returned
 	children sync.WaitGroup
 }
 
@@ -54,13 +55,15 @@ type Loop[M any] func(a *Actor[M], inbox <-chan M, stop <-chan struct{})
 // started with [Actor.Go] and then closes [Actor.Done].
 func Start[M any](loop Loop[M]) *Actor[M] {
 	a := &Actor[M]{
-		inbox: make(chan M),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		inbox:    make(chan M),
+		stop:     make(chan struct{}),
+		returned: make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	go func() {
 		defer close(a.done)
 		defer a.children.Wait()
+		defer close(a.returned)
 		loop(a, a.inbox, a.stop)
 	}()
 	return a
@@ -68,12 +71,13 @@ func Start[M any](loop Loop[M]) *Actor[M] {
 
 // Send delivers m to the loop. It blocks until the loop takes the message,
 // the loop has returned (then it reports [ErrStopped]) or ctx is done (then it
-// reports ctx.Err()).
+// reports ctx.Err()). It does not wait for children still running after the
+// loop has returned, so a child may call Send without deadlocking the actor.
 func (a *Actor[M]) Send(ctx context.Context, m M) error {
 	select {
 	case a.inbox <- m:
 		return nil
-	case <-a.done:
+	case <-a.returned:
 		return ErrStopped
 	case <-ctx.Done():
 		return ctx.Err()

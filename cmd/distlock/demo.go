@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock"
+)
+
+// demoConfig is the demo's command line.
+type demoConfig struct {
+	redis     string
+	namespace string
+	key       string
+	workers   int
+	duration  time.Duration
+	hold      time.Duration
+	rest      time.Duration
+	ttl       time.Duration
+	steal     bool
+	verbose   bool
+}
+
+func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
+	var c demoConfig
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.redis, "redis", "", "Redis URL (default $REDIS_URL, else an embedded Redis)")
+	fs.StringVar(&c.namespace, "namespace", distlock.DefaultNamespace, "key namespace")
+	fs.StringVar(&c.key, "key", "demo", "lock name")
+	fs.IntVar(&c.workers, "workers", 3, "number of workers contending for the lock")
+	fs.DurationVar(&c.duration, "duration", 4*time.Second, "how long the demo runs")
+	fs.DurationVar(&c.hold, "hold", 400*time.Millisecond, "how long each worker holds the lock")
+	fs.DurationVar(&c.rest, "rest", 100*time.Millisecond, "how long a worker works elsewhere between holds")
+	fs.DurationVar(&c.ttl, "ttl", 900*time.Millisecond, "lease TTL (renewed every TTL/3)")
+	fs.BoolVar(&c.steal, "steal", true, "half-way through, overwrite the key as an operator would, to show a Lost")
+	fs.BoolVar(&c.verbose, "v", false, "log the library's debug messages to stderr")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage: distlock demo [flags]
+
+A few workers contend for one lock. Each prints its transitions (acquired,
+lost, released) with its fencing token; a summary closes the run.
+
+Example:
+  distlock demo --workers 5 --duration 10s
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, usagef("unexpected arguments %q", fs.Args())
+	case c.workers < 1:
+		return c, usagef("--workers must be at least 1")
+	case c.duration <= 0:
+		return c, usagef("--duration must be positive")
+	case c.hold < 0 || c.rest < 0:
+		return c, usagef("--hold and --rest must not be negative")
+	}
+	return c, nil
+}
+
+// grant is one acquisition, as the demo records it.
+type grant struct {
+	worker int
+	token  int64
+	at     time.Time
+	waited time.Duration
+}
+
+// demo is the shared state of one demo run.
+type demo struct {
+	cfg    demoConfig
+	client rueidis.Client
+	out    io.Writer
+	start  time.Time
+
+	mu      sync.Mutex // guards everything below and serialises output
+	grants  []grant
+	current map[int]*distlock.Guard // each worker's guard while it holds one
+	losses  int
+	overlap int
+	stolen  bool
+}
+
+func (d *demo) printf(worker int, format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.printfLocked(worker, format, args...)
+}
+
+func (d *demo) printfLocked(worker int, format string, args ...any) {
+	fmt.Fprintf(d.out, "%7.3fs  worker %d  %s\n", time.Since(d.start).Seconds(), worker, fmt.Sprintf(format, args...))
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseDemo(args, stderr)
+	if err != nil {
+		return err
+	}
+	client, where, closeClient, err := connect(cfg.redis, true)
+	if err != nil {
+		return err
+	}
+	defer closeClient()
+
+	logger := slog.New(slog.DiscardHandler)
+	if cfg.verbose {
+		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	mutexes := make([]*distlock.Mutex, cfg.workers)
+	for i := range mutexes {
+		mutexes[i], err = distlock.NewMutex(client, cfg.key,
+			distlock.WithNamespace(cfg.namespace),
+			distlock.WithTTL(cfg.ttl),
+			distlock.WithOwner(fmt.Sprintf("demo-worker-%d", i+1)),
+			distlock.WithRetryInterval(10*time.Millisecond),
+			distlock.WithLogger(logger))
+		if err != nil {
+			return usageError{err}
+		}
+	}
+	fmt.Fprintf(stdout, "%d workers contend for %s on %s for %v\n",
+		cfg.workers, mutexes[0].Key(), where, cfg.duration)
+
+	d := &demo{cfg: cfg, client: client, out: stdout, start: time.Now(), current: make(map[int]*distlock.Guard)}
+	runCtx, cancel := context.WithTimeout(ctx, cfg.duration)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	for i, m := range mutexes {
+		wg.Go(func() { d.worker(runCtx, i+1, m) })
+	}
+	wg.Wait()
+	return d.summary(ctx)
+}
+
+// worker takes the lock, holds it for cfg.hold while printing every event,
+// releases it, and starts over until ctx ends.
+func (d *demo) worker(ctx context.Context, id int, m *distlock.Mutex) {
+	for ctx.Err() == nil {
+		asked := time.Now()
+		// The Lock context ends the hold too, so the demo's end releases
+		// whoever holds the lock at that moment.
+		g, err := m.Lock(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				d.printf(id, "error: %v", err)
+			}
+			return
+		}
+		d.acquired(id, g, time.Since(asked))
+		d.maybeSteal(ctx, id, m.Key())
+		events := g.Subscribe(ctx)
+		<-events // the current state, printed by acquired
+		hold := time.NewTimer(d.cfg.hold)
+	holding:
+		for {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					break holding
+				}
+				d.event(id, g, ev)
+			case <-hold.C:
+				break holding
+			}
+		}
+		hold.Stop()
+		d.release(ctx, id, g)
+		// Do some other work before competing again, so that the others
+		// get their turn.
+		rest := time.NewTimer(d.cfg.rest)
+		select {
+		case <-rest.C:
+		case <-ctx.Done():
+			rest.Stop()
+		}
+	}
+}
+
+// acquired records a grant and checks that no other worker's guard still
+// reports Acquired.
+func (d *demo) acquired(id int, g *distlock.Guard, waited time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for other, og := range d.current {
+		if og.State() == distlock.Acquired {
+			d.overlap++
+			d.printfLocked(id, "OVERLAP with worker %d", other)
+		}
+	}
+	d.current[id] = g
+	d.grants = append(d.grants, grant{worker: id, token: g.Token(), at: time.Now(), waited: waited})
+	d.printfLocked(id, "acquired  token=%d  attempt=%d  waited=%v", g.Token(), g.Attempt(), waited.Round(time.Millisecond))
+}
+
+// release releases g and prints the outcome. It holds the output lock
+// throughout, so the next holder's "acquired" line comes after this one.
+func (d *demo) release(ctx context.Context, id int, g *distlock.Guard) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.current, id)
+	st, err := g.Release(context.WithoutCancel(ctx))
+	switch {
+	case err != nil:
+		d.printfLocked(id, "release error: %v", err)
+	case st == distlock.Lost:
+		d.printfLocked(id, "released  token=%d  (the lease had already been lost)", g.Token())
+	default:
+		d.printfLocked(id, "released  token=%d", g.Token())
+	}
+}
+
+func (d *demo) event(id int, g *distlock.Guard, ev distlock.Event) {
+	switch ev.State {
+	case distlock.Lost:
+		d.mu.Lock()
+		d.losses++
+		d.mu.Unlock()
+		d.printf(id, "LOST      token=%d  %v", g.Token(), ev.Err)
+	case distlock.Acquired:
+		d.printf(id, "regained  token=%d", g.Token())
+	}
+}
+
+// maybeSteal overwrites the lease of worker id, as an operator clearing a
+// stuck lock would, the first time a worker acquires after half the run. The
+// holder finds out at its next renewal and reports Lost; the operator's value
+// blocks everyone for one TTL, after which the workers carry on.
+func (d *demo) maybeSteal(ctx context.Context, id int, key string) {
+	d.mu.Lock()
+	due := d.cfg.steal && !d.stolen && time.Since(d.start) >= d.cfg.duration/2
+	d.stolen = d.stolen || due
+	d.mu.Unlock()
+	if !due {
+		return
+	}
+	err := d.client.Do(ctx, d.client.B().Set().Key(key).Value("operator#demo").Px(d.cfg.ttl).Build()).Error()
+	if err != nil {
+		d.printf(id, "operator could not overwrite %s: %v", key, err)
+		return
+	}
+	d.printf(id, "an operator overwrote %s for %v; the holder learns it at its next renewal", key, d.cfg.ttl)
+}
+
+func (d *demo) summary(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fmt.Fprintf(d.out, "\nsummary after %v\n", time.Since(d.start).Round(time.Millisecond))
+	per := make(map[int]int)
+	var waits []time.Duration
+	increasing := true
+	for i, g := range d.grants {
+		per[g.worker]++
+		waits = append(waits, g.waited)
+		if i > 0 && g.token <= d.grants[i-1].token {
+			increasing = false
+		}
+	}
+	for w := 1; w <= d.cfg.workers; w++ {
+		fmt.Fprintf(d.out, "  worker %d: %d acquisitions\n", w, per[w])
+	}
+	slices.Sort(waits)
+	fmt.Fprintf(d.out, "  acquisitions: %d   wait p50: %v   p99: %v\n",
+		len(d.grants), percentile(waits, 0.50), percentile(waits, 0.99))
+	fmt.Fprintf(d.out, "  tokens strictly increasing: %v   overlaps: %d   losses seen: %d\n",
+		increasing, d.overlap, d.losses)
+	if !increasing || d.overlap > 0 {
+		return errors.New("the lock misbehaved: see the summary")
+	}
+	return ctx.Err()
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted)-1) + 0.5)
+	return sorted[i].Round(time.Millisecond)
+}

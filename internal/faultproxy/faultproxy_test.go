@@ -1,0 +1,493 @@
+package faultproxy_test
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/distkit-go/distlock/internal/faultproxy"
+)
+
+const (
+	// ioTimeout bounds every read and wait that is expected to succeed.
+	ioTimeout = 5 * time.Second
+	// poll is the interval of require.Eventually.
+	poll = 5 * time.Millisecond
+	// quiet is how long a test watches for bytes that must not arrive. A
+	// check for absence can only watch for a while; bytes let through on
+	// loopback arrive in well under this.
+	quiet = 150 * time.Millisecond
+)
+
+// echoServer is a TCP echo server on a free loopback port. It counts the
+// bytes it reads and writes and the connections it has finished.
+type echoServer struct {
+	ln       net.Listener
+	wg       sync.WaitGroup
+	received atomic.Int64
+	sent     atomic.Int64
+	finished atomic.Int64
+
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	closing bool
+}
+
+// startEcho starts an echo server, stopped and waited for when the test ends.
+func startEcho(t *testing.T) *echoServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err, "listen")
+	e := &echoServer{ln: ln, conns: make(map[net.Conn]struct{})}
+	e.wg.Go(e.accept)
+	t.Cleanup(func() {
+		_ = e.ln.Close()
+		e.mu.Lock()
+		e.closing = true
+		e.mu.Unlock()
+		e.closeConns()
+		e.wg.Wait()
+	})
+	return e
+}
+
+func (e *echoServer) addr() string { return e.ln.Addr().String() }
+
+func (e *echoServer) accept() {
+	for {
+		c, err := e.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		e.mu.Lock()
+		if e.closing {
+			e.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		e.conns[c] = struct{}{}
+		e.mu.Unlock()
+		e.wg.Go(func() { e.serve(c) })
+	}
+}
+
+func (e *echoServer) serve(c net.Conn) {
+	defer e.finished.Add(1)
+	defer func() {
+		e.mu.Lock()
+		delete(e.conns, c)
+		e.mu.Unlock()
+		_ = c.Close()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.Read(buf)
+		e.received.Add(int64(n))
+		if n > 0 {
+			m, werr := c.Write(buf[:n])
+			e.sent.Add(int64(m))
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// closeConns closes the server side of every open connection.
+func (e *echoServer) closeConns() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for c := range e.conns {
+		_ = c.Close()
+	}
+}
+
+// dial connects to addr and closes the connection when the test ends.
+func dial(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, ioTimeout)
+	require.NoError(t, err, "dial %s", addr)
+	t.Cleanup(func() { _ = c.Close() })
+	return c.(*net.TCPConn)
+}
+
+// write writes s to c.
+func write(t *testing.T, c net.Conn, s string) {
+	t.Helper()
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(ioTimeout)))
+	_, err := c.Write([]byte(s))
+	require.NoError(t, err, "write %q", s)
+}
+
+// readN reads exactly n bytes from c within ioTimeout.
+func readN(t *testing.T, c net.Conn, n int) string {
+	t.Helper()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(ioTimeout)))
+	buf := make([]byte, n)
+	got, err := io.ReadFull(c, buf)
+	require.NoError(t, err, "read %d bytes, got %q", n, buf[:got])
+	return string(buf)
+}
+
+// echo writes s to c and checks that it comes back.
+func echo(t *testing.T, c net.Conn, s string) {
+	t.Helper()
+	write(t, c, s)
+	got := readN(t, c, len(s))
+	require.Equal(t, s, got, "echo of %q", s)
+}
+
+// assertNothingArrives checks that c delivers no byte for a while.
+func assertNothingArrives(t *testing.T, c net.Conn) {
+	t.Helper()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(quiet)))
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	require.Zero(t, n, "bytes that arrived: %q", buf[:n])
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "read error")
+}
+
+// readClosed reads c until it fails and returns what it read, checking that
+// the connection was closed (EOF or reset) rather than timing out.
+func readClosed(t *testing.T, c net.Conn) string {
+	t.Helper()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(ioTimeout)))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "connection still open; read %q", got)
+	}
+	return string(got)
+}
+
+// waitReceived waits until the echo server has read want bytes in all.
+func waitReceived(t *testing.T, e *echoServer, want int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return e.received.Load() >= want }, ioTimeout, poll,
+		"echo server received %d bytes, want %d", e.received.Load(), want)
+	require.Equal(t, want, e.received.Load(), "bytes the echo server received")
+}
+
+func TestPass(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	assert.Equal(t, faultproxy.Pass, p.Mode(faultproxy.Up), "initial mode up")
+	assert.Equal(t, faultproxy.Pass, p.Mode(faultproxy.Down), "initial mode down")
+
+	c := dial(t, p.Addr())
+	echo(t, c, "hello")
+	echo(t, c, "world")
+
+	t.Run("large", func(t *testing.T) {
+		// More than the socket buffers hold, so the proxy must keep both
+		// directions moving at once.
+		want := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+		werr := make(chan error, 1)
+		go func() {
+			if err := c.SetWriteDeadline(time.Now().Add(ioTimeout)); err != nil {
+				werr <- err
+				return
+			}
+			_, err := c.Write(want)
+			werr <- err
+		}()
+		got := readN(t, c, len(want))
+		require.NoError(t, <-werr, "write")
+		assert.True(t, bytes.Equal(want, []byte(got)), "1 MiB echo differs")
+	})
+
+	t.Run("two clients", func(t *testing.T) {
+		c2 := dial(t, p.Addr())
+		echo(t, c2, "second")
+		echo(t, c, "first")
+	})
+}
+
+func TestPauseDown(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "warm")
+
+	p.Set(faultproxy.Down, faultproxy.Pause)
+	assert.Equal(t, faultproxy.Pause, p.Mode(faultproxy.Down))
+	assert.Equal(t, faultproxy.Pass, p.Mode(faultproxy.Up), "the other direction")
+
+	parts := []string{"one,", "two,", "three"}
+	sent := int64(len("warm"))
+	for _, s := range parts {
+		write(t, c, s)
+		sent += int64(len(s))
+		waitReceived(t, e, sent) // up still passes; the server echoes
+	}
+	assertNothingArrives(t, c)
+
+	p.Set(faultproxy.Down, faultproxy.Pass)
+	got := readN(t, c, len("one,two,three"))
+	assert.Equal(t, "one,two,three", got, "held replies, in order")
+	echo(t, c, "after")
+}
+
+func TestPauseUp(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "warm")
+	before := e.received.Load()
+
+	p.Set(faultproxy.Up, faultproxy.Pause)
+	for _, s := range []string{"one,", "two,", "three"} {
+		write(t, c, s)
+	}
+	assertNothingArrives(t, c)
+	assert.Equal(t, before, e.received.Load(), "bytes the server received while up was paused")
+
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	got := readN(t, c, len("one,two,three"))
+	assert.Equal(t, "one,two,three", got, "held requests, in order")
+	waitReceived(t, e, before+int64(len("one,two,three")))
+}
+
+func TestPauseThenDelay(t *testing.T) {
+	// Pause is also lifted by a change to Delay; bytes held longer than the
+	// delay go out at once.
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+
+	p.SetDelay(faultproxy.Down, 10*time.Millisecond)
+	p.Set(faultproxy.Down, faultproxy.Pause)
+	write(t, c, "held")
+	waitReceived(t, e, 4)
+	assertNothingArrives(t, c)
+
+	p.Set(faultproxy.Down, faultproxy.Delay)
+	assert.Equal(t, "held", readN(t, c, 4))
+}
+
+func TestBlackhole(t *testing.T) {
+	t.Run("up", func(t *testing.T) {
+		e := startEcho(t)
+		p := faultproxy.New(t, e.addr())
+		c := dial(t, p.Addr())
+		echo(t, c, "warm")
+		before := e.received.Load()
+
+		p.Set(faultproxy.Up, faultproxy.Blackhole)
+		write(t, c, "lost")
+		// The proxy reads "lost" before it reads the end of the stream,
+		// and closes the link at the end: if it had kept the bytes, the
+		// server would read them before its connection ends.
+		require.NoError(t, c.CloseWrite())
+		assert.Empty(t, readClosed(t, c), "bytes the client got back")
+		require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll,
+			"server connections finished: got %d, want 1", e.finished.Load())
+		assert.Equal(t, before, e.received.Load(), "bytes the server received")
+	})
+
+	t.Run("down", func(t *testing.T) {
+		e := startEcho(t)
+		p := faultproxy.New(t, e.addr())
+		c := dial(t, p.Addr())
+		echo(t, c, "warm")
+
+		p.Set(faultproxy.Down, faultproxy.Blackhole)
+		write(t, c, "lost")
+		waitReceived(t, e, int64(len("warmlost")))
+		require.Eventually(t, func() bool { return e.sent.Load() == int64(len("warmlost")) }, ioTimeout, poll,
+			"echo server sent %d bytes", e.sent.Load())
+		// The server hangs up after its echo: the proxy reads "lost" before
+		// the end of the stream, then closes the link.
+		e.closeConns()
+		assert.Empty(t, readClosed(t, c), "bytes the client got")
+	})
+}
+
+func TestDelay(t *testing.T) {
+	// The machine is small and busy: assert the delay as a lower bound and
+	// give the upper bound a wide margin.
+	const (
+		delay = 200 * time.Millisecond
+		slack = 2 * time.Second
+	)
+
+	t.Run("down", func(t *testing.T) {
+		e := startEcho(t)
+		p := faultproxy.New(t, e.addr())
+		c := dial(t, p.Addr())
+		echo(t, c, "warm")
+
+		p.SetDelay(faultproxy.Down, delay)
+		p.Set(faultproxy.Down, faultproxy.Delay)
+		start := time.Now()
+		echo(t, c, "slow")
+		got := time.Since(start)
+		assert.GreaterOrEqual(t, got, delay, "round trip with down delayed")
+		assert.Less(t, got, delay+slack, "round trip with down delayed")
+	})
+
+	t.Run("both", func(t *testing.T) {
+		e := startEcho(t)
+		p := faultproxy.New(t, e.addr())
+		c := dial(t, p.Addr())
+		echo(t, c, "warm")
+
+		p.SetDelay(faultproxy.Up, delay)
+		p.SetDelay(faultproxy.Down, delay)
+		p.SetBoth(faultproxy.Delay)
+		start := time.Now()
+		echo(t, c, "slow")
+		got := time.Since(start)
+		assert.GreaterOrEqual(t, got, 2*delay, "round trip with both directions delayed")
+		assert.Less(t, got, 2*delay+slack, "round trip with both directions delayed")
+
+		// Delayed chunks keep their order.
+		start = time.Now()
+		write(t, c, "a")
+		write(t, c, "b")
+		assert.Equal(t, "ab", readN(t, c, 2), "order of delayed chunks")
+		got = time.Since(start)
+		assert.GreaterOrEqual(t, got, 2*delay, "round trip of two chunks")
+		assert.Less(t, got, 2*delay+slack, "round trip of two chunks")
+	})
+
+	t.Run("back to pass", func(t *testing.T) {
+		e := startEcho(t)
+		p := faultproxy.New(t, e.addr())
+		c := dial(t, p.Addr())
+
+		p.SetDelay(faultproxy.Down, delay)
+		p.Set(faultproxy.Down, faultproxy.Delay)
+		echo(t, c, "slow")
+		p.Set(faultproxy.Down, faultproxy.Pass)
+		echo(t, c, "fast")
+	})
+}
+
+func TestReset(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c1 := dial(t, p.Addr())
+	c2 := dial(t, p.Addr())
+	echo(t, c1, "one")
+	echo(t, c2, "two")
+
+	p.Reset()
+	assert.Empty(t, readClosed(t, c1), "bytes on a reset connection")
+	assert.Empty(t, readClosed(t, c2), "bytes on a reset connection")
+	require.Eventually(t, func() bool { return e.finished.Load() == 2 }, ioTimeout, poll,
+		"server connections finished: got %d, want 2", e.finished.Load())
+
+	c3 := dial(t, p.Addr())
+	echo(t, c3, "new connection after reset")
+
+	t.Run("discards paused bytes", func(t *testing.T) {
+		p.Set(faultproxy.Down, faultproxy.Pause)
+		write(t, c3, "held")
+		total := int64(len("onetwonew connection after resetheld"))
+		waitReceived(t, e, total)
+		require.Eventually(t, func() bool { return e.sent.Load() == total }, ioTimeout, poll,
+			"echo server sent %d bytes, want %d", e.sent.Load(), total)
+		p.Reset()
+		assert.Empty(t, readClosed(t, c3), "held bytes delivered after reset")
+		assert.Equal(t, faultproxy.Pause, p.Mode(faultproxy.Down), "Reset keeps the modes")
+	})
+}
+
+func TestHeal(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "before")
+
+	p.SetBoth(faultproxy.Blackhole)
+	assert.Equal(t, faultproxy.Blackhole, p.Mode(faultproxy.Up))
+	assert.Equal(t, faultproxy.Blackhole, p.Mode(faultproxy.Down))
+
+	p.Heal()
+	assert.Equal(t, faultproxy.Pass, p.Mode(faultproxy.Up), "mode up after Heal")
+	assert.Equal(t, faultproxy.Pass, p.Mode(faultproxy.Down), "mode down after Heal")
+	assert.Empty(t, readClosed(t, c), "bytes on the healed connection")
+
+	c2 := dial(t, p.Addr())
+	echo(t, c2, "after")
+}
+
+func TestClose(t *testing.T) {
+	e := startEcho(t)
+	// Everything started from here on belongs to the proxy or to
+	// connections it ends.
+	ignore := goleak.IgnoreCurrent()
+	p := faultproxy.New(t, e.addr())
+
+	idle := dial(t, p.Addr())
+	echo(t, idle, "idle")
+	paused := dial(t, p.Addr())
+	echo(t, paused, "paused")
+	p.Set(faultproxy.Down, faultproxy.Pause)
+	write(t, paused, "held")
+
+	p.Close()
+	assert.Empty(t, readClosed(t, idle), "bytes on a closed proxy's connection")
+	assert.Empty(t, readClosed(t, paused), "held bytes after Close")
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Close()
+		p.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(ioTimeout):
+		t.Fatal("second Close did not return")
+	}
+
+	// The proxy's goroutines are gone (Close waited for them, the accept
+	// loop included), and the echo server's handlers end once the proxy
+	// has closed its side.
+	goleak.VerifyNone(t, ignore)
+}
+
+func TestUnreachableTarget(t *testing.T) {
+	// A target that refuses: the proxy accepts, fails to dial, and closes
+	// the client at once; it keeps serving.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	target := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	p := faultproxy.New(t, target)
+	c := dial(t, p.Addr())
+	assert.Empty(t, readClosed(t, c), "bytes from an unreachable target")
+	c2 := dial(t, p.Addr())
+	assert.Empty(t, readClosed(t, c2), "bytes from an unreachable target")
+}
+
+func TestStrings(t *testing.T) {
+	for _, tc := range []struct {
+		got  interface{ String() string }
+		want string
+	}{
+		{faultproxy.Up, "up"},
+		{faultproxy.Down, "down"},
+		{faultproxy.Pass, "pass"},
+		{faultproxy.Pause, "pause"},
+		{faultproxy.Blackhole, "blackhole"},
+		{faultproxy.Delay, "delay"},
+		{faultproxy.Mode(99), "mode?"},
+	} {
+		assert.Equal(t, tc.want, tc.got.String())
+	}
+}
