@@ -214,35 +214,38 @@ func TestSendHonoursCtx(t *testing.T) {
 }
 
 func TestStopIdempotentAndConcurrent(t *testing.T) {
-	var stops int
-	var mu sync.Mutex
-	a := actor.Start(func(_ *actor.Actor[request], _ <-chan request, stop <-chan struct{}) {
-		<-stop
-		mu.Lock()
-		stops++
-		mu.Unlock()
-	})
-
-	const callers = 64
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			<-start
-			a.Stop()
-			a.Stop()
+	// Many rounds of many callers racing, so that a Stop that is not
+	// idempotent under concurrency (check, then close) shows up as a
+	// "close of closed channel" panic.
+	const (
+		rounds  = 200
+		callers = 16
+	)
+	for round := range rounds {
+		stops := make(chan struct{}, callers) // one send per time the loop saw stop
+		a := actor.Start(func(_ *actor.Actor[request], _ <-chan request, stop <-chan struct{}) {
+			<-stop
+			stops <- struct{}{}
 		})
-	}
-	close(start) // release every caller at once
-	wg.Wait()
 
-	ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
-	defer cancel()
-	require.NoError(t, a.Wait(ctx))
-	assert.NotPanics(t, a.Stop, "Stop after the actor is done")
-	mu.Lock()
-	defer mu.Unlock()
-	assert.Equal(t, 1, stops, "times the loop saw stop")
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				<-start
+				a.Stop()
+				a.Stop()
+			})
+		}
+		close(start) // release every caller at once
+		wg.Wait()
+
+		ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
+		require.NoError(t, a.Wait(ctx), "round %d", round)
+		cancel()
+		require.NotPanics(t, a.Stop, "Stop after the actor is done, round %d", round)
+		require.Len(t, stops, 1, "times the loop saw stop, round %d", round)
+	}
 }
 
 func TestDoneWaitsForChildren(t *testing.T) {

@@ -17,7 +17,9 @@
 // failover to a replica that missed the last writes, or simply
 // [FenceRetention] without any acquisition), they still increase unless the
 // server's clock has stepped back by more than the time that passed. Tokens
-// stay below 2^53, so they are exact in Lua, in JSON and in float64.
+// stay below 2^53, so they are exact in Lua, in JSON and in float64: Acquire
+// fails rather than issue a larger one, and it fails as well when the fencing
+// key holds anything but a token (something other than distlock wrote it).
 package lease
 
 import (
@@ -42,35 +44,55 @@ const FenceRetention = 24 * time.Hour
 // answered the call.
 var ErrProtocol = errors.New("unexpected reply")
 
+// ErrBadTTL is returned for a TTL under one millisecond, Redis's unit.
+var ErrBadTTL = errors.New("lease: TTL under one millisecond")
+
 // acquireScript writes the lease if it is free, and issues a fencing token.
 //
 // KEYS[1] lease key, KEYS[2] fencing key.
 // ARGV[1] the acquisition's value, ARGV[2] TTL in ms, ARGV[3] fencing key
 // retention in ms.
 // Reply: {1, token} when the lease is now ours; {0, pttl, holder value} when
-// another value holds it (pttl is -1 when the key has no expiry).
+// another value holds it (pttl is -1 when the key has no expiry); an error
+// when the fencing key holds anything but decimal digits, or when the token
+// would pass 2^53-1.
 //
 // The lease is also granted when it already holds ARGV[1]: that happens when
 // an earlier attempt of the same acquisition was applied but its reply was
 // lost, and granting it again (with a fresh TTL and a new token) avoids
 // blocking everyone, the caller included, until the orphan expires. All reads
-// come before the first write, so a key of the wrong type fails the script
-// without leaving anything behind.
+// and checks come before the first write, so a key of the wrong type or
+// content fails the script without leaving anything behind.
+//
+// Tokens are Lua numbers (float64): from 2^53 on, last+1 rounds back to
+// last, and Redis's conversion of a number beyond int64 (inf, 1e300) to an
+// integer reply is garbage (math.MinInt64 on amd64). So the script accepts
+// only the digits-only integers that it writes itself (tonumber alone would
+// take "1.5", "0x10", " 5 ", "nan" and "inf"), and it refuses to issue a
+// token it cannot represent exactly rather than issue one that repeats or
+// goes back.
 var acquireScript = rueidis.NewLuaScript(`
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if not last then
-  return redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
+local raw = redis.call('GET', KEYS[2])
+local last = 0
+if raw then
+  if not string.match(raw, '^%d+$') then
+    return redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
+  end
+  last = tonumber(raw)
 end
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1]), cur}
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if token <= last then
   token = last + 1
 end
+if token > 9007199254740991 then
+  return redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' is exhausted: the next token would pass 2^53-1')
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
 return {1, token}
 `)
@@ -118,7 +140,7 @@ func Owner(value string) string {
 	if i < 0 {
 		return value
 	}
-	if _, err := uuid.Parse(value[i+1:]); err != nil {
+	if id := value[i+1:]; len(id) != 36 || uuid.Validate(id) != nil {
 		return value
 	}
 	return value[:i]
@@ -148,9 +170,13 @@ type Grant struct {
 
 // Acquire writes value to the lease with the given TTL if the lease is free
 // (or already holds value), and issues a fencing token. It makes one round
-// trip. A Redis error, including a key of the wrong type, is returned wrapped
-// and leaves nothing written.
+// trip. A Redis error, including a key of the wrong type, is returned as the
+// rueidis error and leaves nothing written. A TTL under a millisecond is
+// refused with ErrBadTTL before anything is sent.
 func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Duration) (Grant, error) {
+	if ttl < time.Millisecond {
+		return Grant{}, ErrBadTTL
+	}
 	res := acquireScript.Exec(ctx, c.rc, []string{k.Lease, k.Fence},
 		[]string{value, ms(ttl), ms(FenceRetention)})
 	arr, err := res.ToArray()
@@ -187,6 +213,10 @@ type Renewal struct {
 // Renew extends the lease to the given TTL, counted from when Redis runs the
 // script, if it still holds value. It never re-creates a missing lease.
 func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Duration) (Renewal, error) {
+	if ttl < time.Millisecond {
+		// PEXPIRE with 0 or less would delete the lease.
+		return Renewal{}, ErrBadTTL
+	}
 	res := renewScript.Exec(ctx, c.rc, []string{k.Lease}, []string{value, ms(ttl)})
 	arr, err := res.ToArray()
 	if err != nil {

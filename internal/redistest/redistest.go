@@ -110,10 +110,14 @@ func (s *Server) Restart() {
 	s.tb.Fatalf("redistest: cannot restart redis-server on port %d: %v", s.port, err)
 }
 
-// Pid returns the process id of the running server.
+// Pid returns the process id of the running server, or 0 if it is not
+// running.
 func (s *Server) Pid() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
 	return s.cmd.Process.Pid
 }
 
