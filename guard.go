@@ -81,6 +81,7 @@ func (m *Mutex) startGuard(lockCtx context.Context, value string, token int64, a
 	}
 	l.confirm(sent)
 	l.state, l.since = Acquired, time.Now()
+	l.acquired = l.since
 	g.snap.Store(&snapshot{state: Acquired, deadline: l.deadline})
 	l.log.Debug("distlock: acquired", "attempt", attempt)
 	g.act = actor.Start(l.run)

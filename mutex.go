@@ -39,6 +39,7 @@ type Mutex struct {
 	maxWait       time.Duration
 	retryInterval time.Duration
 	log           *slog.Logger
+	obs           Observer
 }
 
 // NewMutex returns a Mutex for the lock named key, reached through client.
@@ -100,6 +101,8 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 		return nil, invalid("retry interval", "%v is negative", o.retryInterval)
 	case o.logger == nil:
 		return nil, invalid("logger", "is nil")
+	case o.observer == nil:
+		return nil, invalid("observer", "is nil")
 	}
 	return &Mutex{
 		keys:          keys,
@@ -108,6 +111,7 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 		maxWait:       o.maxWait,
 		retryInterval: o.retryInterval,
 		log:           o.logger.With("key", keys.Lease),
+		obs:           o.observer,
 	}, nil
 }
 
@@ -186,6 +190,18 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, once 
 		return nil, m.ctxError(ctx)
 	}
 	start := time.Now()
+	g, attempts, err := m.attempt(ctx, start, wait, interval, once)
+	info := AcquireInfo{Key: m.keys.Lease, Owner: m.owner, Wait: time.Since(start), Attempts: attempts, Err: err}
+	if g != nil {
+		info.Token = g.token
+	}
+	m.obs.ObserveAcquire(info)
+	return g, err
+}
+
+// attempt runs the attempts of one acquire call and reports how many it
+// made.
+func (m *Mutex) attempt(ctx context.Context, start time.Time, wait, interval time.Duration, once bool) (*Guard, int, error) {
 	// One value for every attempt of this call: if an attempt's reply is
 	// lost, the next attempt finds its own value and is granted at once.
 	value := lease.NewValue(m.owner)
@@ -208,24 +224,24 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, once 
 				m.cleanup(ctx, value)
 			}
 			if ctx.Err() != nil {
-				return nil, m.ctxError(ctx)
+				return nil, attempt + 1, m.ctxError(ctx)
 			}
-			return nil, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
+			return nil, attempt + 1, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
 		}
 		if grant.Acquired {
 			if time.Since(sent) < m.ttl-margin(m.ttl) {
-				return m.startGuard(ctx, value, grant.Token, attempt, sent), nil
+				return m.startGuard(ctx, value, grant.Token, attempt, sent), attempt + 1, nil
 			}
 			// The reply came too late to trust the lease; the next attempt
 			// finds our value and renews it with a fresh send time.
 			continue
 		}
 		if once {
-			return nil, &NotAcquiredError{Key: m.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL}
+			return nil, attempt + 1, &NotAcquiredError{Key: m.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL}
 		}
 		waited := time.Since(start)
 		if wait > 0 && waited >= wait {
-			return nil, &TimeoutError{Key: m.keys.Lease, Waited: waited, Attempts: attempt + 1}
+			return nil, attempt + 1, &TimeoutError{Key: m.keys.Lease, Waited: waited, Attempts: attempt + 1}
 		}
 		pause := interval
 		if wait > 0 {
@@ -240,10 +256,10 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, once 
 			select {
 			case <-timer.C:
 			case <-ctx.Done():
-				return nil, m.ctxError(ctx)
+				return nil, attempt + 1, m.ctxError(ctx)
 			}
 		} else if ctx.Err() != nil {
-			return nil, m.ctxError(ctx)
+			return nil, attempt + 1, m.ctxError(ctx)
 		}
 	}
 }

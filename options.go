@@ -62,6 +62,7 @@ type options struct {
 	maxWait       time.Duration
 	retryInterval time.Duration
 	logger        *slog.Logger
+	observer      Observer
 }
 
 func defaultOptions() options {
@@ -71,6 +72,7 @@ func defaultOptions() options {
 		retryInterval: DefaultRetryInterval,
 		owner:         uuid.NewString(),
 		logger:        slog.New(slog.DiscardHandler),
+		observer:      nopObserver{},
 	}
 }
 
@@ -114,4 +116,10 @@ func WithRetryInterval(d time.Duration) Option {
 // failures, losses and releases (default: nowhere).
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(o *options) { o.logger = l })
+}
+
+// WithObserver sets an [Observer] that is told about acquisitions, renewals
+// and state changes, for metrics (default: none).
+func WithObserver(o Observer) Option {
+	return optionFunc(func(opts *options) { opts.observer = o })
 }

@@ -34,7 +34,8 @@ type leaseLoop struct {
 	deadline time.Time // D: lastSent + TTL - margin
 	subs     subscribers
 
-	heldAtRelease bool // whether the lease was held when the release began
+	acquired      time.Time // when the guard was created
+	heldAtRelease bool      // whether the lease was held when the release began
 }
 
 type renewResult struct {
@@ -146,6 +147,11 @@ func (l *leaseLoop) startRenew(a *actor.Actor[guardMsg], results chan<- renewRes
 func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 	ttl := l.m.ttl
 	now := time.Now()
+	info := RenewInfo{Key: l.m.keys.Lease, Token: l.g.token, Latency: now.Sub(res.sent), Err: res.err}
+	if res.err == nil && !res.r.OK {
+		info.Err = &LostError{Key: l.m.keys.Lease, Reason: LostRefused, Holder: lease.Owner(res.r.Holder)}
+	}
+	l.m.obs.ObserveRenew(info)
 	switch {
 	case res.err != nil:
 		reason := LostRenewFailed
@@ -158,7 +164,7 @@ func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 		return ttl / 9
 	case !res.r.OK:
 		l.log.Debug("distlock: renewal refused", "holder", res.r.Holder)
-		l.markLost(&LostError{Key: l.m.keys.Lease, Reason: LostRefused, Holder: lease.Owner(res.r.Holder)})
+		l.markLost(info.Err.(*LostError))
 		return ttl / 3
 	}
 	if newD := res.sent.Add(ttl - margin(ttl)); !now.Before(newD) {
@@ -198,6 +204,7 @@ func (l *leaseLoop) markLost(cause *LostError) {
 
 // setState records a transition, publishes it to State and to subscribers.
 func (l *leaseLoop) setState(s State, err error) {
+	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: s, Err: err})
 	l.state, l.since, l.cause = s, time.Now(), err
 	l.g.snap.Store(&snapshot{state: s, deadline: l.deadline})
 	l.subs.publish(Event{State: s, Time: l.since, Err: err})
@@ -262,6 +269,8 @@ func (l *leaseLoop) finish(r releaseResult) {
 		l.log.Debug("distlock: released", "outcome", final.String())
 	}
 	ev := Event{State: Released, Time: time.Now(), Err: err}
+	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,
+		Err: err, Held: ev.Time.Sub(l.acquired)})
 	l.g.final = outcome{state: final, err: err, event: ev}
 	l.state = Released
 	l.g.snap.Store(&snapshot{state: Released})

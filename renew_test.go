@@ -388,3 +388,71 @@ func TestNewMutexDefaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1500*time.Millisecond, m3.ttl, "TTL counts whole milliseconds")
 }
+
+// recorder is an Observer that keeps everything it is told.
+type recorder struct {
+	mu          sync.Mutex
+	acquires    []AcquireInfo
+	renews      []RenewInfo
+	transitions []TransitionInfo
+}
+
+func (r *recorder) ObserveAcquire(i AcquireInfo) {
+	r.mu.Lock()
+	r.acquires = append(r.acquires, i)
+	r.mu.Unlock()
+}
+func (r *recorder) ObserveRenew(i RenewInfo) {
+	r.mu.Lock()
+	r.renews = append(r.renews, i)
+	r.mu.Unlock()
+}
+func (r *recorder) ObserveTransition(i TransitionInfo) {
+	r.mu.Lock()
+	r.transitions = append(r.transitions, i)
+	r.mu.Unlock()
+}
+
+func TestObserver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{holder: "other#1"}
+		rec := &recorder{}
+		m := fakeMutex(t, f, WithObserver(rec), WithRetryInterval(100*time.Millisecond))
+		_, err := m.TryLock(t.Context())
+		require.ErrorIs(t, err, ErrNotAcquired)
+
+		time.AfterFunc(250*time.Millisecond, func() { f.mu.Lock(); f.holder = ""; f.mu.Unlock() })
+		g, err := m.Lock(t.Context())
+		require.NoError(t, err)
+		time.Sleep(fakeTTL/3 + time.Millisecond) // one good renewal
+		f.set(renewFail)
+		time.Sleep(fakeTTL / 3) // one failed renewal: Lost
+		synctest.Wait()
+		time.Sleep(10 * time.Second)
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
+
+		require.Len(t, rec.acquires, 2)
+		assert.ErrorIs(t, rec.acquires[0].Err, ErrNotAcquired)
+		assert.Equal(t, 1, rec.acquires[0].Attempts)
+		assert.NoError(t, rec.acquires[1].Err)
+		assert.Equal(t, 4, rec.acquires[1].Attempts, "at 0, 100, 200 and 300ms")
+		assert.Equal(t, 300*time.Millisecond, rec.acquires[1].Wait)
+		assert.Equal(t, g.Token(), rec.acquires[1].Token)
+
+		require.GreaterOrEqual(t, len(rec.renews), 2)
+		assert.NoError(t, rec.renews[0].Err)
+		assert.Error(t, rec.renews[1].Err)
+
+		var got []string
+		for _, tr := range rec.transitions {
+			got = append(got, tr.From.String()+">"+tr.To.String())
+		}
+		assert.Equal(t, []string{"acquired>lost", "lost>released"}, got)
+		last := rec.transitions[len(rec.transitions)-1]
+		assert.Equal(t, fakeTTL/3+time.Millisecond+fakeTTL/3+10*time.Second, last.Held)
+		var le *LostError
+		require.ErrorAs(t, rec.transitions[0].Err, &le)
+		assert.Equal(t, LostRenewFailed, le.Reason)
+	})
+}

@@ -1,0 +1,67 @@
+package distlock
+
+import "time"
+
+// An Observer is told what a Mutex and its guards do, for metrics and
+// tracing. Set one with [WithObserver]; the package
+// github.com/distkit-go/distlock/otelmetrics turns these calls into
+// OpenTelemetry instruments.
+//
+// Methods are called synchronously from the goroutine that did the work: the
+// caller of Lock for ObserveAcquire, the guard's actor for the others. They
+// must be safe for concurrent use and must return quickly: an Observer that
+// blocks delays renewals, and with them the lease.
+type Observer interface {
+	// ObserveAcquire is called once per Lock, TryLock or TryLockFor call
+	// that got as far as asking Redis, when it returns.
+	ObserveAcquire(AcquireInfo)
+	// ObserveRenew is called after each renewal attempt.
+	ObserveRenew(RenewInfo)
+	// ObserveTransition is called at each change of a guard's state, after
+	// the acquisition: Acquired to Lost, Lost to Acquired, and to Released.
+	ObserveTransition(TransitionInfo)
+}
+
+// AcquireInfo describes one call to Lock, TryLock or TryLockFor.
+type AcquireInfo struct {
+	Key      string        // the lease key
+	Owner    string        // the Mutex's owner id
+	Wait     time.Duration // from the call to its outcome
+	Attempts int           // how many times Redis was asked
+	Token    int64         // the fencing token, when acquired
+	// Err is nil when the lock was acquired; otherwise the error the call
+	// returned (matching ErrNotAcquired, ErrTimeout, a context error or a
+	// Redis error).
+	Err error
+}
+
+// RenewInfo describes one renewal attempt.
+type RenewInfo struct {
+	Key     string
+	Token   int64
+	Latency time.Duration // from sending the renewal to its outcome
+	// Err is nil when Redis confirmed the lease; a *LostError with reason
+	// LostRefused when the key no longer held this acquisition's value;
+	// otherwise the Redis or deadline error.
+	Err error
+}
+
+// TransitionInfo describes one change of a guard's state.
+type TransitionInfo struct {
+	Key   string
+	Token int64
+	From  State
+	To    State
+	// Err is, for a move to Lost, the *LostError that says why; for a move
+	// to Released, the release's error if the final delete failed.
+	Err error
+	// Held is how long the guard had existed, for a move to Released.
+	Held time.Duration
+}
+
+// nopObserver is the default Observer.
+type nopObserver struct{}
+
+func (nopObserver) ObserveAcquire(AcquireInfo)       {}
+func (nopObserver) ObserveRenew(RenewInfo)           {}
+func (nopObserver) ObserveTransition(TransitionInfo) {}
