@@ -19,6 +19,7 @@ type store interface {
 	Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error)
 	Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error)
 	Release(ctx context.Context, k lease.Keys, value string) (bool, error)
+	Subscribe(ctx context.Context, k lease.Keys, ready func(), released func(value string)) error
 }
 
 // cleanupTimeout bounds the conditional delete that Lock sends when it gives
@@ -32,12 +33,14 @@ const cleanupTimeout = 250 * time.Millisecond
 // call Lock on the same Mutex; they contend for the lock exactly as separate
 // processes would.
 type Mutex struct {
+	client        any // identifies the connection, for the local wait queue
 	store         store
 	keys          lease.Keys
 	owner         string
 	ttl           time.Duration
 	maxWait       time.Duration
 	retryInterval time.Duration
+	polling       bool // WithRetryInterval was given: wait by polling
 	log           *slog.Logger
 	obs           Observer
 }
@@ -65,7 +68,7 @@ func NewMutex(client rueidis.Client, key string, opts ...Option) (*Mutex, error)
 	if err != nil {
 		return nil, err
 	}
-	m.store = lease.New(client)
+	m.client, m.store = client, lease.New(client)
 	return m, nil
 }
 
@@ -110,6 +113,7 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 		ttl:           o.ttl.Truncate(time.Millisecond),
 		maxWait:       o.maxWait,
 		retryInterval: o.retryInterval,
+		polling:       o.polling,
 		log:           o.logger.With("key", keys.Lease),
 		obs:           o.observer,
 	}, nil
@@ -125,6 +129,9 @@ func unwrapName(err error) string {
 	}
 	return msg
 }
+
+// queueKey names the local wait queue of this lock on this client.
+func (m *Mutex) queueKey() queueKey { return queueKey{client: m.client, lease: m.keys.Lease} }
 
 // Key returns the Redis key that holds the lease, such as "distlock:{job}".
 func (m *Mutex) Key() string { return m.keys.Lease }
@@ -151,7 +158,7 @@ func (m *Mutex) Owner() string { return m.owner }
 // have written before it returns, so no orphaned lease is left to block
 // others. Lock is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
-	return m.acquire(ctx, m.maxWait, m.retryInterval, false)
+	return m.acquire(ctx, m.maxWait, m.retryInterval, m.polling, false)
 }
 
 // TryLock makes a single attempt to acquire the lock. If someone else holds
@@ -159,7 +166,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 // [*NotAcquiredError] that names the holder). Like [Mutex.Lock], ctx bounds
 // the attempt and the hold.
 func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
-	return m.acquire(ctx, 0, 0, true)
+	return m.acquire(ctx, 0, 0, false, true)
 }
 
 // TryLockFor tries to acquire the lock for up to timeout, retrying every
@@ -175,93 +182,9 @@ func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Dura
 	case retryInterval < 0:
 		return nil, invalid("retry interval", "%v is negative", retryInterval)
 	case timeout == 0:
-		return m.acquire(ctx, 0, 0, true)
+		return m.acquire(ctx, 0, 0, false, true)
 	}
-	return m.acquire(ctx, timeout, retryInterval, false)
-}
-
-// acquire is the retry loop behind Lock, TryLock and TryLockFor. wait 0 with
-// once false means no limit.
-func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, once bool) (*Guard, error) {
-	if ctx == nil {
-		return nil, invalid("ctx", "is nil")
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, m.ctxError(ctx)
-	}
-	start := time.Now()
-	g, attempts, err := m.attempt(ctx, start, wait, interval, once)
-	info := AcquireInfo{Key: m.keys.Lease, Owner: m.owner, Wait: time.Since(start), Attempts: attempts, Err: err}
-	if g != nil {
-		info.Token = g.token
-	}
-	m.obs.ObserveAcquire(info)
-	return g, err
-}
-
-// attempt runs the attempts of one acquire call and reports how many it
-// made.
-func (m *Mutex) attempt(ctx context.Context, start time.Time, wait, interval time.Duration, once bool) (*Guard, int, error) {
-	// One value for every attempt of this call: if an attempt's reply is
-	// lost, the next attempt finds its own value and is granted at once.
-	value := lease.NewValue(m.owner)
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for attempt := 0; ; attempt++ {
-		sent := time.Now()
-		actx, cancel := context.WithDeadline(ctx, sent.Add(m.ttl-margin(m.ttl)))
-		grant, err := m.store.Acquire(actx, m.keys, value, m.ttl)
-		cancel()
-		if err != nil {
-			// A reply from Redis means the script did not run to a write (it
-			// reads before it writes); anything else (a lost connection, a
-			// deadline, a cancelled ctx) leaves its outcome unknown.
-			if _, replied := rueidis.IsRedisErr(err); !replied {
-				m.cleanup(ctx, value)
-			}
-			if ctx.Err() != nil {
-				return nil, attempt + 1, m.ctxError(ctx)
-			}
-			return nil, attempt + 1, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
-		}
-		if grant.Acquired {
-			if time.Since(sent) < m.ttl-margin(m.ttl) {
-				return m.startGuard(ctx, value, grant.Token, attempt, sent), attempt + 1, nil
-			}
-			// The reply came too late to trust the lease; the next attempt
-			// finds our value and renews it with a fresh send time.
-			continue
-		}
-		if once {
-			return nil, attempt + 1, &NotAcquiredError{Key: m.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL}
-		}
-		waited := time.Since(start)
-		if wait > 0 && waited >= wait {
-			return nil, attempt + 1, &TimeoutError{Key: m.keys.Lease, Waited: waited, Attempts: attempt + 1}
-		}
-		pause := interval
-		if wait > 0 {
-			pause = min(pause, wait-waited)
-		}
-		if pause > 0 {
-			if timer == nil {
-				timer = time.NewTimer(pause)
-			} else {
-				timer.Reset(pause)
-			}
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				return nil, attempt + 1, m.ctxError(ctx)
-			}
-		} else if ctx.Err() != nil {
-			return nil, attempt + 1, m.ctxError(ctx)
-		}
-	}
+	return m.acquire(ctx, timeout, retryInterval, true, false)
 }
 
 // cleanup deletes value from the lease, if it is there, after Lock gave up

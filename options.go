@@ -61,6 +61,7 @@ type options struct {
 	owner         string
 	maxWait       time.Duration
 	retryInterval time.Duration
+	polling       bool
 	logger        *slog.Logger
 	observer      Observer
 }
@@ -109,7 +110,7 @@ func WithMaxWait(d time.Duration) Option {
 // WithRetryInterval sets the pause between attempts in [Mutex.Lock] (default
 // [DefaultRetryInterval]); 0 retries at once.
 func WithRetryInterval(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.retryInterval = d })
+	return optionFunc(func(o *options) { o.retryInterval, o.polling = d, true })
 }
 
 // WithLogger sets where the Mutex and its guards log acquisitions, renewal

@@ -268,6 +268,7 @@ func (l *leaseLoop) finish(r releaseResult) {
 	} else {
 		l.log.Debug("distlock: released", "outcome", final.String())
 	}
+	queues.released(l.m.queueKey(), l.value, r.err == nil && r.deleted)
 	ev := Event{State: Released, Time: time.Now(), Err: err}
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,
 		Err: err, Held: ev.Time.Sub(l.acquired)})

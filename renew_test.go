@@ -44,6 +44,11 @@ type fakeStore struct {
 	releases  []string
 	afterDone int // calls made after the guard reported done
 	done      <-chan struct{}
+	subs      map[chan string]struct{}
+	subCalls  int
+
+	acquireCalls int
+	expires      time.Time // when holder's lease ends; zero: renewed forever
 }
 
 func (f *fakeStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error) {
@@ -57,10 +62,18 @@ func (f *fakeStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.holder != "" && f.holder != value {
-		return lease.Grant{Holder: f.holder, HolderTTL: ttl}, nil
+	f.acquireCalls++
+	if f.holder != "" && !f.expires.IsZero() && !time.Now().Before(f.expires) {
+		f.holder = "" // expired
 	}
-	f.holder = value
+	if f.holder != "" && f.holder != value {
+		left := ttl
+		if !f.expires.IsZero() {
+			left = time.Until(f.expires).Truncate(time.Millisecond)
+		}
+		return lease.Grant{Holder: f.holder, HolderTTL: left}, nil
+	}
+	f.holder, f.expires = value, time.Time{}
 	f.token++
 	return lease.Grant{Acquired: true, Token: f.token}, nil
 }
@@ -93,9 +106,40 @@ func (f *fakeStore) Release(ctx context.Context, k lease.Keys, value string) (bo
 	f.noteAfterDone()
 	if f.holder == value {
 		f.holder = ""
+		for ch := range f.subs {
+			select {
+			case ch <- value:
+			default:
+			}
+		}
 		return true, nil
 	}
 	return false, nil
+}
+
+func (f *fakeStore) Subscribe(ctx context.Context, k lease.Keys, ready func(), released func(string)) error {
+	ch := make(chan string, 16)
+	f.mu.Lock()
+	if f.subs == nil {
+		f.subs = make(map[chan string]struct{})
+	}
+	f.subs[ch] = struct{}{}
+	f.subCalls++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.subs, ch)
+		f.mu.Unlock()
+	}()
+	ready()
+	for {
+		select {
+		case v := <-ch:
+			released(v)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func (f *fakeStore) noteAfterDone() {
@@ -127,7 +171,7 @@ func fakeMutex(t *testing.T, f *fakeStore, opts ...Option) *Mutex {
 	t.Helper()
 	m, err := newMutex("job", append([]Option{WithTTL(fakeTTL)}, opts...))
 	require.NoError(t, err)
-	m.store = f
+	m.client, m.store = f, f
 	return m
 }
 

@@ -113,13 +113,26 @@ end
 return {0, cur}
 `)
 
-// releaseScript deletes the lease if it still holds the caller's value.
+// releaseScript deletes the lease if it still holds the caller's value, and
+// announces the release to waiters.
 //
-// KEYS[1] lease key. ARGV[1] the acquisition's value.
+// KEYS[1] lease key, KEYS[2] release channel (declared as a key so that
+// Redis Cluster checks it shares the lease's slot). ARGV[1] the acquisition's
+// value.
 // Reply: 1 when deleted, 0 when the key held something else or nothing.
+//
+// The announcement carries the released value, so a waiter can tell a
+// release it is waiting for from an old one. It goes out on the sharded
+// channel (SPUBLISH, Redis 7), which in a cluster stays on the lease's shard;
+// where SPUBLISH does not exist (Redis 6, miniredis) it falls back to PUBLISH,
+// which is what waiters subscribe to there (see [Client.Subscribe]).
 var releaseScript = rueidis.NewLuaScript(`
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  local r = redis.pcall('SPUBLISH', KEYS[2], ARGV[1])
+  if type(r) == 'table' and r.err then
+    redis.call('PUBLISH', KEYS[2], ARGV[1])
+  end
   return 1
 end
 return 0
@@ -237,9 +250,10 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 }
 
 // Release deletes the lease if it still holds value and reports whether it
-// did. It never touches a lease held by another value.
+// did; when it did, it publishes value on the lock's release channel. It
+// never touches a lease held by another value.
 func (c *Client) Release(ctx context.Context, k Keys, value string) (bool, error) {
-	n, err := releaseScript.Exec(ctx, c.rc, []string{k.Lease}, []string{value}).AsInt64()
+	n, err := releaseScript.Exec(ctx, c.rc, []string{k.Lease, k.Channel}, []string{value}).AsInt64()
 	if err != nil {
 		return false, err
 	}

@@ -127,7 +127,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			distlock.WithNamespace(cfg.namespace),
 			distlock.WithTTL(cfg.ttl),
 			distlock.WithOwner(fmt.Sprintf("demo-worker-%d", i+1)),
-			distlock.WithRetryInterval(10*time.Millisecond),
 			distlock.WithLogger(logger))
 		if err != nil {
 			return usageError{err}

@@ -35,11 +35,14 @@ func Start() (*Server, error) {
 		return nil, fmt.Errorf("starting the embedded Redis: %w", err)
 	}
 	// miniredis speaks neither client-side caching nor the CLUSTER commands
-	// rueidis uses to detect a cluster.
+	// rueidis uses to detect a cluster, and a connection it sees subscribe
+	// refuses other commands even in RESP3; with RESP2, rueidis keeps
+	// subscriptions on a connection of their own.
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:       []string{mr.Addr()},
 		DisableCache:      true,
 		ForceSingleClient: true,
+		AlwaysRESP2:       true,
 	})
 	if err != nil {
 		mr.Close()

@@ -1,0 +1,76 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// unsubscribeTimeout bounds the command that ends a subscription.
+const unsubscribeTimeout = time.Second
+
+// ErrNoPubSub is returned by [Client.Subscribe] when the server has no
+// pub/sub that distlock can use (neither SSUBSCRIBE nor SUBSCRIBE is allowed,
+// for example behind a proxy or an ACL that forbids them). Waiters then fall
+// back to polling.
+var ErrNoPubSub = errors.New("lease: release notifications unavailable")
+
+// Subscribe listens for releases of the lock with keys k until ctx is done or
+// the subscription breaks. It calls ready once the server has confirmed the
+// subscription, and released with the released value for every
+// announcement, in order, from the calling goroutine.
+//
+// It subscribes to the sharded channel (SSUBSCRIBE) and falls back to a plain
+// channel where the server does not know sharded pub/sub, matching the
+// release script. It returns ctx.Err() when ctx ends, after unsubscribing on
+// the same connection; nil when the server ended the subscription (a slot
+// moved, or a reconnect); [ErrNoPubSub] when the server refuses pub/sub; or
+// the connection's error. After any return but ctx's, announcements may have
+// been missed, and the caller should check the lock before waiting again.
+func (c *Client) Subscribe(ctx context.Context, k Keys, ready func(), released func(value string)) error {
+	err := c.receive(ctx, k.Channel, true, ready, released)
+	if isUnknownCommand(err) {
+		err = c.receive(ctx, k.Channel, false, ready, released)
+	}
+	var re *rueidis.RedisError
+	if errors.As(err, &re) && ctx.Err() == nil {
+		return errors.Join(ErrNoPubSub, err)
+	}
+	return err
+}
+
+func (c *Client) receive(ctx context.Context, channel string, sharded bool, ready func(), released func(string)) error {
+	kind, cmd := "subscribe", c.rc.B().Subscribe().Channel(channel).Build()
+	if sharded {
+		kind, cmd = "ssubscribe", c.rc.B().Ssubscribe().Channel(channel).Build()
+	}
+	ctx = rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
+		if s.Kind == kind && s.Channel == channel {
+			ready()
+		}
+	})
+	// When ctx ends, Receive returns but the connection stays subscribed;
+	// this hook runs on that connection and ends the subscription there.
+	ctx = rueidis.WithOnReceiveReturnHook(ctx, func(err error, cc rueidis.CommandClient) error {
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unsubscribeTimeout)
+		defer cancel()
+		unsub := cc.B().Unsubscribe().Channel(channel).Build()
+		if sharded {
+			unsub = cc.B().Sunsubscribe().Channel(channel).Build()
+		}
+		_ = cc.Do(uctx, unsub).Error()
+		return err
+	})
+	return c.rc.Receive(ctx, cmd, func(m rueidis.PubSubMessage) { released(m.Message) })
+}
+
+func isUnknownCommand(err error) bool {
+	var re *rueidis.RedisError
+	return errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown command")
+}
