@@ -90,10 +90,10 @@ type waitQueue struct {
 	localEpoch  uint64
 
 	// Subscription state.
-	ready      chan struct{} // closed at the first outcome of subscribing
-	readyDone  bool
-	notified   bool // the subscription is up: announcements arrive
-	everReady  bool
+	ready     chan struct{} // closed at the first outcome of subscribing
+	readyDone bool
+	notified  bool // the subscription is up: announcements arrive
+	everReady bool
 	cancelSub context.CancelFunc
 	subDone   chan struct{} // closed when the subscription goroutine exits
 }
