@@ -102,6 +102,11 @@ func (a *acquirer) try() (*Guard, lease.Grant, error) {
 		if !grant.Acquired {
 			return nil, grant, nil
 		}
+		if a.ctx.Err() != nil {
+			// Granted, but the caller has given up meanwhile.
+			m.cleanup(a.ctx, a.value)
+			return nil, grant, m.ctxError(a.ctx)
+		}
 		if time.Since(sent) < m.ttl-margin(m.ttl) {
 			return m.startGuard(a.ctx, a.value, grant.Token, a.attempts-1, sent), grant, nil
 		}
@@ -138,10 +143,25 @@ func (a *acquirer) poll(interval time.Duration) (*Guard, error) {
 // error when the limit has passed or ctx is done, which ends the call. With
 // d == 0 it only checks the limit and ctx.
 func (a *acquirer) pause(d time.Duration, wake <-chan struct{}) (bool, error) {
+	why, _, err := a.wait(d, wake, nil)
+	return why == wokeByChannel, err
+}
+
+// wakeReason says what ended a wait.
+type wakeReason int
+
+const (
+	wokeByTimer wakeReason = iota
+	wokeByChannel
+	wokeByHandoff
+)
+
+// wait is pause that also ends when a hand-off result arrives on handoff.
+func (a *acquirer) wait(d time.Duration, wake <-chan struct{}, handoff <-chan handoffResult) (wakeReason, handoffResult, error) {
 	if !a.limit.IsZero() {
 		left := time.Until(a.limit)
 		if left <= 0 {
-			return false, &TimeoutError{Key: a.m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
+			return wokeByTimer, handoffResult{}, &TimeoutError{Key: a.m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 		}
 		if d < 0 || d > left {
 			d = left
@@ -149,9 +169,9 @@ func (a *acquirer) pause(d time.Duration, wake <-chan struct{}) (bool, error) {
 	}
 	if d == 0 {
 		if a.ctx.Err() != nil {
-			return false, a.m.ctxError(a.ctx)
+			return wokeByTimer, handoffResult{}, a.m.ctxError(a.ctx)
 		}
-		return false, nil
+		return wokeByTimer, handoffResult{}, nil
 	}
 	var timerC <-chan time.Time
 	if d > 0 {
@@ -164,10 +184,12 @@ func (a *acquirer) pause(d time.Duration, wake <-chan struct{}) (bool, error) {
 	}
 	select {
 	case <-wake:
-		return true, nil
+		return wokeByChannel, handoffResult{}, nil
+	case r := <-handoff:
+		return wokeByHandoff, r, nil
 	case <-timerC:
-		return false, nil
+		return wokeByTimer, handoffResult{}, nil
 	case <-a.ctx.Done():
-		return false, a.m.ctxError(a.ctx)
+		return wokeByTimer, handoffResult{}, a.m.ctxError(a.ctx)
 	}
 }

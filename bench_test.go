@@ -2,6 +2,14 @@ package distlock_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,50 +19,371 @@ import (
 	"github.com/distkit-go/distlock/internal/redistest"
 )
 
-// Benchmarks run against a private redis-server. Each distlock benchmark has
-// a baseline in the same run, doing the bare Redis work through the same
-// client, so results read as ratios (see BENCHMARKS.md):
+// Benchmarks run against a private redis-server. Each one measures distlock
+// next to a baseline in the same run, doing the bare Redis work through the
+// same client, so results read as ratios (see BENCHMARKS.md):
 //
-//	go test -bench . -run '^$' .
+//	go test -run '^$' -bench . -benchtime 3s .
 
-// bareLockPair is the baseline for one lock + release: SET NX PX, then DEL,
-// two round trips with no ownership check, renewal or token.
-func bareLockPair(ctx context.Context, c rueidis.Client, key string) error {
-	if err := c.Do(ctx, c.B().Set().Key(key).Value("v").Nx().Px(30*time.Second).Build()).Error(); err != nil {
-		return err
+// holdFor is how long a contended benchmark holds the lock each time. The
+// holder works (spins) rather than sleeps: on this kind of machine a sleep
+// shorter than a millisecond in an otherwise idle process lasts a whole
+// millisecond, which would measure the timer, not the lock.
+const holdFor = 100 * time.Microsecond
+
+// work keeps the CPU busy for d.
+func work(d time.Duration) {
+	for start := time.Now(); time.Since(start) < d; {
 	}
+}
+
+// bareLock takes key with SET NX PX; it reports whether it got it.
+func bareLock(ctx context.Context, c rueidis.Client, key string) (bool, error) {
+	err := c.Do(ctx, c.B().Set().Key(key).Value("v").Nx().Px(30*time.Second).Build()).Error()
+	if rueidis.IsRedisNil(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// bareUnlock is DEL, with no ownership check.
+func bareUnlock(ctx context.Context, c rueidis.Client, key string) error {
 	return c.Do(ctx, c.B().Del().Key(key).Build()).Error()
 }
 
-// BenchmarkUncontended measures lock + release pairs by one goroutine on one
-// key, against the bare two-round-trip baseline.
+// commandsProcessed reads total_commands_processed from INFO stats.
+func commandsProcessed(b *testing.B, srv *redistest.Server) int64 {
+	b.Helper()
+	info, err := srv.MustDo("INFO", "stats").ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	b.Fatal("no total_commands_processed in INFO stats")
+	return 0
+}
+
+func mustMutex(b *testing.B, c rueidis.Client, key string, opts ...distlock.Option) *distlock.Mutex {
+	b.Helper()
+	m, err := distlock.NewMutex(c, key, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// BenchmarkUncontended alternates, in one loop, a distlock lock + release
+// pair with a bare SET NX PX + DEL pair on another key, so both see the same
+// machine at the same moment; it reports both rates and their ratio.
 func BenchmarkUncontended(b *testing.B) {
 	srv := redistest.Start(b)
 	c := srv.Client()
 	ctx := context.Background()
-
-	b.Run("baseline", func(b *testing.B) {
-		for b.Loop() {
-			if err := bareLockPair(ctx, c, "bench:bare"); err != nil {
-				b.Fatal(err)
-			}
+	m := mustMutex(b, c, "bench")
+	var bare, ours time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if _, err := bareLock(ctx, c, "bench:bare"); err != nil {
+			b.Fatal(err)
 		}
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
-	})
-	b.Run("distlock", func(b *testing.B) {
-		m, err := distlock.NewMutex(c, "bench")
+		if err := bareUnlock(ctx, c, "bench:bare"); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		g, err := m.Lock(ctx)
 		if err != nil {
 			b.Fatal(err)
 		}
-		for b.Loop() {
+		if _, err := g.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		bare += t1.Sub(t0)
+		ours += t2.Sub(t1)
+	}
+	n := float64(b.N)
+	b.ReportMetric(n/ours.Seconds(), "pairs/s")
+	b.ReportMetric(n/bare.Seconds(), "baseline-pairs/s")
+	b.ReportMetric(bare.Seconds()/ours.Seconds(), "ratio")
+}
+
+// contention is the outcome of one contended run.
+type contention struct {
+	acquisitions int
+	elapsed      time.Duration
+	waits        []time.Duration
+	commands     int64
+}
+
+func (r contention) rate() float64 { return float64(r.acquisitions) / r.elapsed.Seconds() }
+
+func (r contention) percentile(p float64) time.Duration {
+	if len(r.waits) == 0 {
+		return 0
+	}
+	slices.Sort(r.waits)
+	return r.waits[int(p*float64(len(r.waits)-1))]
+}
+
+// contend has workers goroutines take turns n times in all through lock,
+// each holding for holdFor, and measures it.
+func contend(b *testing.B, counter *redistest.CommandCounter, workers, n int, lock func(w int) (unlock func())) contention {
+	b.Helper()
+	var (
+		next  atomic.Int64
+		mu    sync.Mutex
+		waits = make([]time.Duration, 0, n)
+		wg    sync.WaitGroup
+	)
+	before := counter.Load()
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			var mine []time.Duration
+			for next.Add(1) <= int64(n) {
+				t := time.Now()
+				unlock := lock(w)
+				mine = append(mine, time.Since(t))
+				work(holdFor)
+				unlock()
+			}
+			mu.Lock()
+			waits = append(waits, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	return contention{acquisitions: n, elapsed: elapsed, waits: waits, commands: counter.Load() - before}
+}
+
+// BenchmarkContended has 2, 8 and 64 goroutines take one lock in turns,
+// each holding it ~100µs. The baseline spins on SET NX PX and releases with
+// DEL through the same client, in the same run; distlock uses Lock with its
+// defaults (one Mutex per goroutine, as separate call sites would).
+func BenchmarkContended(b *testing.B) {
+	srv := redistest.Start(b)
+	c, counter := srv.CountingClient(b)
+	ctx := context.Background()
+	for _, workers := range []int{2, 8, 64} {
+		b.Run(fmt.Sprintf("goroutines=%d", workers), func(b *testing.B) {
+			mutexes := make([]*distlock.Mutex, workers)
+			for i := range mutexes {
+				mutexes[i] = mustMutex(b, c, "contended")
+			}
+			var base, ours contention
+			for b.Loop() {
+				n := 200
+				base = contend(b, counter, workers, n, func(int) func() {
+					for {
+						ok, err := bareLock(ctx, c, "contended:bare")
+						if err != nil {
+							b.Fatal(err)
+						}
+						if ok {
+							return func() {
+								if err := bareUnlock(ctx, c, "contended:bare"); err != nil {
+									b.Error(err)
+								}
+							}
+						}
+					}
+				})
+				ours = contend(b, counter, workers, n, func(w int) func() {
+					g, err := mutexes[w].Lock(ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					return func() {
+						if _, err := g.Release(ctx); err != nil {
+							b.Error(err)
+						}
+					}
+				})
+			}
+			b.ReportMetric(ours.rate(), "acq/s")
+			b.ReportMetric(base.rate(), "baseline-acq/s")
+			b.ReportMetric(ours.rate()/base.rate(), "ratio")
+			b.ReportMetric(float64(ours.percentile(0.5).Microseconds()), "p50-wait-µs")
+			b.ReportMetric(float64(ours.percentile(0.99).Microseconds()), "p99-wait-µs")
+			b.ReportMetric(float64(ours.commands)/float64(ours.acquisitions), "cmds/acq")
+			b.ReportMetric(float64(base.commands)/float64(base.acquisitions), "baseline-cmds/acq")
+			b.ReportMetric(float64(base.percentile(0.99).Microseconds()), "baseline-p99-wait-µs")
+		})
+	}
+}
+
+// BenchmarkManyKeys runs 64 goroutines in parallel, each taking and
+// releasing a key of its own, against the bare pair run the same way.
+func BenchmarkManyKeys(b *testing.B) {
+	srv := redistest.Start(b)
+	c := srv.Client()
+	ctx := context.Background()
+	const workers = 64
+	run := func(pairs int, pair func(w int)) time.Duration {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := range workers {
+			wg.Go(func() {
+				for next.Add(1) <= int64(pairs) {
+					pair(w)
+				}
+			})
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
+	mutexes := make([]*distlock.Mutex, workers)
+	for i := range mutexes {
+		mutexes[i] = mustMutex(b, c, fmt.Sprint("many:", i))
+	}
+	var bare, ours time.Duration
+	pairs := 0
+	for b.Loop() {
+		const n = 2000
+		pairs += n
+		bare += run(n, func(w int) {
+			key := fmt.Sprint("many:bare:", w)
+			if _, err := bareLock(ctx, c, key); err != nil {
+				b.Error(err)
+			}
+			if err := bareUnlock(ctx, c, key); err != nil {
+				b.Error(err)
+			}
+		})
+		ours += run(n, func(w int) {
+			g, err := mutexes[w].Lock(ctx)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := g.Release(ctx); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	b.ReportMetric(float64(pairs)/ours.Seconds(), "pairs/s")
+	b.ReportMetric(float64(pairs)/bare.Seconds(), "baseline-pairs/s")
+	b.ReportMetric(bare.Seconds()/ours.Seconds(), "ratio")
+}
+
+// lostCounter counts transitions to Lost.
+type lostCounter struct{ lost atomic.Int64 }
+
+func (o *lostCounter) ObserveAcquire(distlock.AcquireInfo) {}
+func (o *lostCounter) ObserveRenew(distlock.RenewInfo)     {}
+func (o *lostCounter) ObserveTransition(t distlock.TransitionInfo) {
+	if t.To == distlock.Lost {
+		o.lost.Add(1)
+	}
+}
+
+// BenchmarkHeld holds 10,000 locks at once on one client, with a 1.5 s TTL,
+// for 10 s (DISTLOCK_BENCH_HELD and DISTLOCK_BENCH_HOLD change those), and
+// reports the memory and goroutines per held lock, the renewal commands per
+// second, and the number of Lost events, which must be zero.
+func BenchmarkHeld(b *testing.B) {
+	locks := envInt(b, "DISTLOCK_BENCH_HELD", 10000)
+	hold := 10 * time.Second
+	if v := os.Getenv("DISTLOCK_BENCH_HOLD"); v != "" {
+		var err error
+		if hold, err = time.ParseDuration(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	srv := redistest.Start(b)
+	c := srv.Client()
+	ctx := context.Background()
+	for b.Loop() {
+		obs := &lostCounter{}
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		goroutinesBefore := runtime.NumGoroutine()
+
+		guards := make([]*distlock.Guard, locks)
+		for i := range guards {
+			m := mustMutex(b, c, fmt.Sprint("held:", i), distlock.WithTTL(1500*time.Millisecond), distlock.WithObserver(obs))
 			g, err := m.TryLock(ctx)
 			if err != nil {
 				b.Fatal(err)
+			}
+			guards[i] = g
+		}
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		goroutines := runtime.NumGoroutine() - goroutinesBefore
+
+		cmdsBefore := commandsProcessed(b, srv)
+		time.Sleep(hold)
+		renewals := commandsProcessed(b, srv) - cmdsBefore - 1
+
+		notAcquired := 0
+		for _, g := range guards {
+			if g.State() != distlock.Acquired {
+				notAcquired++
 			}
 			if _, err := g.Release(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
-	})
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(locks), "heap-B/lock")
+		b.ReportMetric(float64(goroutines)/float64(locks), "goroutines/lock")
+		b.ReportMetric(float64(renewals)/hold.Seconds(), "renewals/s")
+		b.ReportMetric(float64(locks)*3/1.5, "expected-renewals/s")
+		b.ReportMetric(float64(obs.lost.Load()), "false-lost")
+		b.ReportMetric(float64(notAcquired), "not-acquired-at-end")
+	}
+}
+
+// BenchmarkCrashedHolder measures how long after a dead holder's lease
+// expires a waiter takes the lock: the holder's key is written with a TTL and
+// never released, and Lock waits for it.
+func BenchmarkCrashedHolder(b *testing.B) {
+	srv := redistest.Start(b)
+	c := srv.Client()
+	ctx := context.Background()
+	m := mustMutex(b, c, "crashed")
+	const ttl = 200 * time.Millisecond
+	var lateness []time.Duration
+	for b.Loop() {
+		err := c.Do(ctx, c.B().Set().Key(m.Key()).Value("crashed#1").Px(ttl).Build()).Error()
+		if err != nil {
+			b.Fatal(err)
+		}
+		expires := time.Now().Add(ttl)
+		g, err := m.Lock(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lateness = append(lateness, time.Since(expires))
+		if _, err := g.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	slices.Sort(lateness)
+	b.ReportMetric(float64(lateness[len(lateness)/2].Microseconds())/1000, "p50-ms-after-expiry")
+	b.ReportMetric(float64(lateness[len(lateness)-1].Microseconds())/1000, "max-ms-after-expiry")
+}
+
+func envInt(b *testing.B, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return n
 }

@@ -3,6 +3,7 @@ package distlock
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,7 +28,14 @@ type Guard struct {
 
 	act  *actor.Actor[guardMsg]
 	snap atomic.Pointer[snapshot] // written by the actor only
-	ctx  context.Context          // cancelled at the first Lost or at release
+
+	// The guard's context is made on first use: most critical sections
+	// never ask for it. ctxMu guards the three fields.
+	ctxMu    sync.Mutex
+	lockCtx  context.Context // the parent: the context given to Lock
+	ctx      context.Context
+	cancelFn context.CancelCauseFunc
+	cause    error // why it was cancelled, if it was before it was made
 
 	// final is written by the actor before it exits and read only after
 	// act.Done() is closed.
@@ -67,23 +75,21 @@ func (unsubscribeMsg) isGuardMsg() {}
 // sent at sent. lockCtx is the context given to Lock: the guard's context
 // derives from it, and its cancellation releases the guard.
 func (m *Mutex) startGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time) *Guard {
-	g := &Guard{key: m.keys.Lease, token: token, attempt: attempt}
-	ctx, cancel := context.WithCancelCause(lockCtx)
-	g.ctx = ctx
+	g := &Guard{key: m.keys.Lease, token: token, attempt: attempt, lockCtx: lockCtx}
 	l := &leaseLoop{
 		m:       m,
 		g:       g,
 		value:   value,
 		lockCtx: lockCtx,
-		cancel:  cancel,
 		subs:    make(subscribers),
-		log:     m.log.With("owner", m.owner, "token", token),
 	}
 	l.confirm(sent)
 	l.state, l.since = Acquired, time.Now()
 	l.acquired = l.since
 	g.snap.Store(&snapshot{state: Acquired, deadline: l.deadline})
-	l.log.Debug("distlock: acquired", "attempt", attempt)
+	if l.debug() {
+		l.logger().Debug("distlock: acquired", "attempt", attempt)
+	}
 	g.act = actor.Start(l.run)
 	return g
 }
@@ -126,7 +132,31 @@ func (g *Guard) Done() <-chan struct{} { return g.act.Done() }
 // [context.Cause]. It is never un-cancelled: a guard that regains its lease
 // after Lost still reports a cancelled context, because the work that ran in
 // between was not protected.
-func (g *Guard) Context() context.Context { return g.ctx }
+func (g *Guard) Context() context.Context {
+	g.ctxMu.Lock()
+	defer g.ctxMu.Unlock()
+	if g.ctx == nil {
+		g.ctx, g.cancelFn = context.WithCancelCause(g.lockCtx)
+		if g.cause != nil {
+			g.cancelFn(g.cause)
+		}
+	}
+	return g.ctx
+}
+
+// cancel cancels the guard's context with cause, or records cause for when
+// the context is made. Only the first cause counts.
+func (g *Guard) cancel(cause error) {
+	g.ctxMu.Lock()
+	defer g.ctxMu.Unlock()
+	if g.cause != nil {
+		return
+	}
+	g.cause = cause
+	if g.cancelFn != nil {
+		g.cancelFn(cause)
+	}
+}
 
 // Subscribe returns a channel of the guard's states. The first event is the
 // state at the time of the call; each later event is a transition. After the

@@ -19,6 +19,7 @@ type store interface {
 	Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error)
 	Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error)
 	Release(ctx context.Context, k lease.Keys, value string) (bool, error)
+	Handoff(ctx context.Context, k lease.Keys, value, next string, ttl time.Duration) (bool, int64, error)
 	Subscribe(ctx context.Context, k lease.Keys, ready func(), released func(value string)) error
 }
 

@@ -24,8 +24,6 @@ type leaseLoop struct {
 	g       *Guard
 	value   string
 	lockCtx context.Context
-	cancel  context.CancelCauseFunc
-	log     *slog.Logger
 
 	state    State     // Acquired or Lost while running
 	since    time.Time // when state was entered
@@ -57,68 +55,66 @@ func (l *leaseLoop) confirm(sent time.Time) {
 
 // run is the actor's loop. It renews, watches the deadline and serves the
 // mailbox until stop is closed, then releases the lease and returns.
+//
+// One timer serves two purposes: while no renewal is in flight it fires when
+// the next one is due; while one is in flight and the lease is held it fires
+// at the deadline D, so that a hanging renewal cannot delay Lost.
 func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-chan struct{}) {
 	// Cancelling the Lock context releases the guard. The registration is
 	// removed on the way out, so a long-lived context does not accumulate
 	// them.
-	defer context.AfterFunc(l.lockCtx, a.Stop)()
+	if l.lockCtx.Done() != nil {
+		defer context.AfterFunc(l.lockCtx, a.Stop)()
+	}
 
-	ttl := l.m.ttl
-	renewTimer := time.NewTimer(time.Until(l.lastSent.Add(ttl / 3)))
-	defer renewTimer.Stop()
-	deadlineTimer := time.NewTimer(time.Until(l.deadline))
-	defer deadlineTimer.Stop()
-
+	timer := time.NewTimer(time.Until(l.lastSent.Add(l.m.ttl / 3)))
+	defer timer.Stop()
 	results := make(chan renewResult, 1) // at most one renewal in flight
 	var cancelRenew context.CancelFunc   // set while a renewal is in flight
-	var released chan releaseResult      // set while the release is in flight
-	renewC := renewTimer.C               // nil while a renewal is in flight or after stop
-	releasing := false
 
 	for {
 		select {
-		case <-renewC:
-			renewC = nil
+		case <-timer.C:
+			if cancelRenew != nil {
+				l.checkDeadline() // the renewal in flight is late
+				continue
+			}
 			cancelRenew = l.startRenew(a, results)
+			if l.state == Acquired {
+				timer.Reset(time.Until(l.deadline))
+			}
 
 		case res := <-results:
 			cancelRenew()
 			cancelRenew = nil
-			if releasing {
-				released = l.startRelease(a)
-				continue
+			if stop == nil { // releasing: the renewal was all we waited for
+				l.finish(l.release())
+				return
 			}
-			next := l.onRenew(res)
-			renewTimer.Reset(next)
-			renewC = renewTimer.C
-			if l.state == Acquired {
-				deadlineTimer.Reset(time.Until(l.deadline))
-			}
-
-		case <-deadlineTimer.C:
-			l.checkDeadline()
+			timer.Reset(l.onRenew(res))
 
 		case msg := <-inbox:
 			l.handle(a, msg)
 
 		case <-stop:
-			stop, renewC, releasing = nil, nil, true
+			stop = nil
+			timer.Stop()
 			l.checkDeadline()
 			l.heldAtRelease = l.state == Acquired
+			// From now on the guard no longer vouches for the lease.
+			l.g.snap.Store(&snapshot{state: Released})
 			// The critical section ends before the lease is deleted.
-			l.cancel(ErrReleased)
-			if cancelRenew != nil {
-				// Stop waiting for the renewal; its command, if sent, is
-				// ahead of the delete on the connection, and the delete
-				// starts once the renewal call has returned.
-				cancelRenew()
-			} else {
-				released = l.startRelease(a)
+			l.g.cancel(ErrReleased)
+			if cancelRenew == nil {
+				l.finish(l.release())
+				return
 			}
-
-		case r := <-released:
-			l.finish(r)
-			return
+			// Stop waiting for the renewal; the delete starts once the
+			// renewal call has returned. If its command is still on its way
+			// (rueidis may use another connection than the delete's), it
+			// can only extend this acquisition's own value and never
+			// re-creates a deleted key, so arriving late does no harm.
+			cancelRenew()
 		}
 	}
 }
@@ -158,12 +154,16 @@ func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 		if errors.Is(res.err, context.DeadlineExceeded) && !now.Before(l.deadline) {
 			reason = LostDeadline
 		}
-		l.log.Debug("distlock: renewal failed", "err", res.err, "took", now.Sub(res.sent))
+		if l.debug() {
+			l.logger().Debug("distlock: renewal failed", "err", res.err, "took", now.Sub(res.sent))
+		}
 		l.markLost(&LostError{Key: l.m.keys.Lease, Reason: reason, Err: res.err})
 		// Retry sooner than usual: a short outage then heals quickly.
 		return ttl / 9
 	case !res.r.OK:
-		l.log.Debug("distlock: renewal refused", "holder", res.r.Holder)
+		if l.debug() {
+			l.logger().Debug("distlock: renewal refused", "holder", res.r.Holder)
+		}
 		l.markLost(info.Err.(*LostError))
 		return ttl / 3
 	}
@@ -176,11 +176,13 @@ func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 	l.confirm(res.sent)
 	if l.state == Lost {
 		l.setState(Acquired, nil)
-		l.log.Info("distlock: lock regained")
+		l.logger().Info("distlock: lock regained")
 	} else {
 		l.g.snap.Store(&snapshot{state: Acquired, deadline: l.deadline})
 	}
-	l.log.Debug("distlock: renewed", "deadline_in", l.deadline.Sub(now))
+	if l.debug() {
+		l.logger().Debug("distlock: renewed", "deadline_in", l.deadline.Sub(now))
+	}
 	return res.sent.Add(ttl / 3).Sub(now)
 }
 
@@ -197,9 +199,20 @@ func (l *leaseLoop) markLost(cause *LostError) {
 	if l.state != Acquired {
 		return
 	}
-	l.cancel(cause)
+	l.g.cancel(cause)
 	l.setState(Lost, cause)
-	l.log.Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
+	l.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
+}
+
+// logger returns the Mutex's logger with this guard's attributes.
+func (l *leaseLoop) logger() *slog.Logger {
+	return l.m.log.With("owner", l.m.owner, "token", l.g.token)
+}
+
+// debug reports whether debug messages are wanted; the hot paths check it
+// before building any.
+func (l *leaseLoop) debug() bool {
+	return l.m.log.Enabled(context.Background(), slog.LevelDebug)
 }
 
 // setState records a transition, publishes it to State and to subscribers.
@@ -225,23 +238,29 @@ func (l *leaseLoop) handle(a *actor.Actor[guardMsg], msg guardMsg) {
 	}
 }
 
-// startRelease sends the conditional delete in a child goroutine. Waiting for
-// it past the end of the lease would be pointless, since the key is gone by
-// then either way; minReleaseWait still gives a lapsed lease one try.
-func (l *leaseLoop) startRelease(a *actor.Actor[guardMsg]) chan releaseResult {
-	ch := make(chan releaseResult, 1)
+// release sends the conditional delete and waits for its outcome. It runs
+// in the actor's own goroutine, as the last thing the actor does: nothing is
+// left to serve but the mailbox, and an extra goroutine would only add a
+// hand-off to every release. Waiting past the end of the lease would be
+// pointless, since the key is gone by then either way; minReleaseWait still
+// gives a lapsed lease one try.
+func (l *leaseLoop) release() releaseResult {
 	dl := l.lastSent.Add(l.m.ttl)
 	if floor := time.Now().Add(minReleaseWait); dl.Before(floor) {
 		dl = floor
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
-	m, value := l.m, l.value
-	a.Go(func() {
-		defer cancel()
-		deleted, err := m.store.Release(ctx, m.keys, value)
-		ch <- releaseResult{deleted: deleted, err: err}
-	})
-	return ch
+	defer cancel()
+	if h := queues.claim(l.m.queueKey()); h != nil {
+		// A waiter of this process takes the lock over in the same round
+		// trip; if that fails it tries on its own.
+		sent := time.Now()
+		granted, token, err := l.m.store.Handoff(ctx, l.m.keys, l.value, h.value, h.ttl)
+		h.done <- handoffResult{granted: granted, token: token, sent: sent, err: err}
+		return releaseResult{deleted: granted, err: err}
+	}
+	deleted, err := l.m.store.Release(ctx, l.m.keys, l.value)
+	return releaseResult{deleted: deleted, err: err}
 }
 
 // finish records how the guard ended, publishes Released and closes every
@@ -264,9 +283,9 @@ func (l *leaseLoop) finish(r releaseResult) {
 	var err error
 	if r.err != nil {
 		err = fmt.Errorf("distlock: releasing %s: %w", l.m.keys.Lease, r.err)
-		l.log.Warn("distlock: release failed; the lease will expire on its own", "err", err)
-	} else {
-		l.log.Debug("distlock: released", "outcome", final.String())
+		l.logger().Warn("distlock: release failed; the lease will expire on its own", "err", err)
+	} else if l.debug() {
+		l.logger().Debug("distlock: released", "outcome", final.String())
 	}
 	queues.released(l.m.queueKey(), l.value, r.err == nil && r.deleted)
 	ev := Event{State: Released, Time: time.Now(), Err: err}

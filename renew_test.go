@@ -48,6 +48,7 @@ type fakeStore struct {
 	subCalls  int
 
 	acquireCalls int
+	handoffs     int
 	expires      time.Time // when holder's lease ends; zero: renewed forever
 }
 
@@ -115,6 +116,20 @@ func (f *fakeStore) Release(ctx context.Context, k lease.Keys, value string) (bo
 		return true, nil
 	}
 	return false, nil
+}
+
+func (f *fakeStore) Handoff(ctx context.Context, k lease.Keys, value, next string, ttl time.Duration) (bool, int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.releases = append(f.releases, value)
+	f.handoffs++
+	f.noteAfterDone()
+	if f.holder != value {
+		return false, 0, nil
+	}
+	f.holder, f.expires = next, time.Time{}
+	f.token++
+	return true, f.token, nil
 }
 
 func (f *fakeStore) Subscribe(ctx context.Context, k lease.Keys, ready func(), released func(string)) error {

@@ -31,6 +31,11 @@ import (
 // whether the one a waiter waits for is among those since it last looked.
 const recentReleases = 16
 
+// maxHandoffs is how many times in a row a release hands the lock straight
+// to the next waiter of the same process. After that it is released in Redis
+// and announced, so that waiters in other processes get their chance.
+const maxHandoffs = 8
+
 // queueLinger is how long an empty queue keeps its subscription, so that a
 // lock that is taken over and over does not subscribe and unsubscribe at
 // every hand-off.
@@ -57,6 +62,22 @@ type queueSet struct {
 	// draining holds, per lock, the end of the subscription of a queue that
 	// was closed and is still unsubscribing.
 	draining map[queueKey]chan struct{}
+}
+
+// handoff is a waiter's offer to take a lock over directly from a local
+// guard that releases it. The releasing guard claims it and answers on done.
+type handoff struct {
+	value string
+	ttl   time.Duration
+	done  chan handoffResult // capacity 1: the releaser never blocks
+}
+
+// handoffResult is the outcome of a hand-off.
+type handoffResult struct {
+	granted bool
+	token   int64
+	sent    time.Time // when the hand-off was sent: the new lease's start
+	err     error
 }
 
 // waiter is one acquire call standing in a queue.
@@ -88,6 +109,12 @@ type waitQueue struct {
 	// knows: the value it was granted with, and the epoch at the grant.
 	localHolder string
 	localEpoch  uint64
+
+	// The head's standing offer to take the lock over from a local guard
+	// that releases it (nil when the head is not waiting), and how many
+	// hand-offs have happened in a row.
+	offer    *handoff
+	handoffs int
 
 	// Subscription state.
 	ready     chan struct{} // closed at the first outcome of subscribing
@@ -151,6 +178,26 @@ func (s *queueSet) busy(k queueKey) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.waiters) > 0
+}
+
+// claim takes the head's hand-off offer for a guard of this process that is
+// about to release the lock, unless hand-offs have used up their turn (then
+// the lock is released in Redis for everyone).
+func (s *queueSet) claim(k queueKey) *handoff {
+	q := s.lookup(k)
+	if q == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h := q.offer
+	if h == nil || q.handoffs >= maxHandoffs {
+		q.handoffs = 0
+		return nil
+	}
+	q.offer = nil
+	q.handoffs++
+	return h
 }
 
 // released is called by a guard of this process when its release is done:
@@ -361,21 +408,33 @@ func (a *acquirer) queue() (*Guard, error) {
 			}
 			holder, holderTTL = grant.Holder, grant.HolderTTL
 		}
-		if err := a.waitRelease(q, epoch, holder, holderTTL); err != nil {
+		h, err := a.waitRelease(q, epoch, holder, holderTTL)
+		if err != nil {
 			return nil, err
+		}
+		if h != nil && h.granted {
+			a.attempts++ // the hand-off was an attempt made for us
+			if time.Since(h.sent) < m.ttl-margin(m.ttl) {
+				acquired = a.value
+				return m.startGuard(a.ctx, a.value, h.token, a.attempts-1, h.sent), nil
+			}
+			// Granted too late to trust; the next attempt renews our own
+			// value with a fresh send time.
 		}
 	}
 }
 
-// waitRelease sleeps until q hears of the release of holder after epoch, or
+// waitRelease sleeps until q hears of the release of holder after epoch,
 // until holder's lease would have expired (holderTTL, negative for no
-// expiry), or until it is time to re-check anyway.
-func (a *acquirer) waitRelease(q *waitQueue, epoch uint64, holder string, holderTTL time.Duration) error {
+// expiry), until it is time to re-check anyway, or until a local guard hands
+// the lock over. It returns the hand-off's result if there was one.
+func (a *acquirer) waitRelease(q *waitQueue, epoch uint64, holder string, holderTTL time.Duration) (*handoffResult, error) {
+	offer := q.post(a.value, a.m.ttl)
 	start := time.Now()
 	for {
 		relevant, changed, notified := q.since(epoch, holder)
 		if relevant {
-			return nil
+			return q.withdraw(offer), nil
 		}
 		// With announcements, the holder's expiry is the only event that
 		// comes unannounced; without them, poll.
@@ -388,11 +447,46 @@ func (a *acquirer) waitRelease(q *waitQueue, epoch uint64, holder string, holder
 		}
 		left := recheck - time.Since(start)
 		if left <= 0 {
-			return nil
+			return q.withdraw(offer), nil
 		}
-		woken, err := a.pause(left, changed)
-		if err != nil || !woken {
-			return err
+		why, r, err := a.wait(left, changed, offer.done)
+		switch {
+		case err != nil:
+			// Give back a lock that was handed over meanwhile.
+			if r := q.withdraw(offer); r != nil && r.granted {
+				a.m.cleanup(a.ctx, a.value)
+			}
+			return nil, err
+		case why == wokeByHandoff:
+			return &r, nil
+		case why == wokeByTimer:
+			return q.withdraw(offer), nil
 		}
 	}
+}
+
+// post records the head's offer to take the lock over.
+func (q *waitQueue) post(value string, ttl time.Duration) *handoff {
+	h := &handoff{value: value, ttl: ttl, done: make(chan handoffResult, 1)}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.offer = h
+	return h
+}
+
+// withdraw takes offer back. If a releasing guard claimed it first, it waits
+// for that hand-off (which is bounded by the release's deadline) and returns
+// its result.
+func (q *waitQueue) withdraw(offer *handoff) *handoffResult {
+	q.mu.Lock()
+	claimed := q.offer != offer
+	if !claimed {
+		q.offer = nil
+	}
+	q.mu.Unlock()
+	if !claimed {
+		return nil
+	}
+	r := <-offer.done
+	return &r
 }

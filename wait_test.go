@@ -93,18 +93,22 @@ func TestQueueHandsOverInOrderWithoutPolling(t *testing.T) {
 		default:
 		}
 
+		synctest.Wait() // the next head has posted its offer
 		_, err := g1.Release(t.Context())
 		require.NoError(t, err)
 		g2 := <-got[1]
 		require.NotNil(t, g2)
-		assert.Equal(t, 0, g2.Attempt(), "handed over on its first attempt")
+		assert.Equal(t, 0, g2.Attempt(), "handed over: the hand-off is its first attempt")
+		assert.Greater(t, g2.Token(), g1.Token())
+		synctest.Wait()
 		_, err = g2.Release(t.Context())
 		require.NoError(t, err)
 		g3 := <-got[2]
 		require.NotNil(t, g3)
 		_, err = g3.Release(t.Context())
 		require.NoError(t, err)
-		assert.Equal(t, 8, f.calls(), "one attempt per hand-off")
+		assert.Equal(t, 6, f.calls(), "the releases handed the lock over: no attempt of their own")
+		assert.Equal(t, 2, f.handoffs)
 		wg.Wait()
 
 		// The idle queue unsubscribes after it lingers.

@@ -24,10 +24,14 @@ package lease
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -71,29 +75,79 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // take "1.5", "0x10", " 5 ", "nan" and "inf"), and it refuses to issue a
 // token it cannot represent exactly rather than issue one that repeats or
 // goes back.
-var acquireScript = rueidis.NewLuaScript(`
-local raw = redis.call('GET', KEYS[2])
-local last = 0
-if raw then
-  if not string.match(raw, '^%d+$') then
-    return redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
-  end
-  last = tonumber(raw)
+var acquireScript = rueidis.NewLuaScript(fenceLua + `
+local last, ferr = lastToken()
+if ferr then
+  return ferr
 end
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1]), cur}
 end
-local t = redis.call('TIME')
-local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if token <= last then
-  token = last + 1
-end
-if token > 9007199254740991 then
-  return redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' is exhausted: the next token would pass 2^53-1')
+local token, terr = nextToken(last)
+if terr then
+  return terr
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+return {1, token}
+`)
+
+// fenceLua defines the token helpers shared by acquireScript and
+// handoffScript. lastToken reads the fencing key (KEYS[2]); it accepts only
+// the digits-only integers the scripts write, since Lua's tonumber would also
+// take "1.5", "0x10", " 5 ", "nan" or "inf". nextToken returns the server
+// clock in µs, or last+1 if the clock has not moved past last, and refuses
+// to pass 2^53-1, beyond which a Lua number (a float64) can no longer count
+// by one.
+const fenceLua = `
+local function lastToken()
+  local raw = redis.call('GET', KEYS[2])
+  if not raw then
+    return 0
+  end
+  if not string.match(raw, '^%d+$') then
+    return nil, redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
+  end
+  return tonumber(raw)
+end
+local function nextToken(last)
+  local t = redis.call('TIME')
+  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if token <= last then
+    token = last + 1
+  end
+  if token > 9007199254740991 then
+    return nil, redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' is exhausted: the next token would pass 2^53-1')
+  end
+  return token
+end
+`
+
+// handoffScript passes the lease from the caller's value straight to a
+// waiter's value, in one step: a release and an acquisition in a single
+// round trip.
+//
+// KEYS[1] lease key, KEYS[2] fencing key.
+// ARGV[1] the releasing acquisition's value, ARGV[2] the waiter's value,
+// ARGV[3] the waiter's TTL in ms, ARGV[4] fencing key retention in ms.
+// Reply: {1, token} when the lease now holds ARGV[2] with a new token; {0}
+// when it did not hold ARGV[1] (nothing is written then). As in
+// acquireScript, all reads and checks come before the first write.
+var handoffScript = rueidis.NewLuaScript(fenceLua + `
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  return {0}
+end
+local last, ferr = lastToken()
+if ferr then
+  return ferr
+end
+local token, terr = nextToken(last)
+if terr then
+  return terr
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[4])
 return {1, token}
 `)
 
@@ -139,11 +193,48 @@ return 0
 `)
 
 // NewValue returns a fresh lease value for one acquisition by owner:
-// "owner#id", where id is a random UUID. The owner part lets an operator see
-// who holds a key; the id makes the value unique, so two acquisitions by the
-// same owner never renew or release each other's lease.
+// "owner#id", where id is formatted as a UUID. The owner part lets an
+// operator see who holds a key; the id makes the value unique, so two
+// acquisitions by the same owner never renew or release each other's lease.
+//
+// The id is a random prefix drawn once per process followed by a counter, so
+// it costs no system call and cannot repeat within a process, and two
+// processes share a prefix with a chance of about one in 2^64.
 func NewValue(owner string) string {
-	return owner + "#" + uuid.NewString()
+	var id [16]byte
+	copy(id[:8], idPrefix[:])
+	binary.BigEndian.PutUint64(id[8:], idCounter.Add(1))
+	id[6] = id[6]&0x0f | 0x40 // version 4
+	id[8] = id[8]&0x3f | 0x80 // RFC 4122 variant
+
+	var text [36]byte
+	hex.Encode(text[0:8], id[0:4])
+	text[8] = '-'
+	hex.Encode(text[9:13], id[4:6])
+	text[13] = '-'
+	hex.Encode(text[14:18], id[6:8])
+	text[18] = '-'
+	hex.Encode(text[19:23], id[8:10])
+	text[23] = '-'
+	hex.Encode(text[24:36], id[10:16])
+
+	var b strings.Builder
+	b.Grow(len(owner) + 1 + len(text))
+	b.WriteString(owner)
+	b.WriteByte('#')
+	b.Write(text[:])
+	return b.String()
+}
+
+// The parts of NewValue's ids.
+var (
+	idPrefix  = randomBytes()
+	idCounter atomic.Uint64
+)
+
+func randomBytes() (b [8]byte) {
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported systems
+	return b
 }
 
 // Owner returns the owner part of a value written by [NewValue]. For a value
@@ -247,6 +338,38 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 		r.Holder, _ = arr[1].ToString()
 	}
 	return r, nil
+}
+
+// Handoff passes the lease from value to next, with next's TTL and a new
+// fencing token, if the lease still holds value; it reports whether it did
+// and the token. It is a release and an acquisition in one round trip, used
+// to give the lock to a waiter of the same process without freeing it in
+// between. Like Acquire, it fails without writing anything if the fencing key
+// is not one distlock wrote.
+func (c *Client) Handoff(ctx context.Context, k Keys, value, next string, ttl time.Duration) (bool, int64, error) {
+	if ttl < time.Millisecond {
+		return false, 0, ErrBadTTL
+	}
+	arr, err := handoffScript.Exec(ctx, c.rc, []string{k.Lease, k.Fence},
+		[]string{value, next, ms(ttl), ms(FenceRetention)}).ToArray()
+	if err != nil {
+		return false, 0, err
+	}
+	if len(arr) < 1 {
+		return false, 0, fmt.Errorf("%w to handoff: empty array", ErrProtocol)
+	}
+	ok, err := arr[0].AsInt64()
+	if err != nil || ok != 1 {
+		return false, 0, err
+	}
+	if len(arr) < 2 {
+		return false, 0, fmt.Errorf("%w to handoff: no token", ErrProtocol)
+	}
+	token, err := arr[1].AsInt64()
+	if err != nil {
+		return false, 0, fmt.Errorf("%w to handoff: %w", ErrProtocol, err)
+	}
+	return true, token, nil
 }
 
 // Release deletes the lease if it still holds value and reports whether it
