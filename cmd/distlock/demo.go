@@ -18,30 +18,26 @@ import (
 
 // demoConfig is the demo's command line.
 type demoConfig struct {
-	redis     string
-	namespace string
-	key       string
-	workers   int
-	duration  time.Duration
-	hold      time.Duration
-	rest      time.Duration
-	ttl       time.Duration
-	steal     bool
-	verbose   bool
+	common
+	key      string
+	workers  int
+	duration time.Duration
+	hold     time.Duration
+	rest     time.Duration
+	steal    bool
+	verbose  bool
 }
 
 func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	var c demoConfig
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.redis, "redis", "", "Redis URL (default $REDIS_URL, else an embedded Redis)")
-	fs.StringVar(&c.namespace, "namespace", distlock.DefaultNamespace, "key namespace")
+	c.register(fs, ", else an embedded Redis", 900*time.Millisecond)
 	fs.StringVar(&c.key, "key", "demo", "lock name")
 	fs.IntVar(&c.workers, "workers", 3, "number of workers contending for the lock")
 	fs.DurationVar(&c.duration, "duration", 4*time.Second, "how long the demo runs")
 	fs.DurationVar(&c.hold, "hold", 400*time.Millisecond, "how long each worker holds the lock")
 	fs.DurationVar(&c.rest, "rest", 100*time.Millisecond, "how long a worker works elsewhere between holds")
-	fs.DurationVar(&c.ttl, "ttl", 900*time.Millisecond, "lease TTL (renewed every TTL/3)")
 	fs.BoolVar(&c.steal, "steal", true, "half-way through, overwrite the key as an operator would, to show a Lost")
 	fs.BoolVar(&c.verbose, "v", false, "log the library's debug messages to stderr")
 	fs.Usage = func() {
@@ -57,7 +53,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return c, err
 	}
 	switch {
