@@ -147,36 +147,37 @@ func New(opts ...Option) (*Observer, error) {
 	}
 	meter := c.provider.Meter(ScopeName)
 	o := &Observer{withKey: c.withKey, attrs: make(map[attribute.KeyValue]metric.MeasurementOption)}
-	var err, e error
-	o.acquisitions, e = meter.Int64Counter("distlock.acquisitions", metric.WithUnit("{call}"),
-		metric.WithDescription("Calls to Lock, TryLock and TryLockFor that asked Redis, by outcome."))
-	err = errors.Join(err, e)
-	o.acquireDuration, e = meter.Float64Histogram("distlock.acquire.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each Lock, TryLock or TryLockFor call took, by outcome."),
-		metric.WithExplicitBucketBoundaries(acquireBuckets...))
-	err = errors.Join(err, e)
-	o.acquireAttempts, e = meter.Int64Histogram("distlock.acquire.attempts", metric.WithUnit("{attempt}"),
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	seconds := func(name, desc string, buckets []float64) metric.Float64Histogram {
+		h, err := meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(buckets...))
+		errs = append(errs, err)
+		return h
+	}
+	o.acquisitions = counter("distlock.acquisitions", "{call}",
+		"Calls to Lock, TryLock and TryLockFor that asked Redis, by outcome.")
+	o.acquireDuration = seconds("distlock.acquire.duration",
+		"How long each Lock, TryLock or TryLockFor call took, by outcome.", acquireBuckets)
+	o.renewals = counter("distlock.renewals", "{renewal}", "Lease renewal attempts, by outcome.")
+	o.renewDuration = seconds("distlock.renewal.duration",
+		"Latency of lease renewals, from sending to the answer, by outcome.", renewalBuckets)
+	o.lost = counter("distlock.lost", "{event}", "Moves of a guard from Acquired to Lost, by reason.")
+	o.holdDuration = seconds("distlock.hold.duration",
+		"How long each guard lived, recorded at its release, by outcome.", holdBuckets)
+	var err error
+	o.acquireAttempts, err = meter.Int64Histogram("distlock.acquire.attempts", metric.WithUnit("{attempt}"),
 		metric.WithDescription("How many times each Lock, TryLock or TryLockFor call asked Redis, by outcome."),
 		metric.WithExplicitBucketBoundaries(attemptBuckets...))
-	err = errors.Join(err, e)
-	o.renewals, e = meter.Int64Counter("distlock.renewals", metric.WithUnit("{renewal}"),
-		metric.WithDescription("Lease renewal attempts, by outcome."))
-	err = errors.Join(err, e)
-	o.renewDuration, e = meter.Float64Histogram("distlock.renewal.duration", metric.WithUnit("s"),
-		metric.WithDescription("Latency of lease renewals, from sending to the answer, by outcome."),
-		metric.WithExplicitBucketBoundaries(renewalBuckets...))
-	err = errors.Join(err, e)
-	o.lost, e = meter.Int64Counter("distlock.lost", metric.WithUnit("{event}"),
-		metric.WithDescription("Moves of a guard from Acquired to Lost, by reason."))
-	err = errors.Join(err, e)
-	o.held, e = meter.Int64UpDownCounter("distlock.held", metric.WithUnit("{lock}"),
+	errs = append(errs, err)
+	o.held, err = meter.Int64UpDownCounter("distlock.held", metric.WithUnit("{lock}"),
 		metric.WithDescription("Guards in the Acquired state."))
-	err = errors.Join(err, e)
-	o.holdDuration, e = meter.Float64Histogram("distlock.hold.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long each guard lived, recorded at its release, by outcome."),
-		metric.WithExplicitBucketBoundaries(holdBuckets...))
-	err = errors.Join(err, e)
-	if err != nil {
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	for _, v := range append(append(append([]string(nil), acquireOutcomes...), renewOutcomes...), holdOutcomes...) {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -63,16 +62,11 @@ type inspectConfig struct {
 
 func parseInspect(args []string, stderr io.Writer) (inspectConfig, error) {
 	var c inspectConfig
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("inspect", inspectUsage, stderr)
 	c.register(fs, "; inspect needs a real Redis", 0)
 	fs.BoolVar(&c.watch, "watch", false, "print each change until interrupted")
 	fs.DurationVar(&c.interval, "interval", defaultWatchInterval, "how often --watch looks")
 	fs.BoolVar(&c.json, "json", false, "print JSON objects, one per line")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, inspectUsage)
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return c, err
 	}

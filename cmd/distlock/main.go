@@ -121,6 +121,18 @@ func message(err error) string {
 // usageError marks an error in the command line.
 type usageError struct{ error }
 
+// newFlagSet returns the flag set of a subcommand, which prints usage and
+// then the flags for -h or a bad flag.
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
 // parseFlags parses args with fs. The flag package has already printed
 // what is wrong, and the usage, when it returns an error; the error it
 // returns here only sets the exit status (0 for -h, exitUsage otherwise).

@@ -103,8 +103,7 @@ type runConfig struct {
 
 func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	var c runConfig
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("run", runUsage, stderr)
 	c.register(fs, "; run needs a real Redis", distlock.DefaultTTL)
 	fs.DurationVar(&c.wait, "wait", 0, "give up with status 75 after waiting this long for the lock (default: wait as long as it takes)")
 	fs.BoolVar(&c.try, "try", false, "make a single attempt; exit with status 75 if the lock is held")
@@ -112,10 +111,6 @@ func parseRun(args []string, stderr io.Writer) (runConfig, error) {
 	fs.StringVar(&c.owner, "owner", defaultOwner(), "owner id written into the lock, shown by \"distlock inspect\"")
 	fs.BoolVar(&c.foreground, "foreground", false, "keep the command in distlock's process group, so that it can use the terminal (default: true when run from an interactive shell)")
 	fs.BoolVar(&c.verbose, "v", false, "print the acquisition, losses and the release on stderr")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, runUsage)
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return c, err
 	}
