@@ -25,7 +25,7 @@ const (
 	exitRunFailed   = 125 // distlock failed (Redis unreachable or erroring), as env(1) and timeout(1) use it
 	exitCannotExec  = 126 // the command was found but cannot be executed
 	exitNotFound    = 127 // the command was not found
-	exitSignalBase  = 128 // plus N: the command, or distlock while waiting, was killed by signal N
+	exitSignalBase  = 128 // plus N: signal N killed the command, or ended distlock's wait
 )
 
 // Defaults of "distlock run".
@@ -70,8 +70,8 @@ arrives while distlock is still waiting for the lock ends the wait.
 
 Exit status:
   the command's    the command exited on its own
-  128+N            the command was killed by signal N (or distlock was,
-                   while waiting for the lock)
+  128+N            the command was killed by signal N, or distlock got
+                   signal N while still waiting for the lock
   64               usage error
   75               not acquired: --try found the lock held, or --wait ran out
   76               the lock was lost before the command finished (the

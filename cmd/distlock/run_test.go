@@ -133,7 +133,7 @@ func TestRunStopsTheCommandWhenTheLockIsLost(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
 			key := strings.ReplaceAll(tc.name, " ", "-")
-			p := start(t, nil, cmdline(runArgs(srv, "--ttl", "600ms", "--grace", tc.grace.String(), key),
+			p := start(t, nil, cmdline(runArgs(srv, "--ttl", "1s", "--grace", tc.grace.String(), key),
 				childArgs(t, dir, "c", tc.childFlags...)...)...)
 			rep := waitReport(t, dir, "c")
 
