@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,48 +15,49 @@ import (
 	"github.com/distkit-go/distlock"
 )
 
+const demoUsage = `Usage: distlock demo [flags]
+
+A few workers contend for one lock. Each prints its transitions (acquired,
+lost, released) with its fencing token. Half-way through, an "operator"
+overwrites the key (--steal) to show how a holder learns of a loss. A summary
+closes the run: acquisitions per worker, wait p50 and p99, whether the tokens
+strictly increased, and overlaps (two workers holding at once: must be 0).
+
+The demo runs on an embedded Redis unless --redis or $REDIS_URL names one.
+Exit status: 0; 1 if the lock misbehaved or Redis failed; 64 for a usage
+error.
+
+Examples:
+  distlock demo --workers 5 --duration 10s
+  distlock demo --redis redis://127.0.0.1:6379 --ttl 2s --hold 1s
+
+Flags:
+`
+
 // demoConfig is the demo's command line.
 type demoConfig struct {
-	redis     string
-	namespace string
-	key       string
-	workers   int
-	duration  time.Duration
-	hold      time.Duration
-	rest      time.Duration
-	ttl       time.Duration
-	steal     bool
-	verbose   bool
+	common
+	key      string
+	workers  int
+	duration time.Duration
+	hold     time.Duration
+	rest     time.Duration
+	steal    bool
+	verbose  bool
 }
 
 func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	var c demoConfig
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&c.redis, "redis", "", "Redis URL (default $REDIS_URL, else an embedded Redis)")
-	fs.StringVar(&c.namespace, "namespace", distlock.DefaultNamespace, "key namespace")
+	fs := newFlagSet("demo", demoUsage, stderr)
+	c.register(fs, ", else an embedded Redis", 900*time.Millisecond)
 	fs.StringVar(&c.key, "key", "demo", "lock name")
 	fs.IntVar(&c.workers, "workers", 3, "number of workers contending for the lock")
 	fs.DurationVar(&c.duration, "duration", 4*time.Second, "how long the demo runs")
 	fs.DurationVar(&c.hold, "hold", 400*time.Millisecond, "how long each worker holds the lock")
 	fs.DurationVar(&c.rest, "rest", 100*time.Millisecond, "how long a worker works elsewhere between holds")
-	fs.DurationVar(&c.ttl, "ttl", 900*time.Millisecond, "lease TTL (renewed every TTL/3)")
 	fs.BoolVar(&c.steal, "steal", true, "half-way through, overwrite the key as an operator would, to show a Lost")
 	fs.BoolVar(&c.verbose, "v", false, "log the library's debug messages to stderr")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: distlock demo [flags]
-
-A few workers contend for one lock. Each prints its transitions (acquired,
-lost, released) with its fencing token; a summary closes the run.
-
-Example:
-  distlock demo --workers 5 --duration 10s
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return c, err
 	}
 	switch {

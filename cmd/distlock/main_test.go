@@ -2,30 +2,212 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
+// Timing used across the tests. The machine may be busy (two cores shared
+// with other test runs), so waits for an outcome are generous, and the
+// assertions about time are lower bounds only.
+const (
+	eventually = 10 * time.Second // upper bound for something that should happen soon
+	pollEvery  = 10 * time.Millisecond
+	// exitWait bounds how long a distlock process may take to exit once it
+	// has every reason to.
+	exitWait = 15 * time.Second
+)
+
+// childEnv marks a run of the test binary as a child command of distlock
+// (see child_test.go) instead of a test run.
+const childEnv = "DISTLOCK_TEST_CHILD"
+
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	if os.Getenv(childEnv) != "" {
+		os.Exit(childMain(os.Args[1:]))
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
-func TestDemoEmbedded(t *testing.T) {
-	t.Setenv("REDIS_URL", "")
-	var out, errOut bytes.Buffer
-	code := run(t.Context(), []string{"demo", "--workers", "3", "--duration", "1500ms",
-		"--hold", "150ms", "--rest", "20ms", "--ttl", "300ms"}, &out, &errOut)
-	assert.Equal(t, exitOK, code, "stderr: %s", errOut.String())
-	got := out.String()
-	for _, want := range []string{"embedded Redis", "acquired  token=", "released  token=",
-		"LOST", "tokens strictly increasing: true", "overlaps: 0", "losses seen: 1"} {
-		assert.Contains(t, got, want)
+var (
+	buildOnce sync.Once
+	binDir    string // holds the built distlock; removed by TestMain
+	binPath   string
+	buildErr  error
+)
+
+// distlockBin builds the distlock command once per test binary (with -race
+// when the tests run with it) and returns its path.
+func distlockBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "distlock-cmd-test-")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "distlock")
+		args := []string{"build", "-o", binPath}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command(goTool(), append(args, ".")...).CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return binPath
+}
+
+// goTool finds the go command that runs these tests.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
 	}
-	for w := 1; w <= 3; w++ {
-		assert.NotContains(t, got, "worker "+string(rune('0'+w))+": 0 acquisitions", "a worker never got the lock")
+	return filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+}
+
+// proc is a running distlock process.
+type proc struct {
+	cmd    *exec.Cmd
+	stdout lockedBuffer
+	stderr lockedBuffer
+	done   chan struct{} // closed when the process has exited and its output is read
+}
+
+// lockedBuffer is a bytes.Buffer that may be read while the process writes
+// to it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// start starts distlock with args. Its environment is the test's, without
+// REDIS_URL, plus whatever env adds; the child commands find the test binary
+// in the same environment (see child). It is killed when the test ends if
+// it is still running.
+func start(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(distlockBin(t), args...), done: make(chan struct{})}
+	// A -race binary sleeps a second at exit unless told otherwise; the
+	// tests start many of them (distlock and its child commands).
+	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
+	p.cmd.Env = append(os.Environ(), "REDIS_URL=", childEnv+"=1", "GORACE="+gorace)
+	p.cmd.Env = append(p.cmd.Env, env...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	// A command left behind holding distlock's output open must not hang
+	// the test.
+	p.cmd.WaitDelay = 5 * time.Second
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		defer close(p.done)
+		_ = p.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			// distlock's command dies with it (Pdeathsig).
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// wait waits for p to exit and returns its exit status.
+func (p *proc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(exitWait):
+		t.Fatalf("distlock %q did not exit; stderr so far:\n%s", p.cmd.Args[1:], p.stderr.String())
+	}
+	assert.NotContains(t, p.stderr.String(), "DATA RACE")
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// exited reports whether p has exited.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitStderr waits until p has written want to stderr.
+func (p *proc) waitStderr(t *testing.T, want string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(p.stderr.String(), want) }, eventually, pollEvery,
+		"distlock never wrote %q; stderr:\n%s", want, &p.stderr)
+}
+
+// signal sends sig to the distlock process.
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
+}
+
+// runDistlock runs distlock to the end and returns its status, stdout and
+// stderr.
+func runDistlock(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	p := start(t, nil, args...)
+	code = p.wait(t)
+	return code, p.stdout.String(), p.stderr.String()
+}
+
+func TestHelp(t *testing.T) {
+	code, out, _ := runDistlock(t, "help")
+	assert.Equal(t, exitOK, code)
+	for _, want := range []string{"distlock run --", "distlock run --try", "distlock inspect ", "distlock inspect --watch", "distlock demo --workers"} {
+		assert.Contains(t, out, want, "the overview lacks an example")
+	}
+	for _, sub := range []string{"run", "inspect", "demo"} {
+		code, _, errOut := runDistlock(t, sub, "-h")
+		assert.Equal(t, exitOK, code, sub)
+		assert.Contains(t, errOut, "Example", sub)
+		assert.Contains(t, errOut, "distlock "+sub+" ", sub)
+		assert.Contains(t, errOut, "-redis", sub)
+		assert.Contains(t, errOut, "-namespace", sub)
+	}
+	_, _, errOut := runDistlock(t, "run", "-h")
+	for _, want := range []string{"DISTLOCK_TOKEN", "75", "76", "125", "126", "127", "128+N", "-grace", "-wait", "-try"} {
+		assert.Contains(t, errOut, want)
 	}
 }
 

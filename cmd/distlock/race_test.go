@@ -1,0 +1,6 @@
+//go:build race
+
+package main
+
+// raceEnabled tells the tests to build the distlock binary with -race too.
+const raceEnabled = true

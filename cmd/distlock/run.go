@@ -1,0 +1,422 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"time"
+
+	"github.com/distkit-go/distlock"
+)
+
+// Exit codes of "distlock run". Otherwise it exits with the command's own
+// status, or 128+N if a signal N killed the command, as a shell does.
+const (
+	exitNotAcquired = 75  // EX_TEMPFAIL: --try found the lock held, or --wait ran out
+	exitLost        = 76  // the lock was lost before the command finished
+	exitRunFailed   = 125 // distlock failed (Redis unreachable or erroring), as env(1) and timeout(1) use it
+	exitCannotExec  = 126 // the command was found but cannot be executed
+	exitNotFound    = 127 // the command was not found
+	exitSignalBase  = 128 // plus N: signal N killed the command, or ended distlock's wait
+)
+
+// Defaults of "distlock run".
+const (
+	defaultGrace = 10 * time.Second
+	// releaseSlack is added to the TTL to bound the final release; the
+	// guard bounds it itself by the end of the lease, so this is only a
+	// backstop.
+	releaseSlack = time.Second
+)
+
+const runUsage = `Usage: distlock run [flags] KEY -- COMMAND [ARGS...]
+
+Runs COMMAND while holding the lock KEY. distlock waits for the lock (as
+long as it takes, or up to --wait; --try makes a single attempt), starts the
+command with these variables added to its environment:
+
+  DISTLOCK_KEY     the lock name, KEY
+  DISTLOCK_TOKEN   the fencing token of this acquisition: a number greater
+                   than every earlier token of KEY; pass it along with every
+                   write the lock protects, and have the storage reject a
+                   write with a lower token than it has seen
+  DISTLOCK_OWNER   the owner id written into the lock (--owner)
+
+and keeps the lease renewed (every TTL/3) while the command runs. The
+command's standard input, output and error are distlock's own. When the
+command exits, distlock releases the lock and exits with the command's status.
+
+If the lock is lost while the command runs (the lease could not be renewed in
+time, or someone deleted or took over the key), distlock sends the command
+SIGTERM, then SIGKILL after --grace, and exits with status 76.
+
+The command runs in a process group of its own, and signals go to the whole
+group, so that a shell script stops together with what it started. SIGINT,
+SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to distlock are passed on;
+distlock releases the lock once the command has exited. Run from an
+interactive shell (on Linux), or with --foreground, the command stays in
+distlock's process group instead, so that it can read from the terminal;
+signals then go to the command alone, and SIGINT and SIGQUIT are not passed
+on, since the terminal sends them to the command directly. A signal that
+arrives while distlock is still waiting for the lock ends the wait.
+
+Exit status:
+  the command's    the command exited on its own
+  128+N            the command was killed by signal N, or distlock got
+                   signal N while still waiting for the lock
+  64               usage error
+  75               not acquired: --try found the lock held, or --wait ran out
+  76               the lock was lost before the command finished (the
+                   command's own status is printed on stderr)
+  125              distlock failed: Redis unreachable or erroring
+  126              the command cannot be executed
+  127              the command was not found
+
+Examples:
+  distlock run --redis redis://10.0.0.5:6379 nightly-report -- ./report.sh --full
+  distlock run --try --ttl 10s backup -- sh -c 'pg_dump app > "/backup/$DISTLOCK_TOKEN.sql"'
+  distlock run --wait 5m --grace 30s migrate -- ./migrate up
+
+Flags:
+`
+
+// runConfig is the command line of "distlock run".
+type runConfig struct {
+	common
+	key        string
+	argv       []string
+	wait       time.Duration
+	try        bool
+	grace      time.Duration
+	owner      string
+	foreground bool
+	verbose    bool
+}
+
+func parseRun(args []string, stderr io.Writer) (runConfig, error) {
+	var c runConfig
+	fs := newFlagSet("run", runUsage, stderr)
+	c.register(fs, "; run needs a real Redis", distlock.DefaultTTL)
+	fs.DurationVar(&c.wait, "wait", 0, "give up with status 75 after waiting this long for the lock (default: wait as long as it takes)")
+	fs.BoolVar(&c.try, "try", false, "make a single attempt; exit with status 75 if the lock is held")
+	fs.DurationVar(&c.grace, "grace", defaultGrace, "after the lock is lost, how long the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
+	fs.StringVar(&c.owner, "owner", defaultOwner(), "owner id written into the lock, shown by \"distlock inspect\"")
+	fs.BoolVar(&c.foreground, "foreground", false, "keep the command in distlock's process group, so that it can use the terminal (default: true when run from an interactive shell)")
+	fs.BoolVar(&c.verbose, "v", false, "print the acquisition, losses and the release on stderr")
+	if err := parseFlags(fs, args); err != nil {
+		return c, err
+	}
+	foregroundSet := false
+	fs.Visit(func(f *flag.Flag) { foregroundSet = foregroundSet || f.Name == "foreground" })
+	if !foregroundSet {
+		c.foreground = inForeground()
+	}
+	rest := fs.Args()
+	switch {
+	case len(rest) == 0:
+		return c, usagef("missing KEY and command: distlock run [flags] KEY -- COMMAND [ARGS...]")
+	case len(rest) == 1 || rest[1] != "--":
+		return c, usagef("expected \"--\" after KEY %q, then the command; flags go before KEY", rest[0])
+	case len(rest) == 2:
+		return c, usagef("missing the command after \"--\"")
+	case c.wait < 0:
+		return c, usagef("--wait must not be negative")
+	case c.try && c.wait > 0:
+		return c, usagef("--try and --wait exclude each other")
+	case c.grace < 0:
+		return c, usagef("--grace must not be negative")
+	}
+	c.key, c.argv = rest[0], rest[2:]
+	return c, nil
+}
+
+// defaultOwner is "host:pid", which tells an operator where to look.
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+// runner is one "distlock run".
+type runner struct {
+	cfg    runConfig
+	stderr io.Writer
+	start  time.Time
+}
+
+func (r *runner) logf(format string, args ...any) {
+	fmt.Fprintf(r.stderr, "distlock run: "+format+"\n", args...)
+}
+
+func (r *runner) verbosef(format string, args ...any) {
+	if r.cfg.verbose {
+		r.logf(format, args...)
+	}
+}
+
+// runCommand implements "distlock run". It returns an *exitStatus carrying
+// the command's status, or an error that says why the command did not run
+// or why its run cannot be trusted.
+func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
+	cfg, err := parseRun(args, stderr)
+	if err != nil {
+		return err
+	}
+	r := &runner{cfg: cfg, stderr: stderr, start: time.Now()}
+	return r.run(ctx)
+}
+
+func (r *runner) run(ctx context.Context) error {
+	cfg := r.cfg
+	if !processControl {
+		return usagef("distlock run needs a Unix system")
+	}
+	// Find the command before waiting for the lock, so that a typo fails
+	// at once rather than after the wait.
+	if _, err := exec.LookPath(cfg.argv[0]); err != nil {
+		return execError(err)
+	}
+	client, where, closeClient, err := connect(cfg.redis, false)
+	if err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			return err
+		}
+		return &exitStatus{code: exitRunFailed, err: err}
+	}
+	defer closeClient()
+
+	logger := slog.New(slog.DiscardHandler)
+	if cfg.verbose {
+		logger = slog.New(slog.NewTextHandler(r.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	m, err := distlock.NewMutex(client, cfg.key,
+		distlock.WithNamespace(cfg.namespace),
+		distlock.WithTTL(cfg.ttl),
+		distlock.WithOwner(cfg.owner),
+		distlock.WithMaxWait(cfg.wait),
+		distlock.WithLogger(logger))
+	if err != nil {
+		return usageError{err}
+	}
+
+	// From here on, distlock catches the signals it passes on. signal.Notify
+	// never blocks: a burst larger than the buffer loses signals, which is
+	// as much as a process can expect of signals anyway.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwardedSignals...)
+	defer signal.Stop(sigs)
+
+	// lockCtx bounds the wait and the hold. It is cancelled only by a signal
+	// during the wait (and at the very end, after the release).
+	lockCtx, cancelLock := context.WithCancelCause(ctx)
+	defer cancelLock(nil)
+	r.verbosef("waiting for %s on %s as %q", m.Key(), where, cfg.owner)
+	g, err := r.acquire(lockCtx, cancelLock, m, sigs)
+	if err != nil {
+		return err
+	}
+	r.verbosef("acquired %s: token %d, after %v", g.Key(), g.Token(), time.Since(r.start).Round(time.Millisecond))
+
+	child, err := r.startCommand(g)
+	if err != nil {
+		r.release(g)
+		return err
+	}
+	lost := r.supervise(child, g, sigs)
+	status := exitCode(child.cmd.ProcessState)
+	// The lease may also have slipped unnoticed just before the command
+	// exited: a release that finds the key gone or taken says so.
+	if slipped := r.release(g); lost == nil {
+		lost = slipped
+	}
+	if lost != nil {
+		return &exitStatus{code: exitLost, err: fmt.Errorf("%s; the command %s", message(lost), describe(child.cmd.ProcessState))}
+	}
+	return &exitStatus{code: status}
+}
+
+// signalCause is the cause of lockCtx when a signal ended the wait.
+type signalCause struct{ sig os.Signal }
+
+func (s *signalCause) Error() string { return "received " + s.sig.String() }
+
+// acquire waits for the lock, or makes a single attempt with --try. A
+// signal ends the wait with status 128+N. Other failures are an
+// *exitStatus with the documented code.
+func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCauseFunc, m *distlock.Mutex, sigs <-chan os.Signal) (*distlock.Guard, error) {
+	waiting := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case sig := <-sigs:
+			cancelLock(&signalCause{sig: sig})
+		case <-waiting:
+		}
+	}()
+	var g *distlock.Guard
+	var err error
+	if r.cfg.try {
+		g, err = m.TryLock(lockCtx)
+	} else {
+		g, err = m.Lock(lockCtx)
+	}
+	close(waiting)
+	<-watched
+
+	var sc *signalCause
+	if errors.As(context.Cause(lockCtx), &sc) {
+		// The signal may have come just as the lock was granted; then the
+		// guard is already releasing itself (its Lock context ended).
+		if g != nil {
+			r.release(g)
+		}
+		return nil, &exitStatus{code: exitSignalBase + signalNumber(sc.sig),
+			err: fmt.Errorf("%v while waiting for %s", sc, m.Key())}
+	}
+	switch {
+	case err == nil:
+		return g, nil
+	case errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, distlock.ErrTimeout):
+		return nil, &exitStatus{code: exitNotAcquired, err: err}
+	default:
+		return nil, &exitStatus{code: exitRunFailed, err: err}
+	}
+}
+
+// startCommand starts the command with the lock's variables in its environment.
+func (r *runner) startCommand(g *distlock.Guard) (*child, error) {
+	cmd := exec.Command(r.cfg.argv[0], r.cfg.argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(),
+		"DISTLOCK_KEY="+r.cfg.key,
+		"DISTLOCK_TOKEN="+strconv.FormatInt(g.Token(), 10),
+		"DISTLOCK_OWNER="+r.cfg.owner)
+	c := newChild(cmd, !r.cfg.foreground)
+	if err := cmd.Start(); err != nil {
+		return nil, execError(err)
+	}
+	r.verbosef("started %s (pid %d)", r.cfg.argv[0], cmd.Process.Pid)
+	return c, nil
+}
+
+// supervise waits for the command to exit. Meanwhile it passes signals on,
+// and when the lock is lost it sends SIGTERM, then SIGKILL after the grace
+// period. It returns why the lock was lost, or nil if it was held throughout.
+func (r *runner) supervise(c *child, g *distlock.Guard, sigs <-chan os.Signal) error {
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = c.cmd.Wait() // the status is read from cmd.ProcessState
+	}()
+
+	lostC := g.Context().Done()
+	var lost error
+	var killTimer *time.Timer
+	var killC <-chan time.Time
+	defer func() {
+		if killTimer != nil {
+			killTimer.Stop()
+		}
+	}()
+	for {
+		select {
+		case sig := <-sigs:
+			if !c.forwards(sig) {
+				r.verbosef("%v: left to the terminal, which sends it to the command itself", sig)
+				continue
+			}
+			r.verbosef("passing %v on to the command", sig)
+			if err := c.signal(sig); err != nil {
+				r.logf("cannot pass %v on to the command: %v", sig, err)
+			}
+
+		case <-lostC:
+			lostC = nil
+			lost = context.Cause(g.Context())
+			if r.cfg.grace == 0 {
+				r.logf("%s; killing the command", message(lost))
+				r.kill(c)
+				continue
+			}
+			r.logf("%s; sending SIGTERM to the command, SIGKILL in %v", message(lost), r.cfg.grace)
+			if err := c.signal(sigTerm); err != nil {
+				r.logf("cannot send SIGTERM: %v", err)
+			}
+			killTimer = time.NewTimer(r.cfg.grace)
+			killC = killTimer.C
+
+		case <-killC:
+			killC = nil
+			r.logf("the command is still running %v after SIGTERM; sending SIGKILL", r.cfg.grace)
+			r.kill(c)
+
+		case <-exited:
+			r.verbosef("the command %s", describe(c.cmd.ProcessState))
+			return lost
+		}
+	}
+}
+
+func (r *runner) kill(c *child) {
+	if err := c.signal(sigKill); err != nil {
+		r.logf("cannot send SIGKILL: %v", err)
+	}
+}
+
+// release releases the lock and returns an error if the lease turned out to
+// have slipped before the release. A Redis error is only reported: the lease
+// then expires on its own within the TTL.
+func (r *runner) release(g *distlock.Guard) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ttl+releaseSlack)
+	defer cancel()
+	st, err := g.Release(ctx)
+	if err != nil {
+		r.logf("%s; the lease expires on its own within %v", message(err), r.cfg.ttl)
+	}
+	if st == distlock.Lost {
+		if err := context.Cause(g.Context()); errors.Is(err, distlock.ErrLost) {
+			return err
+		}
+		return fmt.Errorf("the lock %s was lost before the command finished (found at release)", g.Key())
+	}
+	r.verbosef("released %s", g.Key())
+	return nil
+}
+
+// execError maps a failure to find or start the command to its exit status.
+func execError(err error) error {
+	code := exitNotFound
+	if errors.Is(err, fs.ErrPermission) || (!errors.Is(err, fs.ErrNotExist) && !errors.Is(err, exec.ErrNotFound)) {
+		code = exitCannotExec
+	}
+	return &exitStatus{code: code, err: err}
+}
+
+// exitCode is the status distlock passes on for a command that ended as ps
+// says: its exit status, or 128+N when signal N killed it.
+func exitCode(ps *os.ProcessState) int {
+	if n := killedBy(ps); n > 0 {
+		return exitSignalBase + n
+	}
+	return ps.ExitCode()
+}
+
+// describe says how a command ended, for messages.
+func describe(ps *os.ProcessState) string {
+	if n := killedBy(ps); n > 0 {
+		return fmt.Sprintf("was killed by signal %d (%s), status %d", n, ps.String(), exitSignalBase+n)
+	}
+	return fmt.Sprintf("exited with status %d", ps.ExitCode())
+}
