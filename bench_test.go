@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,26 +48,6 @@ func bareLock(ctx context.Context, c rueidis.Client, key string) (bool, error) {
 // bareUnlock is DEL, with no ownership check.
 func bareUnlock(ctx context.Context, c rueidis.Client, key string) error {
 	return c.Do(ctx, c.B().Del().Key(key).Build()).Error()
-}
-
-// commandsProcessed reads total_commands_processed from INFO stats.
-func commandsProcessed(b *testing.B, srv *redistest.Server) int64 {
-	b.Helper()
-	info, err := srv.MustDo("INFO", "stats").ToString()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return n
-		}
-	}
-	b.Fatal("no total_commands_processed in INFO stats")
-	return 0
 }
 
 func mustMutex(b *testing.B, c rueidis.Client, key string, opts ...distlock.Option) *distlock.Mutex {
@@ -301,7 +280,7 @@ func BenchmarkHeld(b *testing.B) {
 		}
 	}
 	srv := redistest.Start(b)
-	c := srv.Client()
+	c, counter := srv.CountingClient(b)
 	ctx := context.Background()
 	for b.Loop() {
 		obs := &lostCounter{}
@@ -324,9 +303,9 @@ func BenchmarkHeld(b *testing.B) {
 		runtime.ReadMemStats(&after)
 		goroutines := runtime.NumGoroutine() - goroutinesBefore
 
-		cmdsBefore := commandsProcessed(b, srv)
+		cmdsBefore := counter.Load()
 		time.Sleep(hold)
-		renewals := commandsProcessed(b, srv) - cmdsBefore - 1
+		renewals := counter.Load() - cmdsBefore
 
 		notAcquired := 0
 		for _, g := range guards {

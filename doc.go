@@ -81,6 +81,35 @@
 // [Acquired]: a brief network blip heals itself. A lease that really expired
 // cannot come back.
 //
+// # Waiting
+//
+// [Mutex.Lock] does not poll. Callers in one process that wait for the same
+// lock (through the same rueidis client, whatever Mutex they use) stand in a
+// local first-come, first-served queue, and only the first of them talks to
+// Redis. It sleeps until one of these happens:
+//
+//   - a guard of this process releases the lock: the release hands it to the
+//     first waiter in the same round trip (a release and an acquisition in one
+//     script), up to 8 times in a row, after which the lock is released for
+//     everyone so that waiters elsewhere get their turn;
+//   - a holder elsewhere releases it: the release is announced on the lock's
+//     pub/sub channel (sharded pub/sub, SSUBSCRIBE, on Redis 7), to which the
+//     queue subscribes while it has waiters;
+//   - the holder's lease would have run out: the attempt that found the lock
+//     held learned how long the holder's lease had left, so a waiter takes
+//     over a crashed holder's lock a moment after Redis expires it, not a
+//     polling interval later.
+//
+// Waiting costs one subscription per lock and process, no CPU, and about one
+// round trip per lease period of the holder. A cancelled waiter leaves the
+// queue at once, and an idle queue unsubscribes after a quarter of a second.
+// When the server refuses pub/sub, the first waiter polls every
+// [DefaultRetryInterval] instead. [WithRetryInterval] and [Mutex.TryLockFor]
+// give plain polling for those who want it.
+//
+// Fairness across processes is not guaranteed: each process's first waiter
+// competes for the lock, and the fastest wins.
+//
 // # Events
 //
 // There are three ways to learn about a loss, from coarse to fine:
@@ -96,9 +125,11 @@
 //
 // # Goroutines
 //
-// A held lock costs one goroutine, plus one short-lived goroutine per Redis
-// call in flight. The actor exits when the guard is released, and nothing it
-// started outlives it. Subscribers never slow it down: their channels are
+// A held lock costs one goroutine, plus one short-lived goroutine per renewal
+// in flight. The actor exits when the guard is released, and nothing it
+// started outlives it. A lock that has waiters in this process also has one
+// goroutine that keeps its release subscription; it ends a quarter of a
+// second after the last waiter leaves. Subscribers never slow it down: their channels are
 // buffered and drop their oldest event rather than block. A guard that is
 // neither released nor cancelled keeps its lock, and its goroutine, until the
 // process exits, just as a forgotten Unlock would.

@@ -143,9 +143,15 @@ func (m *Mutex) Owner() string { return m.owner }
 
 // Lock acquires the lock, waiting while someone else holds it.
 //
-// It tries at once and then every retry interval ([WithRetryInterval]) until
-// it acquires the lock, the max wait ([WithMaxWait]) runs out, or ctx is done.
-// On success it returns a [Guard] whose lease is renewed in the background.
+// It tries at once. While the lock is held it waits without polling: callers
+// in this process queue up, first come first served, and only the first of
+// them asks Redis again, when the holder releases the lock (a release is
+// announced through Redis pub/sub, and a release by a guard of this process
+// hands the lock straight to the first in line) or when the holder's lease
+// would have run out, in case the holder died. [WithRetryInterval] selects
+// plain polling instead. Lock waits until it acquires the lock, the max wait
+// ([WithMaxWait]) runs out, or ctx is done. On success it returns a [Guard]
+// whose lease is renewed in the background.
 //
 // ctx bounds both the wait and the hold: if ctx is cancelled after the lock
 // was acquired, the guard releases it, just as [Guard.Release] would. To
@@ -156,8 +162,8 @@ func (m *Mutex) Owner() string { return m.owner }
 // the max wait runs out, it matches [ErrTimeout] and is a [*TimeoutError].
 // A Redis error ends the wait at once and is returned wrapped. If an attempt
 // was in flight when Lock gave up, Lock deletes whatever that attempt may
-// have written before it returns, so no orphaned lease is left to block
-// others. Lock is safe for concurrent use.
+// have written before it returns (best effort: an orphan it misses expires
+// within the TTL). Lock is safe for concurrent use.
 func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 	return m.acquire(ctx, m.maxWait, m.retryInterval, m.polling, false)
 }
@@ -170,8 +176,9 @@ func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
 	return m.acquire(ctx, 0, 0, false, true)
 }
 
-// TryLockFor tries to acquire the lock for up to timeout, retrying every
-// retryInterval (0 retries at once). When timeout runs out it returns an
+// TryLockFor tries to acquire the lock for up to timeout, polling: it
+// retries every retryInterval (0 retries at once) and does not join the
+// queue that [Mutex.Lock] waits in. When timeout runs out it returns an
 // error matching [ErrTimeout]; a timeout of 0 makes a single attempt, as
 // [Mutex.TryLock] does. Negative durations are refused with
 // [ErrInvalidOption]. Like [Mutex.Lock], ctx bounds the wait and the hold,

@@ -14,8 +14,11 @@ const (
 	DefaultNamespace = "distlock"
 	// DefaultTTL is the lease length unless [WithTTL] says otherwise.
 	DefaultTTL = 30 * time.Second
-	// DefaultRetryInterval is how long Lock waits between attempts unless
-	// [WithRetryInterval] says otherwise.
+	// DefaultRetryInterval is the polling interval when polling is needed:
+	// while Lock cannot receive release announcements (pub/sub refused by
+	// the server, or its subscription is being re-established). Set
+	// [WithRetryInterval] to make Lock poll at an interval of your choice
+	// instead of waiting for announcements.
 	DefaultRetryInterval = 50 * time.Millisecond
 
 	// MinTTL is the shortest lease distlock accepts. A lease is renewed every
@@ -107,8 +110,13 @@ func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.maxWait = d })
 }
 
-// WithRetryInterval sets the pause between attempts in [Mutex.Lock] (default
-// [DefaultRetryInterval]); 0 retries at once.
+// WithRetryInterval makes [Mutex.Lock] wait by plain polling: it tries, and
+// while the lock is held tries again every d (0: at once, a spin), the way
+// distkit and redsync wait. By default, without this option, Lock does not
+// poll: it waits in a local queue for the holder's release to be announced,
+// or for the holder's lease to run out (see the package documentation,
+// "Waiting"). Polling is for servers or proxies without pub/sub, or to bound
+// the wait between attempts explicitly.
 func WithRetryInterval(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.retryInterval, o.polling = d, true })
 }

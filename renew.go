@@ -251,7 +251,8 @@ func (l *leaseLoop) release() releaseResult {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
-	if h := queues.claim(l.m.queueKey()); h != nil {
+	k := l.m.queueKey()
+	if h := queuesFor(k).claim(k); h != nil {
 		// A waiter of this process takes the lock over in the same round
 		// trip; if that fails it tries on its own.
 		sent := time.Now()
@@ -287,7 +288,8 @@ func (l *leaseLoop) finish(r releaseResult) {
 	} else if l.debug() {
 		l.logger().Debug("distlock: released", "outcome", final.String())
 	}
-	queues.released(l.m.queueKey(), l.value, r.err == nil && r.deleted)
+	k := l.m.queueKey()
+	queuesFor(k).released(k, l.value, r.err == nil && r.deleted)
 	ev := Event{State: Released, Time: time.Now(), Err: err}
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,
 		Err: err, Held: ev.Time.Sub(l.acquired)})

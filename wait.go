@@ -3,6 +3,7 @@ package distlock
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"sync"
 	"time"
 
@@ -53,8 +54,17 @@ type queueKey struct {
 	lease  string
 }
 
-// queues is the process-wide set of wait queues.
-var queues = &queueSet{m: make(map[queueKey]*waitQueue), draining: make(map[queueKey]chan struct{})}
+// The process-wide wait queues, spread over shards so that unrelated locks
+// do not contend for one mutex.
+var (
+	queueShards [64]queueSet
+	shardSeed   = maphash.MakeSeed()
+)
+
+// queuesFor returns the shard that holds k's queue.
+func queuesFor(k queueKey) *queueSet {
+	return &queueShards[maphash.String(shardSeed, k.lease)%uint64(len(queueShards))]
+}
 
 type queueSet struct {
 	mu sync.Mutex
@@ -132,6 +142,10 @@ func (s *queueSet) join(m *Mutex) (*waitQueue, *waiter) {
 	w := &waiter{turn: make(chan struct{})}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = make(map[queueKey]*waitQueue)
+		s.draining = make(map[queueKey]chan struct{})
+	}
 	q := s.m[k]
 	if q == nil {
 		q = &waitQueue{
@@ -378,7 +392,9 @@ func (a *acquirer) queue() (*Guard, error) {
 	m := a.m
 	// Nobody in line: try straight away, without subscribing. Most locks
 	// are free most of the time.
-	if !queues.busy(m.queueKey()) {
+	k := m.queueKey()
+	queues := queuesFor(k)
+	if !queues.busy(k) {
 		g, _, err := a.try()
 		if g != nil || err != nil {
 			return g, err

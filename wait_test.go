@@ -118,7 +118,8 @@ func TestQueueHandsOverInOrderWithoutPolling(t *testing.T) {
 		assert.Empty(t, f.subs, "subscription left behind")
 		assert.Equal(t, 1, f.subCalls)
 		f.mu.Unlock()
-		assert.Nil(t, queues.lookup(queueKey{client: f, lease: "distlock:{job}"}))
+		k := queueKey{client: f, lease: "distlock:{job}"}
+		assert.Nil(t, queuesFor(k).lookup(k))
 	})
 }
 
