@@ -101,3 +101,40 @@ func TestCancelledWaiterLeavesNoSubscription(t *testing.T) {
 	require.Eventually(t, func() bool { return shardSubscribers(t, srv, channel) == 0 },
 		eventually, pollEvery, "subscription left behind by a cancelled waiter")
 }
+
+func TestWaiterSurvivesSubscriptionLoss(t *testing.T) {
+	srv := redistest.Start(t)
+	holder := newMutex(t, srv.Client(), "res", distlock.WithTTL(30*time.Second))
+	g, err := holder.Lock(t.Context())
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		g, err := newMutex(t, srv.Client(), "res").Lock(t.Context())
+		if err == nil {
+			_, err = g.Release(t.Context())
+		}
+		done <- err
+	}()
+	channel := "distlock:{res}:released"
+	require.Eventually(t, func() bool { return shardSubscribers(t, srv, channel) == 1 },
+		eventually, pollEvery)
+	// Cut the waiter's connection: its subscription is gone, and the
+	// announcement of the release below would be lost if it did not
+	// subscribe again.
+	killed, err := srv.MustDo("CLIENT", "KILL", "TYPE", "pubsub").ToInt64()
+	require.NoError(t, err)
+	require.Positive(t, killed, "no subscribed connection was found to kill")
+	require.Eventually(t, func() bool { return shardSubscribers(t, srv, channel) == 1 },
+		eventually, pollEvery, "the waiter never subscribed again")
+
+	released := time.Now()
+	release(t, g)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+		assert.Less(t, time.Since(released), 2*time.Second, "the holder's lease had 30 s left: only the announcement can explain this")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter never acquired the lock")
+	}
+}
