@@ -19,11 +19,14 @@ import (
 // expire (in case it died), whichever comes first. Everyone behind it sleeps
 // on a channel. So a release wakes one waiter per process, not all of them.
 //
-// The head hears of a release in two ways. A guard of this process that
-// releases the lock tells the queue directly. A holder elsewhere publishes
-// its value on the lock's release channel, to which the queue subscribes
-// while it has waiters (one subscription per queue, see lease.Subscribe).
-// An announcement carries the released value, so the head ignores the stale
+// A guard of this process that releases the lock hands it straight to the
+// head, if the head has posted an offer: one script deletes the old value
+// and writes the head's, with a new fencing token (at most maxHandoffs times
+// in a row). Otherwise the head hears of a release in two ways. A guard of
+// this process tells the queue directly. A holder elsewhere publishes its
+// value on the lock's release channel, to which the queue subscribes while
+// it has waiters (one subscription per queue, see lease.Subscribe). An
+// announcement carries the released value, so the head ignores the stale
 // ones and wakes only for the release of the holder it saw. If the
 // subscription breaks, the queue wakes the head to try again, and until it
 // is back the head also re-checks at the polling interval.
