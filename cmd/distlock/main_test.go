@@ -159,16 +159,6 @@ func (p *proc) wait(t *testing.T) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
-// exited reports whether p has exited.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // waitStderr waits until p has written want to stderr.
 func (p *proc) waitStderr(t *testing.T, want string) {
 	t.Helper()
