@@ -75,7 +75,7 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // take "1.5", "0x10", " 5 ", "nan" and "inf"), and it refuses to issue a
 // token it cannot represent exactly rather than issue one that repeats or
 // goes back.
-var acquireScript = rueidis.NewLuaScript(fenceLua + `
+var acquireScript = newScript(fenceLua + `
 local last, ferr = lastToken()
 if ferr then
   return ferr
@@ -155,7 +155,7 @@ return {1, token}
 //
 // KEYS[1] lease key. ARGV[1] the acquisition's value, ARGV[2] TTL in ms.
 // Reply: {1} when extended; {0, holder value or false} when refused.
-var renewScript = rueidis.NewLuaScript(`
+var renewScript = newScript(`
 local cur = redis.pcall('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -253,7 +253,8 @@ func Owner(value string) string {
 // Client runs the lease scripts through a rueidis client. It holds no state
 // of its own and is safe for concurrent use.
 type Client struct {
-	rc rueidis.Client
+	rc  rueidis.Client
+	ack Ack // Replicas 0: do not wait for replicas; see NewWithAck
 }
 
 // New returns a Client that talks to Redis through rc.
@@ -276,12 +277,20 @@ type Grant struct {
 // (or already holds value), and issues a fencing token. It makes one round
 // trip. A Redis error, including a key of the wrong type, is returned as the
 // rueidis error and leaves nothing written. A TTL under a millisecond is
-// refused with ErrBadTTL before anything is sent.
+// refused with ErrBadTTL before anything is sent. A TRYAGAIN reply (Redis
+// Cluster gives it while the lock's slot is being migrated and only one of
+// its keys has moved) is retried until ctx ends, since the script did not
+// run.
+//
+// A Client made by [NewWithAck] also waits for replicas, in the same round
+// trip. If the lease was granted but not acknowledged in time, Acquire
+// deletes it again (only if it still holds value) and returns an
+// [*AckError]; a lease that was not granted is reported as usual.
 func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Duration) (Grant, error) {
 	if ttl < time.Millisecond {
 		return Grant{}, ErrBadTTL
 	}
-	res := acquireScript.Exec(ctx, c.rc, []string{k.Lease, k.Fence},
+	res, w := c.exec(ctx, acquireScript, []string{k.Lease, k.Fence},
 		[]string{value, ms(ttl), ms(FenceRetention)})
 	arr, err := res.ToArray()
 	if err != nil {
@@ -296,6 +305,12 @@ func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 		return Grant{}, fmt.Errorf("%w to acquire: %w", ErrProtocol, err)
 	}
 	if ok == 1 {
+		if err := c.ackError("acquire", k.Lease, w); err != nil {
+			if uerr := c.undo(ctx, k, value); uerr != nil {
+				return Grant{}, fmt.Errorf("%w; deleting the lease again failed, it expires on its own: %v", err, uerr)
+			}
+			return Grant{}, err
+		}
 		return Grant{Acquired: true, Token: n}, nil
 	}
 	g := Grant{HolderTTL: time.Duration(n) * time.Millisecond}
@@ -316,12 +331,17 @@ type Renewal struct {
 
 // Renew extends the lease to the given TTL, counted from when Redis runs the
 // script, if it still holds value. It never re-creates a missing lease.
+//
+// A Client made by [NewWithAck] also waits for replicas, in the same round
+// trip. A renewal that was applied but not acknowledged in time returns an
+// [*AckError] and no Renewal: it is not confirmed, although the primary has
+// extended the lease.
 func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Duration) (Renewal, error) {
 	if ttl < time.Millisecond {
 		// PEXPIRE with 0 or less would delete the lease.
 		return Renewal{}, ErrBadTTL
 	}
-	res := renewScript.Exec(ctx, c.rc, []string{k.Lease}, []string{value, ms(ttl)})
+	res, w := c.exec(ctx, renewScript, []string{k.Lease}, []string{value, ms(ttl)})
 	arr, err := res.ToArray()
 	if err != nil {
 		return Renewal{}, err
@@ -336,6 +356,11 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 	r := Renewal{OK: ok == 1}
 	if !r.OK && len(arr) > 1 {
 		r.Holder, _ = arr[1].ToString()
+	}
+	if r.OK {
+		if err := c.ackError("renew", k.Lease, w); err != nil {
+			return Renewal{}, err
+		}
 	}
 	return r, nil
 }
