@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/distkit-go/distlock/lease"
 )
 
 // Errors reported by distlock. Test for them with [errors.Is]; the concrete
@@ -25,7 +27,19 @@ var (
 	// ErrInvalidOption means an argument or option was rejected before
 	// anything was sent to Redis.
 	ErrInvalidOption = errors.New("distlock: invalid option")
+	// ErrNotReplicated means fewer replicas than [WithReplicaAck] asks for
+	// acknowledged an acquisition or a renewal in time. Lock returns it
+	// (wrapped) after deleting the unacknowledged lease; a renewal that
+	// fails this way makes the guard Lost, and its [*LostError] unwraps to
+	// it.
+	ErrNotReplicated = lease.ErrNotReplicated
 )
+
+// ReplicaAckError reports that fewer replicas than [WithReplicaAck] asks for
+// acknowledged a write in time: Op is "acquire" or "renew", Want and Got
+// count replicas, Timeout is how long Redis waited, and Err, if set, is why
+// the wait itself failed. It matches [ErrNotReplicated].
+type ReplicaAckError = lease.AckError
 
 // OptionError reports an argument or option that distlock refused. It
 // matches [ErrInvalidOption].
@@ -92,7 +106,8 @@ const (
 	// acquisition's value (it expired, was deleted or was overwritten).
 	LostRefused LostReason = iota + 1
 	// LostRenewFailed: a renewal failed (Redis unreachable or answered with
-	// an error), so the lease could not be confirmed.
+	// an error, or fewer replicas than [WithReplicaAck] asks for
+	// acknowledged it), so the lease could not be confirmed.
 	LostRenewFailed
 	// LostDeadline: the local lease deadline passed without a confirmed
 	// renewal; Redis may expire the key at any moment after it.

@@ -44,6 +44,7 @@ type Mutex struct {
 	polling       bool // WithRetryInterval was given: wait by polling
 	log           *slog.Logger
 	obs           Observer
+	ack           lease.Ack // WithReplicaAck; Replicas 0 when off
 }
 
 // NewMutex returns a Mutex for the lock named key, reached through client.
@@ -69,7 +70,10 @@ func NewMutex(client rueidis.Client, key string, opts ...Option) (*Mutex, error)
 	if err != nil {
 		return nil, err
 	}
-	m.client, m.store = client, lease.New(client)
+	m.client = client
+	if m.store, err = lease.NewWithAck(client, m.ack); err != nil {
+		return nil, invalid("replica ack", "%v", err) // newMutex checked it
+	}
 	return m, nil
 }
 
@@ -108,6 +112,9 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 	case o.observer == nil:
 		return nil, invalid("observer", "is nil")
 	}
+	if err := o.checkAck(); err != nil {
+		return nil, err
+	}
 	return &Mutex{
 		keys:          keys,
 		owner:         o.owner,
@@ -117,6 +124,7 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 		polling:       o.polling,
 		log:           o.logger.With("key", keys.Lease),
 		obs:           o.observer,
+		ack:           o.ack,
 	}, nil
 }
 

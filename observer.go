@@ -42,7 +42,8 @@ type RenewInfo struct {
 	Latency time.Duration // from sending the renewal to its outcome
 	// Err is nil when Redis confirmed the lease; a *LostError with reason
 	// LostRefused when the key no longer held this acquisition's value;
-	// otherwise the Redis or deadline error.
+	// otherwise the Redis or deadline error, or a *ReplicaAckError when too
+	// few replicas acknowledged the renewal (see WithReplicaAck).
 	Err error
 }
 

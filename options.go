@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/distkit-go/distlock/lease"
 )
 
 // Defaults and limits of the options.
@@ -67,6 +69,8 @@ type options struct {
 	polling       bool
 	logger        *slog.Logger
 	observer      Observer
+	ack           lease.Ack
+	ackSet        bool // WithReplicaAck was given
 }
 
 func defaultOptions() options {
@@ -131,4 +135,51 @@ func WithLogger(l *slog.Logger) Option {
 // and state changes, for metrics (default: none).
 func WithObserver(o Observer) Option {
 	return optionFunc(func(opts *options) { opts.observer = o })
+}
+
+// WithReplicaAck makes every acquisition and every renewal wait until
+// replicas replicas have acknowledged the write, for up to timeout (Redis's
+// WAIT, sent right after the write on the same connection). By default
+// nothing waits for replicas.
+//
+// Redis replicates asynchronously, so without this option a failover can
+// promote a replica that never received a lease, and grant the lock a second
+// time. With it, [Mutex.Lock] returns a lock only once that many replicas
+// hold it: an acquisition that is not acknowledged in time is deleted again
+// and Lock returns an error matching [ErrNotReplicated] (a
+// [*ReplicaAckError]); it does not retry. A renewal that is not acknowledged
+// in time does not count: the lease deadline is not extended and the guard
+// becomes [Lost] at once, as after a failed renewal, with a [*LostError]
+// that unwraps to the *ReplicaAckError. It regains the lock at the next
+// renewal that is acknowledged. See the Topologies section of the package
+// documentation for what this does and does not protect against.
+//
+// Each acquisition and renewal then borrows a connection from rueidis's
+// pool for blocking commands (rueidis.ClientOption.BlockingPoolSize) for one
+// round trip plus the wait. replicas 0 turns the wait off. A negative count,
+// a timeout under one millisecond (WAIT's unit), or one longer than a third
+// of the TTL (a renewal and its wait must end before the next renewal is
+// due) is refused by [NewMutex] with [ErrInvalidOption].
+func WithReplicaAck(replicas int, timeout time.Duration) Option {
+	return optionFunc(func(o *options) {
+		o.ack, o.ackSet = lease.Ack{Replicas: replicas, Timeout: timeout}, true
+	})
+}
+
+// checkAck checks the settings of WithReplicaAck against the TTL.
+func (o *options) checkAck() error {
+	if !o.ackSet {
+		return nil
+	}
+	switch t := o.ack.Timeout; {
+	case o.ack.Replicas < 0:
+		return invalid("replica ack", "%d replicas is negative", o.ack.Replicas)
+	case t <= 0:
+		return invalid("replica ack", "timeout %v is not positive", t)
+	case t < time.Millisecond:
+		return invalid("replica ack", "timeout %v is under one millisecond, the unit of Redis's WAIT", t)
+	case t > o.ttl/3:
+		return invalid("replica ack", "timeout %v does not fit in the lease: it must be at most a third of the TTL (%v), the renewal period", t, o.ttl/3)
+	}
+	return nil
 }
