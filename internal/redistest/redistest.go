@@ -35,10 +35,12 @@ const InstallHint = "redis-server is not on PATH; install it, e.g. `sudo apt-get
 
 // Server is a private redis-server process.
 type Server struct {
-	tb   testing.TB
-	port int
-	dir  string
-	args []string
+	tb      testing.TB
+	port    int
+	busPort int // the cluster bus port of a cluster node, else 0
+	dir     string
+	pre     []string // arguments before the common ones: a sentinel's config file
+	args    []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -50,15 +52,31 @@ type Server struct {
 // when the test and its subtests finish.
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
+	return startServer(tb, &Server{args: args})
+}
+
+// startServer fills in s and starts it. A cluster node (s.busPort -1) gets a
+// free port for its cluster bus as well.
+func startServer(tb testing.TB, s *Server) *Server {
+	tb.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatal(InstallHint)
 	}
-	s := &Server{tb: tb, dir: tb.TempDir(), args: args}
+	s.tb = tb
+	if s.dir == "" {
+		s.dir = tb.TempDir()
+	}
 	tb.Cleanup(s.Kill)
+	cluster := s.busPort != 0
 	var err error
 	for range 5 { // another process may take the port between probe and bind
 		if s.port, err = freePort(); err != nil {
 			continue
+		}
+		if cluster {
+			if s.busPort, err = freePort(); err != nil || s.busPort == s.port {
+				continue
+			}
 		}
 		if err = s.start(); err == nil {
 			return s
@@ -179,7 +197,7 @@ func (s *Server) MustDo(args ...string) *rueidis.RedisMessage {
 }
 
 func (s *Server) start() error {
-	args := append([]string{
+	args := append(append([]string(nil), s.pre...),
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -188,7 +206,11 @@ func (s *Server) start() error {
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 		"--daemonize", "no",
 		"--protected-mode", "no",
-	}, s.args...)
+	)
+	if s.busPort != 0 {
+		args = append(args, "--cluster-port", strconv.Itoa(s.busPort))
+	}
+	args = append(args, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
 	if err := cmd.Start(); err != nil {
