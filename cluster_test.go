@@ -1,0 +1,477 @@
+package distlock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/lease"
+)
+
+// TestCluster runs distlock on a Redis Cluster of three primaries, each with
+// one replica, built by redis-cli --cluster create. The cluster is built
+// once and shared by the subtests, which run in order: some of them move
+// slots or primaries around, and each leaves the cluster settled.
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 1)
+	c := cl.Client()
+
+	t.Run("KeysShareASlot", func(t *testing.T) {
+		for _, name := range []string{"job", "a:b", "with space", "ünïcødé", "x"} {
+			k, err := lease.NewKeys("distlock", name)
+			require.NoError(t, err)
+			slot := cl.Slot(k.Lease)
+			assert.Equal(t, slot, cl.Slot(k.Fence), "slot of %s", k.Fence)
+			assert.Equal(t, slot, cl.Slot(k.Channel), "slot of %s", k.Channel)
+		}
+	})
+
+	t.Run("LocksSpreadOverPrimaries", func(t *testing.T) {
+		const n = 48
+		guards := make([]*distlock.Guard, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			m := newMutex(t, c, fmt.Sprintf("spread-%d", i))
+			wg.Go(func() {
+				g, err := m.Lock(t.Context())
+				if assert.NoError(t, err, "Lock %s", m.Key()) {
+					guards[i] = g
+				}
+			})
+		}
+		wg.Wait()
+		primaries := cl.Primaries()
+		used := make(map[string]int)
+		for _, g := range guards {
+			require.NotNil(t, g)
+			assert.Equal(t, distlock.Acquired, g.State())
+			owner := cl.PrimaryOf(g.Key())
+			used[owner.Addr()]++
+			// Both keys live on the primary that serves the slot, and on no
+			// other primary.
+			for _, p := range primaries {
+				var want []string
+				if p == owner {
+					want = []string{g.Key(), g.Key() + ":fence"}
+				}
+				assert.ElementsMatch(t, want, keysOn(t, p, g.Key()+"*"), "keys of %s on %s", g.Key(), p.Addr())
+			}
+		}
+		assert.Len(t, used, len(primaries), "locks per primary: %v", used)
+		for _, g := range guards {
+			assert.Equal(t, distlock.Released, release(t, g))
+		}
+	})
+
+	t.Run("Contention", func(t *testing.T) {
+		const workers, rounds = 4, 8
+		var (
+			inside atomic.Int32
+			mu     sync.Mutex
+			tokens []int64
+		)
+		var wg sync.WaitGroup
+		for w := range workers {
+			// Each worker has its own client, as separate processes would.
+			m := newMutex(t, cl.Client(), "contended", distlock.WithOwner(fmt.Sprint("w", w)),
+				distlock.WithTTL(time.Second), distlock.WithRetryInterval(time.Millisecond))
+			wg.Go(func() {
+				for range rounds {
+					g, err := m.Lock(t.Context())
+					if !assert.NoError(t, err) {
+						return
+					}
+					if n := inside.Add(1); n != 1 {
+						t.Errorf("%d holders at once", n)
+					}
+					mu.Lock()
+					tokens = append(tokens, g.Token())
+					mu.Unlock()
+					inside.Add(-1)
+					assert.Equal(t, distlock.Released, release(t, g))
+				}
+			})
+		}
+		wg.Wait()
+		require.Len(t, tokens, workers*rounds)
+		for i := 1; i < len(tokens); i++ {
+			require.Greater(t, tokens[i], tokens[i-1], "token %d not above token %d", i, i-1)
+		}
+	})
+
+	t.Run("ReleaseChannelIsSharded", func(t *testing.T) {
+		// A script keyed by the lease key may publish on the lock's release
+		// channel with SPUBLISH (Redis refuses a script that touches another
+		// slot), and a sharded subscriber of the channel, which rueidis
+		// sends to the slot's primary, receives it.
+		k, err := lease.NewKeys("distlock", "notify")
+		require.NoError(t, err)
+		got := make(chan string, 1)
+		subscribed := make(chan struct{})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
+		sub, unsub := c.Dedicate()
+		defer unsub()
+		wait := sub.SetPubSubHooks(rueidis.PubSubHooks{
+			OnSubscription: func(s rueidis.PubSubSubscription) {
+				if s.Kind == "ssubscribe" {
+					close(subscribed)
+				}
+			},
+			OnMessage: func(m rueidis.PubSubMessage) {
+				select {
+				case got <- m.Message:
+				default:
+				}
+			},
+		})
+		require.NoError(t, sub.Do(ctx, sub.B().Ssubscribe().Channel(k.Channel).Build()).Error())
+		wg.Go(func() {
+			select {
+			case <-wait:
+			case <-ctx.Done():
+			}
+		})
+		select {
+		case <-subscribed:
+		case <-time.After(eventually):
+			t.Fatal("SSUBSCRIBE not confirmed")
+		}
+		publish := rueidis.NewLuaScript(`return redis.call('SPUBLISH', ARGV[1], ARGV[2])`)
+		n, err := publish.Exec(ctx, c, []string{k.Lease}, []string{k.Channel, "released"}).AsInt64()
+		require.NoError(t, err, "SPUBLISH from a script keyed by the lease")
+		assert.Equal(t, int64(1), n, "subscribers reached")
+		select {
+		case msg := <-got:
+			assert.Equal(t, "released", msg)
+		case <-time.After(eventually):
+			t.Fatal("no message on the release channel")
+		}
+	})
+
+	t.Run("ReplicaAckGoesToTheSlotsPrimary", func(t *testing.T) {
+		// WAIT has no key, so only the lease key can route it: if it went to
+		// another primary, it would count that primary's replica, which
+		// never saw the write. Stopping the replica of the lock's own
+		// primary must make the acquisition fail; a lock on another primary
+		// is unaffected.
+		m := newMutex(t, c, "acked", distlock.WithReplicaAck(1, ackTimeout))
+		owner := cl.PrimaryOf(m.Key())
+		replicas := cl.ReplicasOf(owner)
+		require.Len(t, replicas, 1)
+		var other *distlock.Mutex
+		for i := 0; other == nil; i++ {
+			o := newMutex(t, c, fmt.Sprint("acked-elsewhere-", i), distlock.WithReplicaAck(1, ackTimeout))
+			if cl.PrimaryOf(o.Key()) != owner {
+				other = o
+			}
+		}
+
+		g, err := m.Lock(t.Context())
+		require.NoError(t, err, "acknowledged Lock")
+		assert.Equal(t, []string{m.Key()}, keysOn(t, replicas[0], m.Key()), "lease on the replica of its primary")
+		release(t, g)
+
+		replicas[0].Pause()
+		_, err = m.TryLock(t.Context())
+		require.ErrorIs(t, err, distlock.ErrNotReplicated, "with the slot's replica stopped")
+		g, err = other.TryLock(t.Context())
+		require.NoError(t, err, "lock on another primary, whose replica runs")
+		replicas[0].Resume()
+		release(t, g)
+		assert.Empty(t, keysOn(t, owner, m.Key()), "the unacknowledged lease was left behind")
+
+		// More replicas than the primary has.
+		_, err = newMutex(t, c, "acked", distlock.WithReplicaAck(2, ackTimeout)).TryLock(t.Context())
+		require.ErrorIs(t, err, distlock.ErrNotReplicated)
+	})
+
+	t.Run("FailoverKeepsLocks", func(t *testing.T) {
+		failoverKeepsLocks(t, cl, c)
+	})
+
+	t.Run("ReshardingKeepsLocks", func(t *testing.T) {
+		reshardingKeepsLocks(t, cl, c)
+	})
+}
+
+// keysOn returns the keys matching pattern on node n alone, whatever slots
+// it serves (KEYS is never redirected). It reports errors to t, which may
+// be a subtest of the one that started the node.
+func keysOn(t *testing.T, n *redistest.Server, pattern string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), eventually)
+	defer cancel()
+	msg, err := n.Do(ctx, "KEYS", pattern)
+	require.NoError(t, err, "KEYS %s on %s", pattern, n.Addr())
+	keys, err := msg.AsStrSlice()
+	require.NoError(t, err)
+	return keys
+}
+
+// clusterTTL is the lease of the locks held across a failover or a slot
+// migration: renewed every 800ms, so the test sees several renewals soon.
+const clusterTTL = 2400 * time.Millisecond
+
+// lossWatch counts, per lock, the renewals that ended and the transitions
+// to Lost, through the Observer hook.
+type lossWatch struct {
+	mu      sync.Mutex
+	renewed map[string]int // successful renewals per key
+	errs    []error
+	lost    []distlock.TransitionInfo
+}
+
+func newLossWatch() *lossWatch { return &lossWatch{renewed: make(map[string]int)} }
+
+func (w *lossWatch) ObserveAcquire(distlock.AcquireInfo) {}
+
+func (w *lossWatch) ObserveRenew(i distlock.RenewInfo) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if i.Err != nil {
+		w.errs = append(w.errs, i.Err)
+		return
+	}
+	w.renewed[i.Key]++
+}
+
+func (w *lossWatch) ObserveTransition(i distlock.TransitionInfo) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if i.To == distlock.Lost {
+		w.lost = append(w.lost, i)
+	}
+}
+
+// snapshot returns the renewal counts and every failure so far.
+func (w *lossWatch) snapshot() (map[string]int, []error, []distlock.TransitionInfo) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	renewed := make(map[string]int, len(w.renewed))
+	for k, v := range w.renewed {
+		renewed[k] = v
+	}
+	return renewed, append([]error(nil), w.errs...), append([]distlock.TransitionInfo(nil), w.lost...)
+}
+
+// waitRenewals waits until every key has renewed at least n more times than
+// in base.
+func (w *lossWatch) waitRenewals(t *testing.T, keys []string, base map[string]int, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		now, _, _ := w.snapshot()
+		for _, k := range keys {
+			if now[k] < base[k]+n {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, pollEvery, "locks did not renew %d times", n)
+}
+
+// held is a lock held by a test: its name and guard.
+type held struct {
+	name string
+	g    *distlock.Guard
+}
+
+// holdAcross acquires a lock for each name, alternately without and with
+// replica acknowledgement, all observed by w.
+func holdAcross(t *testing.T, c rueidis.Client, w *lossWatch, names ...string) []held {
+	t.Helper()
+	var hs []held
+	for i, name := range names {
+		opts := []distlock.Option{distlock.WithTTL(clusterTTL), distlock.WithObserver(w), distlock.WithLogger(testLogger(t))}
+		if i%2 == 1 {
+			opts = append(opts, distlock.WithReplicaAck(1, ackTimeout))
+		}
+		g, err := newMutex(t, c, name, opts...).TryLock(t.Context())
+		require.NoError(t, err)
+		hs = append(hs, held{name: name, g: g})
+	}
+	return hs
+}
+
+func keysOf(hs []held) []string {
+	keys := make([]string, len(hs))
+	for i, h := range hs {
+		keys[i] = h.g.Key()
+	}
+	return keys
+}
+
+// checkKept checks that every lock in hs is still held: no guard reported
+// Lost, each reports Acquired with a live context, and nobody else can take
+// the lock.
+func checkKept(t *testing.T, c rueidis.Client, w *lossWatch, hs []held) {
+	t.Helper()
+	_, errs, lost := w.snapshot()
+	assert.Empty(t, lost, "guards reported Lost")
+	assert.Empty(t, errs, "renewals failed")
+	for _, h := range hs {
+		assert.Equal(t, distlock.Acquired, h.g.State(), "guard of %s", h.name)
+		assert.NoError(t, h.g.Context().Err(), "context of %s", h.name)
+		_, err := newMutex(t, c, h.name).TryLock(t.Context())
+		assert.ErrorIs(t, err, distlock.ErrNotAcquired, "someone else took %s", h.name)
+	}
+}
+
+// failoverKeepsLocks holds locks on every primary, with and without replica
+// acknowledgement, and fails one primary over to its replica with CLUSTER
+// FAILOVER. The replica has every write of the old primary by then (a
+// manual failover waits for it), so every lock survives: no guard may
+// report Lost, the locks renew on the new primary, and nobody else can take
+// them. A client that has not seen the change yet reaches the new primary
+// through MOVED, for plain and for acknowledged writes.
+func failoverKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
+	w := newLossWatch()
+	var names []string
+	for i := range 12 {
+		names = append(names, fmt.Sprint("failover-", i))
+	}
+	hs := holdAcross(t, c, w, names...)
+	keys := keysOf(hs)
+
+	// A second client that learns the layout now and then sends nothing
+	// until after the failover: its slot map is stale.
+	stale := cl.Client()
+	ack, err := lease.NewWithAck(stale, lease.Ack{Replicas: 1, Timeout: ackTimeout})
+	require.NoError(t, err)
+	plain := lease.New(stale)
+	sk, err := lease.NewKeys("stale", "moved")
+	require.NoError(t, err)
+	g, err := plain.Acquire(t.Context(), sk, "s#1", time.Minute)
+	require.NoError(t, err)
+	require.True(t, g.Acquired)
+
+	// Fail over the primary of the stale client's key; some of the held
+	// locks live there too.
+	old := cl.PrimaryOf(sk.Lease)
+	replica := cl.ReplicasOf(old)
+	require.Len(t, replica, 1)
+	var onOld []held
+	for _, h := range hs {
+		if cl.PrimaryOf(h.g.Key()) == old {
+			onOld = append(onOld, h)
+		}
+	}
+	require.NotEmpty(t, onOld, "no lock on the primary that fails over")
+	base, _, _ := w.snapshot()
+	w.waitRenewals(t, keys, base, 1)
+
+	base, _, _ = w.snapshot()
+	cl.Failover(replica[0])
+	require.Equal(t, replica[0], cl.PrimaryOf(sk.Lease), "the replica should serve the slot now")
+
+	// The stale client: a renewal with acknowledgement goes to the old
+	// primary (now a replica), gets MOVED, and is redone with WAIT on the
+	// new primary, whose replica is the old primary.
+	ctx, cancel := context.WithTimeout(t.Context(), eventually)
+	defer cancel()
+	r, err := ack.Renew(ctx, sk, "s#1", time.Minute)
+	require.NoError(t, err, "acknowledged renewal through a stale slot map")
+	assert.True(t, r.OK)
+	r, err = plain.Renew(ctx, sk, "s#1", time.Minute)
+	require.NoError(t, err, "plain renewal through a stale slot map")
+	assert.True(t, r.OK)
+	ok, err := plain.Release(ctx, sk, "s#1")
+	require.NoError(t, err)
+	assert.True(t, ok)
+
+	// Every guard renews twice more, without a single failure, and the
+	// moved leases are on the new primary.
+	w.waitRenewals(t, keys, base, 2)
+	checkKept(t, c, w, hs)
+	for _, h := range onOld {
+		assert.Equal(t, []string{h.g.Key()}, keysOn(t, replica[0], h.g.Key()), "lease on the new primary")
+	}
+	for _, h := range hs {
+		assert.Equal(t, distlock.Released, release(t, h.g))
+	}
+}
+
+// reshardingKeepsLocks moves the slots of two held locks (one plain, one
+// with replica acknowledgement) to another primary, pausing half-way with
+// each lease key moved and its fencing key not yet. The renewals get ASK
+// while the slot migrates and MOVED after, and neither may show as a loss.
+// An acquisition half-way gets TRYAGAIN (its two keys are on two nodes),
+// which it retries until the migration is over.
+func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
+	w := newLossWatch()
+	hs := holdAcross(t, c, w, "reshard-plain", "reshard-acked")
+	keys := keysOf(hs)
+	base, _, _ := w.snapshot()
+	w.waitRenewals(t, keys, base, 1)
+
+	var migs []*redistest.Migration
+	for _, k := range keys {
+		from := cl.PrimaryOf(k)
+		var to *redistest.Server
+		for _, p := range cl.Primaries() {
+			if p != from {
+				to = p
+				break
+			}
+		}
+		m := cl.StartMigration(cl.Slot(k), to)
+		m.Move(k) // the lease moves; its fencing key stays behind for now
+		migs = append(migs, m)
+	}
+	base, _, _ = w.snapshot()
+	w.waitRenewals(t, keys, base, 2)
+	_, errs, lost := w.snapshot()
+	assert.Empty(t, lost, "guards reported Lost while their slots migrate")
+	assert.Empty(t, errs, "renewals failed while their slots migrate")
+	for _, h := range hs {
+		assert.Equal(t, distlock.Acquired, h.g.State(), "guard of %s", h.name)
+	}
+
+	// A competitor half-way: Redis answers TRYAGAIN until the fencing key
+	// has moved too, and then the lock is found held.
+	tryAgains := func() int {
+		stats, err := migs[0].From().Info("errorstats")
+		require.NoError(t, err)
+		var n int
+		_, _ = fmt.Sscanf(stats["errorstat_TRYAGAIN"], "count=%d", &n)
+		return n
+	}
+	before := tryAgains()
+	competitor := make(chan error, 1)
+	go func() {
+		_, err := newMutex(t, c, hs[0].name).TryLock(t.Context())
+		competitor <- err
+	}()
+	require.Eventually(t, func() bool { return tryAgains() > before }, eventually, pollEvery,
+		"the competitor never got TRYAGAIN")
+	for i, m := range migs {
+		m.Move(keys[i] + ":fence")
+		m.Finish()
+	}
+	select {
+	case err := <-competitor:
+		require.ErrorIs(t, err, distlock.ErrNotAcquired, "competitor after the migration")
+	case <-time.After(eventually):
+		t.Fatal("the competitor is still waiting after the migration")
+	}
+
+	base, _, _ = w.snapshot()
+	w.waitRenewals(t, keys, base, 2)
+	checkKept(t, c, w, hs)
+	for i, h := range hs {
+		assert.NotEqual(t, migs[i].From(), cl.PrimaryOf(h.g.Key()), "slot of %s did not move", h.name)
+		assert.Equal(t, distlock.Released, release(t, h.g))
+	}
+}
