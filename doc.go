@@ -69,6 +69,40 @@
 // memory policy, and clocks that do not jump. A Redis restart without
 // persistence forgets every lease; holders find out at their next renewal.
 //
+// # Redis Cluster and Sentinel
+//
+// [NewMutex] takes any rueidis client: one built for a single Redis, for Redis
+// Cluster (InitAddress lists some of its nodes) or for Sentinel
+// (rueidis.SentinelOption names the monitored primary). The lock works the
+// same on all three, but what a failure of Redis does to it differs:
+//
+//   - A single primary is the single point of failure. If it restarts
+//     without its data, every lease is forgotten and a waiter can acquire
+//     while the previous holder still reports [Acquired] until its next
+//     renewal.
+//   - On Redis Cluster, all keys of one lock share a hash slot, so every
+//     script runs on one primary, and different locks spread over the
+//     primaries. Resharding (ASK, then MOVED) and a manual failover (CLUSTER
+//     FAILOVER, which waits for the replica to catch up) do not disturb a held
+//     lock.
+//   - With replicas (Sentinel, or Cluster after a primary crashes),
+//     replication is asynchronous: a failover can promote a replica that
+//     never received a lease, and the lock is then granted a second time
+//     while the first holder still reports Acquired.
+//
+// [WithReplicaAck] narrows that window: every acquisition and renewal waits
+// (Redis WAIT, on the connection that made the write, on the primary that
+// serves the lock's slot) until the given number of replicas have the
+// write. Lock then returns a lock only once the replicas hold it, and
+// reports an error matching [ErrNotReplicated] otherwise; a renewal that is
+// not acknowledged makes the guard [Lost]. A lock whose lease the promoted
+// replica acknowledged survives the failover. WAIT is not consensus: a
+// replica that did not acknowledge can still be promoted, and after a
+// failover that leaves too few replicas nothing can be acknowledged. Neither
+// option, nor any Redis deployment, stops a paused holder from outliving
+// its lease: fencing tokens are still needed end to end. TOPOLOGIES.md in
+// the repository has the details.
+//
 // # Renewal and loss
 //
 // Each [Guard] runs one goroutine, its actor, that renews the lease every TTL/3.
