@@ -282,7 +282,13 @@ func (c *Cluster) server(addr string) *Server {
 // sees the cluster.
 func (c *Cluster) PrimaryOf(key string) *Server {
 	c.tb.Helper()
-	slot := c.Slot(key)
+	return c.ownerOf(c.Slot(key))
+}
+
+// ownerOf returns the primary that serves slot, as the first node sees the
+// cluster.
+func (c *Cluster) ownerOf(slot int) *Server {
+	c.tb.Helper()
 	nodes, err := c.Layout(c.nodes[0])
 	if err != nil {
 		c.tb.Fatalf("redistest: CLUSTER NODES: %v", err)
@@ -419,21 +425,10 @@ type Migration struct {
 // StartMigration starts moving slot from its primary to the primary to.
 func (c *Cluster) StartMigration(slot int, to *Server) *Migration {
 	c.tb.Helper()
-	m := &Migration{c: c, slot: slot, to: to}
+	m := &Migration{c: c, slot: slot, from: c.ownerOf(slot), to: to}
 	s := strconv.Itoa(slot)
-	nodes, err := c.Layout(c.nodes[0])
-	if err != nil {
-		c.tb.Fatalf("redistest: CLUSTER NODES: %v", err)
-	}
-	for _, n := range nodes {
-		for _, r := range n.Slots {
-			if n.Primary && r[0] <= slot && slot <= r[1] {
-				m.from = c.server(n.Addr)
-			}
-		}
-	}
-	if m.from == nil || m.from == to {
-		c.tb.Fatalf("redistest: slot %d: cannot migrate from %v to %s", slot, m.from, to.Addr())
+	if m.from == to {
+		c.tb.Fatalf("redistest: slot %d is already on %s", slot, to.Addr())
 	}
 	to.MustDo("CLUSTER", "SETSLOT", s, "IMPORTING", c.ID(m.from))
 	m.from.MustDo("CLUSTER", "SETSLOT", s, "MIGRATING", c.ID(to))

@@ -170,17 +170,24 @@ func NewClient(tb testing.TB, opt rueidis.ClientOption) rueidis.Client {
 // Do runs one admin command on a short-lived connection of its own, so that
 // it is not queued behind the clients under test, and returns the reply.
 func (s *Server) Do(ctx context.Context, args ...string) (rueidis.RedisMessage, error) {
-	c, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:       []string{s.Addr()},
-		DisableCache:      true,
-		DisableRetry:      true,
-		ForceSingleClient: true,
-	})
+	c, err := s.adminClient()
 	if err != nil {
 		return rueidis.RedisMessage{}, err
 	}
 	defer c.Close()
 	return c.Do(ctx, c.B().Arbitrary(args...).Build()).ToMessage()
+}
+
+// adminClient returns a client of this server alone (never a cluster or
+// sentinel client, whatever the server is), without retries; close it after
+// use.
+func (s *Server) adminClient() (rueidis.Client, error) {
+	return rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:       []string{s.Addr()},
+		DisableCache:      true,
+		DisableRetry:      true,
+		ForceSingleClient: true,
+	})
 }
 
 // MustDo is [Server.Do] that fails the test on an error (a nil reply is not

@@ -60,12 +60,7 @@ func (s *Server) WaitInSync(primary *Server) {
 // replicas, up to want, acknowledged that within a moment (WAIT on the same
 // connection).
 func (s *Server) acks(probe string, want int) (int64, error) {
-	c, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:       []string{s.Addr()},
-		DisableCache:      true,
-		DisableRetry:      true,
-		ForceSingleClient: true,
-	})
+	c, err := s.adminClient()
 	if err != nil {
 		return 0, err
 	}
