@@ -268,12 +268,18 @@ func TestReplicaAckLeaseClient(t *testing.T) {
 	_, err = lc.Renew(ctx, k, "a#1", 10*time.Second)
 	require.ErrorIs(t, err, lease.ErrNotReplicated)
 
-	// The caller's deadline cuts the wait short: still an acknowledgement
-	// failure.
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	// The caller's deadline cuts a long wait short, early enough for
+	// Redis's answer to arrive in time: an acknowledgement failure, not a
+	// call that ran out of time.
+	patient, err := lease.NewWithAck(c, lease.Ack{Replicas: 1, Timeout: time.Minute})
+	require.NoError(t, err)
+	const budget = 400 * time.Millisecond
+	short, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
-	_, err = lc.Renew(short, k, "a#1", 10*time.Second)
+	start := time.Now()
+	_, err = patient.Renew(short, k, "a#1", 10*time.Second)
 	require.ErrorIs(t, err, lease.ErrNotReplicated)
+	assert.Less(t, time.Since(start), budget, "the renewal outlived its context")
 
 	for _, bad := range []lease.Ack{{Replicas: -1, Timeout: time.Second}, {Replicas: 1}, {Replicas: 1, Timeout: time.Microsecond}} {
 		_, err := lease.NewWithAck(c, bad)

@@ -238,13 +238,15 @@ func (c *Client) pipeline(ctx context.Context, d rueidis.DedicatedClient, s scri
 	return res, waited{replicas: n, err: err}
 }
 
-// waitMillis returns WAIT's timeout: the Client's, cut to nine tenths of
-// what is left of ctx's deadline so that Redis can answer before the caller
-// gives up, and never 0, which would make WAIT block forever.
+// waitMillis returns WAIT's timeout: the Client's, cut to three quarters of
+// what is left of ctx's deadline so that Redis's answer can arrive before
+// the caller gives up (rueidis fails every reply of the pipeline, the
+// script's too, if the context ends first), and never 0, which would make
+// WAIT block forever.
 func (c *Client) waitMillis(ctx context.Context) int64 {
 	d := c.ack.Timeout
 	if dl, ok := ctx.Deadline(); ok {
-		d = min(d, time.Until(dl)*9/10)
+		d = min(d, time.Until(dl)*3/4)
 	}
 	return max(d.Milliseconds(), 1)
 }
