@@ -156,7 +156,10 @@ func WithObserver(o Observer) Option {
 //
 // Each acquisition and renewal then borrows a connection from rueidis's
 // pool for blocking commands (rueidis.ClientOption.BlockingPoolSize) for one
-// round trip plus the wait. replicas 0 turns the wait off. A negative count,
+// round trip plus the wait. A Lock that waits is never handed the lock
+// directly by a guard of the same process that releases it (that hand-off
+// writes the new lease without waiting for replicas): it acquires on its own
+// once the release is done. replicas 0 turns the wait off. A negative count,
 // a timeout under one millisecond (WAIT's unit), or one longer than a third
 // of the TTL (a renewal and its wait must end before the next renewal is
 // due) is refused by [NewMutex] with [ErrInvalidOption].

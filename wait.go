@@ -83,6 +83,10 @@ type handoff struct {
 	value string
 	ttl   time.Duration
 	done  chan handoffResult // capacity 1: the releaser never blocks
+	// acked: the waiter waits for replicas (WithReplicaAck). A hand-off
+	// does not, so a releaser never claims such an offer; the waiter then
+	// acquires on its own after the release.
+	acked bool
 }
 
 // handoffResult is the outcome of a hand-off.
@@ -208,7 +212,7 @@ func (s *queueSet) claim(k queueKey) *handoff {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	h := q.offer
-	if h == nil || q.handoffs >= maxHandoffs {
+	if h == nil || h.acked || q.handoffs >= maxHandoffs {
 		q.handoffs = 0
 		return nil
 	}
@@ -448,7 +452,7 @@ func (a *acquirer) queue() (*Guard, error) {
 // expiry), until it is time to re-check anyway, or until a local guard hands
 // the lock over. It returns the hand-off's result if there was one.
 func (a *acquirer) waitRelease(q *waitQueue, epoch uint64, holder string, holderTTL time.Duration) (*handoffResult, error) {
-	offer := q.post(a.value, a.m.ttl)
+	offer := q.post(a.value, a.m.ttl, a.m.ack.Replicas > 0)
 	start := time.Now()
 	for {
 		relevant, changed, notified := q.since(epoch, holder)
@@ -485,8 +489,8 @@ func (a *acquirer) waitRelease(q *waitQueue, epoch uint64, holder string, holder
 }
 
 // post records the head's offer to take the lock over.
-func (q *waitQueue) post(value string, ttl time.Duration) *handoff {
-	h := &handoff{value: value, ttl: ttl, done: make(chan handoffResult, 1)}
+func (q *waitQueue) post(value string, ttl time.Duration, acked bool) *handoff {
+	h := &handoff{value: value, ttl: ttl, done: make(chan handoffResult, 1), acked: acked}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.offer = h
