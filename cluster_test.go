@@ -108,57 +108,51 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
-	t.Run("ReleaseChannelIsSharded", func(t *testing.T) {
-		// A script keyed by the lease key may publish on the lock's release
-		// channel with SPUBLISH (Redis refuses a script that touches another
-		// slot), and a sharded subscriber of the channel, which rueidis
-		// sends to the slot's primary, receives it.
-		k, err := lease.NewKeys("distlock", "notify")
+	t.Run("WaiterHearsReleaseOnTheShard", func(t *testing.T) {
+		// A waiter in another process (another client) subscribes to the
+		// lock's release channel with SSUBSCRIBE, on the primary that
+		// serves the lock's slot, and the release script publishes there.
+		// While subscribed, the waiter does not poll: it makes the same few
+		// attempts however long the hold.
+		obs := &acquireWatch{}
+		ma := newMutex(t, cl.Client(), "notify", distlock.WithTTL(30*time.Second))
+		mb := newMutex(t, cl.Client(), "notify", distlock.WithObserver(obs))
+		ga, err := ma.Lock(t.Context())
 		require.NoError(t, err)
-		got := make(chan string, 1)
-		subscribed := make(chan struct{})
 		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
 		var wg sync.WaitGroup
 		defer wg.Wait()
-		defer cancel()
-		sub, unsub := c.Dedicate()
-		defer unsub()
-		wait := sub.SetPubSubHooks(rueidis.PubSubHooks{
-			OnSubscription: func(s rueidis.PubSubSubscription) {
-				if s.Kind == "ssubscribe" {
-					close(subscribed)
-				}
-			},
-			OnMessage: func(m rueidis.PubSubMessage) {
-				select {
-				case got <- m.Message:
-				default:
-				}
-			},
-		})
-		require.NoError(t, sub.Do(ctx, sub.B().Ssubscribe().Channel(k.Channel).Build()).Error())
+		defer cancel() // before the wait: it ends a Lock still waiting
+		got := make(chan *distlock.Guard, 1)
 		wg.Go(func() {
-			select {
-			case <-wait:
-			case <-ctx.Done():
-			}
+			g, err := mb.Lock(ctx)
+			assert.NoError(t, err)
+			got <- g
 		})
+		k, err := lease.NewKeys(distlock.DefaultNamespace, "notify")
+		require.NoError(t, err)
+		owner := cl.PrimaryOf(k.Lease)
+		require.Eventually(t, func() bool {
+			n, err := owner.MustDo("PUBSUB", "SHARDNUMSUB", k.Channel).AsIntMap()
+			return err == nil && n[k.Channel] == 1
+		}, eventually, pollEvery, "the waiter never subscribed on the lock's primary")
+
+		const hold = 300 * time.Millisecond // six polls' worth at the default interval
+		time.Sleep(hold)
+		start := time.Now()
+		release(t, ga)
+		var gb *distlock.Guard
 		select {
-		case <-subscribed:
+		case gb = <-got:
 		case <-time.After(eventually):
-			t.Fatal("SSUBSCRIBE not confirmed")
+			t.Fatal("the waiter did not acquire after the release")
 		}
-		publish := rueidis.NewLuaScript(`return redis.call('SPUBLISH', ARGV[1], ARGV[2])`)
-		n, err := publish.Exec(ctx, c, []string{k.Lease}, []string{k.Channel, "released"}).AsInt64()
-		require.NoError(t, err, "SPUBLISH from a script keyed by the lease")
-		assert.Equal(t, int64(1), n, "subscribers reached")
-		select {
-		case msg := <-got:
-			assert.Equal(t, "released", msg)
-		case <-time.After(eventually):
-			t.Fatal("no message on the release channel")
-		}
+		require.NotNil(t, gb)
+		assert.Less(t, time.Since(start), 10*time.Second, "the waiter took as long as the holder's lease")
+		// On arrival, as the head of its queue, after the release; polling
+		// would have added one every 50ms.
+		assert.LessOrEqual(t, obs.attempts(), 3, "attempts of the waiter")
+		release(t, gb)
 	})
 
 	t.Run("ReplicaAckGoesToTheSlotsPrimary", func(t *testing.T) {
@@ -205,6 +199,27 @@ func TestCluster(t *testing.T) {
 	t.Run("ReshardingKeepsLocks", func(t *testing.T) {
 		reshardingKeepsLocks(t, cl, c)
 	})
+}
+
+// acquireWatch records the attempts of the last acquisition.
+type acquireWatch struct {
+	mu   sync.Mutex
+	last distlock.AcquireInfo
+}
+
+func (w *acquireWatch) ObserveAcquire(i distlock.AcquireInfo) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last = i
+}
+
+func (w *acquireWatch) ObserveRenew(distlock.RenewInfo)           {}
+func (w *acquireWatch) ObserveTransition(distlock.TransitionInfo) {}
+
+func (w *acquireWatch) attempts() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last.Attempts
 }
 
 // keysOn returns the keys matching pattern on node n alone, whatever slots
@@ -403,21 +418,24 @@ func failoverKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
 	}
 }
 
-// reshardingKeepsLocks moves the slots of two held locks (one plain, one
-// with replica acknowledgement) to another primary, pausing half-way with
-// each lease key moved and its fencing key not yet. The renewals get ASK
-// while the slot migrates and MOVED after, and neither may show as a loss.
-// An acquisition half-way gets TRYAGAIN (its two keys are on two nodes),
-// which it retries until the migration is over.
+// reshardingKeepsLocks moves the slots of held locks to other primaries,
+// pausing half-way. Two locks (one plain, one with replica acknowledgement)
+// have their lease key moved and their fencing key not yet: their renewals
+// get ASK while the slot migrates and MOVED after, and neither may show as a
+// loss. An acquisition half-way gets TRYAGAIN (its two keys are on two
+// nodes), which it retries until the migration is over. A third lock, whose
+// keys have not moved, is released half-way: the release script names the
+// release channel as a key, which is never present, so it gets TRYAGAIN as
+// well, and retries until the migration is over.
 func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
 	w := newLossWatch()
-	hs := holdAcross(t, c, w, "reshard-plain", "reshard-acked")
+	hs := holdAcross(t, c, w, "reshard-plain", "reshard-acked", "reshard-release")
 	keys := keysOf(hs)
 	base, _, _ := w.snapshot()
 	w.waitRenewals(t, keys, base, 1)
 
 	var migs []*redistest.Migration
-	for _, k := range keys {
+	for i, k := range keys {
 		from := cl.PrimaryOf(k)
 		var to *redistest.Server
 		for _, p := range cl.Primaries() {
@@ -427,9 +445,12 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 			}
 		}
 		m := cl.StartMigration(cl.Slot(k), to)
-		m.Move(k) // the lease moves; its fencing key stays behind for now
+		if i < 2 {
+			m.Move(k) // the lease moves; its fencing key stays behind for now
+		}
 		migs = append(migs, m)
 	}
+	moving := hs[:2]
 	base, _, _ = w.snapshot()
 	w.waitRenewals(t, keys, base, 2)
 	_, errs, lost := w.snapshot()
@@ -439,25 +460,44 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 		assert.Equal(t, distlock.Acquired, h.g.State(), "guard of %s", h.name)
 	}
 
+	// tryAgains counts the TRYAGAIN replies of node n.
+	tryAgains := func(n *redistest.Server) int {
+		stats, err := n.Info("errorstats")
+		require.NoError(t, err)
+		var count int
+		_, _ = fmt.Sscanf(stats["errorstat_TRYAGAIN"], "count=%d", &count)
+		return count
+	}
 	// A competitor half-way: Redis answers TRYAGAIN until the fencing key
 	// has moved too, and then the lock is found held.
-	tryAgains := func() int {
-		stats, err := migs[0].From().Info("errorstats")
-		require.NoError(t, err)
-		var n int
-		_, _ = fmt.Sscanf(stats["errorstat_TRYAGAIN"], "count=%d", &n)
-		return n
-	}
-	before := tryAgains()
+	before := tryAgains(migs[0].From())
 	competitor := make(chan error, 1)
 	go func() {
 		_, err := newMutex(t, c, hs[0].name).TryLock(t.Context())
 		competitor <- err
 	}()
-	require.Eventually(t, func() bool { return tryAgains() > before }, eventually, pollEvery,
+	require.Eventually(t, func() bool { return tryAgains(migs[0].From()) > before }, eventually, pollEvery,
 		"the competitor never got TRYAGAIN")
+	// A release half-way.
+	type outcome struct {
+		st  distlock.State
+		err error
+	}
+	released := make(chan outcome, 1)
+	before = tryAgains(migs[2].From())
+	go func() {
+		st, err := hs[2].g.Release(t.Context())
+		released <- outcome{st, err}
+	}()
+	require.Eventually(t, func() bool { return tryAgains(migs[2].From()) > before }, eventually, pollEvery,
+		"the release never got TRYAGAIN")
+
 	for i, m := range migs {
-		m.Move(keys[i] + ":fence")
+		if i < 2 {
+			m.Move(keys[i] + ":fence")
+		} else {
+			m.Move(keys[i], keys[i]+":fence")
+		}
 		m.Finish()
 	}
 	select {
@@ -466,11 +506,19 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 	case <-time.After(eventually):
 		t.Fatal("the competitor is still waiting after the migration")
 	}
+	select {
+	case r := <-released:
+		require.NoError(t, r.err, "release across the migration")
+		assert.Equal(t, distlock.Released, r.st)
+	case <-time.After(eventually):
+		t.Fatal("the release is still waiting after the migration")
+	}
+	assert.Empty(t, keysOn(t, migs[2].To(), keys[2]), "the released lease is still there")
 
 	base, _, _ = w.snapshot()
-	w.waitRenewals(t, keys, base, 2)
-	checkKept(t, c, w, hs)
-	for i, h := range hs {
+	w.waitRenewals(t, keysOf(moving), base, 2)
+	checkKept(t, c, w, moving)
+	for i, h := range moving {
 		assert.NotEqual(t, migs[i].From(), cl.PrimaryOf(h.g.Key()), "slot of %s did not move", h.name)
 		assert.Equal(t, distlock.Released, release(t, h.g))
 	}

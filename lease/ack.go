@@ -123,15 +123,29 @@ type waited struct {
 
 // exec runs s. When c waits for replicas, it also runs WAIT after s on the
 // same connection and returns its outcome; otherwise the outcome is empty.
+// A TRYAGAIN reply is retried as [Client.run] does.
+func (c *Client) exec(ctx context.Context, s script, keys, args []string) (rueidis.RedisResult, waited) {
+	return tryAgain(ctx, func() (rueidis.RedisResult, waited) { return c.execOnce(ctx, s, keys, args) })
+}
+
+// run runs s without waiting for replicas.
 //
 // A TRYAGAIN reply is retried, with a short pause, until ctx ends. Redis
-// Cluster gives it for a script on several keys of a slot that is being
-// migrated when only some of the keys have moved yet; the script did not
-// run, and the migration moves the rest soon.
-func (c *Client) exec(ctx context.Context, s script, keys, args []string) (rueidis.RedisResult, waited) {
+// Cluster gives it, while a slot is being migrated, for a script on several
+// keys of the slot of which some have moved and some have not (or, on the
+// node importing the slot, some are not there yet). The script did not run,
+// and the migration ends it soon.
+func (c *Client) run(ctx context.Context, s script, keys, args []string) rueidis.RedisResult {
+	res, _ := tryAgain(ctx, func() (rueidis.RedisResult, waited) { return s.Exec(ctx, c.rc, keys, args), waited{} })
+	return res
+}
+
+// tryAgain calls attempt until it gets a reply other than TRYAGAIN or ctx
+// ends.
+func tryAgain(ctx context.Context, attempt func() (rueidis.RedisResult, waited)) (rueidis.RedisResult, waited) {
 	pause := tryAgainPause
 	for {
-		res, w := c.execOnce(ctx, s, keys, args)
+		res, w := attempt()
 		rerr, ok := rueidis.IsRedisErr(res.Error())
 		if !ok || !rerr.IsTryAgain() {
 			return res, w

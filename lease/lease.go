@@ -134,7 +134,7 @@ end
 // Reply: {1, token} when the lease now holds ARGV[2] with a new token; {0}
 // when it did not hold ARGV[1] (nothing is written then). As in
 // acquireScript, all reads and checks come before the first write.
-var handoffScript = rueidis.NewLuaScript(fenceLua + `
+var handoffScript = newScript(fenceLua + `
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return {0}
 end
@@ -180,7 +180,7 @@ return {0, cur}
 // channel (SPUBLISH, Redis 7), which in a cluster stays on the lease's shard;
 // where SPUBLISH does not exist (Redis 6, miniredis) it falls back to PUBLISH,
 // which is what waiters subscribe to there (see [Client.Subscribe]).
-var releaseScript = rueidis.NewLuaScript(`
+var releaseScript = newScript(`
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   local r = redis.pcall('SPUBLISH', KEYS[2], ARGV[1])
@@ -252,6 +252,12 @@ func Owner(value string) string {
 
 // Client runs the lease scripts through a rueidis client. It holds no state
 // of its own and is safe for concurrent use.
+//
+// While a Redis Cluster slot is being migrated, Redis answers TRYAGAIN to a
+// script that names several keys of the slot when only some of them have
+// moved (the release script counts its channel as a key, and a channel is
+// never present): the script did not run. Every method retries it, with
+// short pauses, until its context ends.
 type Client struct {
 	rc  rueidis.Client
 	ack Ack // Replicas 0: do not wait for replicas; see NewWithAck
@@ -277,10 +283,7 @@ type Grant struct {
 // (or already holds value), and issues a fencing token. It makes one round
 // trip. A Redis error, including a key of the wrong type, is returned as the
 // rueidis error and leaves nothing written. A TTL under a millisecond is
-// refused with ErrBadTTL before anything is sent. A TRYAGAIN reply (Redis
-// Cluster gives it while the lock's slot is being migrated and only one of
-// its keys has moved) is retried until ctx ends, since the script did not
-// run.
+// refused with ErrBadTTL before anything is sent.
 //
 // A Client made by [NewWithAck] also waits for replicas, in the same round
 // trip. If the lease was granted but not acknowledged in time, Acquire
@@ -375,7 +378,7 @@ func (c *Client) Handoff(ctx context.Context, k Keys, value, next string, ttl ti
 	if ttl < time.Millisecond {
 		return false, 0, ErrBadTTL
 	}
-	arr, err := handoffScript.Exec(ctx, c.rc, []string{k.Lease, k.Fence},
+	arr, err := c.run(ctx, handoffScript, []string{k.Lease, k.Fence},
 		[]string{value, next, ms(ttl), ms(FenceRetention)}).ToArray()
 	if err != nil {
 		return false, 0, err
@@ -401,7 +404,7 @@ func (c *Client) Handoff(ctx context.Context, k Keys, value, next string, ttl ti
 // did; when it did, it publishes value on the lock's release channel. It
 // never touches a lease held by another value.
 func (c *Client) Release(ctx context.Context, k Keys, value string) (bool, error) {
-	n, err := releaseScript.Exec(ctx, c.rc, []string{k.Lease, k.Channel}, []string{value}).AsInt64()
+	n, err := c.run(ctx, releaseScript, []string{k.Lease, k.Channel}, []string{value}).AsInt64()
 	if err != nil {
 		return false, err
 	}

@@ -438,6 +438,9 @@ func (c *Cluster) StartMigration(slot int, to *Server) *Migration {
 // From returns the primary the slot is leaving.
 func (m *Migration) From() *Server { return m.from }
 
+// To returns the primary the slot is moving to.
+func (m *Migration) To() *Server { return m.to }
+
 // Move moves keys, all in the slot, from the source to the target in one
 // MIGRATE.
 func (m *Migration) Move(keys ...string) {
