@@ -12,7 +12,6 @@ import (
 
 	"github.com/distkit-go/distlock"
 	"github.com/distkit-go/distlock/internal/redistest"
-	"github.com/distkit-go/distlock/lease"
 )
 
 // Tests of WithReplicaAck against a primary with one replica. A replica
@@ -34,11 +33,10 @@ func startReplicated(t *testing.T) replicated {
 	return replicated{primary: p, replica: redistest.StartReplica(t, p, p.Addr())}
 }
 
-// ackObserver records renewal errors and transitions.
+// ackObserver records the outcome of every renewal.
 type ackObserver struct {
-	mu          sync.Mutex
-	renewErrs   []error
-	transitions []distlock.TransitionInfo
+	mu        sync.Mutex
+	renewErrs []error
 }
 
 func (o *ackObserver) ObserveAcquire(distlock.AcquireInfo) {}
@@ -49,11 +47,7 @@ func (o *ackObserver) ObserveRenew(i distlock.RenewInfo) {
 	o.renewErrs = append(o.renewErrs, i.Err)
 }
 
-func (o *ackObserver) ObserveTransition(i distlock.TransitionInfo) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.transitions = append(o.transitions, i)
-}
+func (o *ackObserver) ObserveTransition(distlock.TransitionInfo) {}
 
 // renewals returns how many renewals ended, and how many of them with an
 // error matching target.
@@ -66,19 +60,6 @@ func (o *ackObserver) renewals(target error) (all, matching int) {
 		}
 	}
 	return len(o.renewErrs), matching
-}
-
-// losses returns the transitions to Lost.
-func (o *ackObserver) losses() []distlock.TransitionInfo {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	var out []distlock.TransitionInfo
-	for _, tr := range o.transitions {
-		if tr.To == distlock.Lost {
-			out = append(out, tr)
-		}
-	}
-	return out
 }
 
 func TestReplicaAckInvalid(t *testing.T) {
@@ -233,56 +214,4 @@ func TestReplicaAckRenewal(t *testing.T) {
 	ev = nextEvent(t, events)
 	require.Equal(t, distlock.Acquired, ev.State, "the guard should regain its lease")
 	assert.Equal(t, distlock.Released, release(t, g))
-}
-
-func TestReplicaAckLeaseClient(t *testing.T) {
-	// The lease client on its own: the ack outcome of each operation, and a
-	// lease that was refused is not waited on as a failure.
-	rs := startReplicated(t)
-	c := rs.primary.Client()
-	lc, err := lease.NewWithAck(c, lease.Ack{Replicas: 1, Timeout: ackTimeout})
-	require.NoError(t, err)
-	k, err := lease.NewKeys("ack", t.Name())
-	require.NoError(t, err)
-	ctx := t.Context()
-
-	g, err := lc.Acquire(ctx, k, "a#1", 10*time.Second)
-	require.NoError(t, err)
-	require.True(t, g.Acquired)
-	r, err := lc.Renew(ctx, k, "a#1", 10*time.Second)
-	require.NoError(t, err)
-	assert.True(t, r.OK)
-
-	rs.replica.Pause()
-	defer rs.replica.Resume()
-	// Held by someone else: reported as held, whatever the replicas do.
-	g, err = lc.Acquire(ctx, k, "b#1", 10*time.Second)
-	require.NoError(t, err)
-	assert.False(t, g.Acquired)
-	assert.Equal(t, "a#1", g.Holder)
-	// Refused renewals are refusals, not acknowledgement failures.
-	r, err = lc.Renew(ctx, k, "b#1", 10*time.Second)
-	require.NoError(t, err)
-	assert.False(t, r.OK)
-	// Our own renewal is applied but not acknowledged.
-	_, err = lc.Renew(ctx, k, "a#1", 10*time.Second)
-	require.ErrorIs(t, err, lease.ErrNotReplicated)
-
-	// The caller's deadline cuts a long wait short, early enough for
-	// Redis's answer to arrive in time: an acknowledgement failure, not a
-	// call that ran out of time.
-	patient, err := lease.NewWithAck(c, lease.Ack{Replicas: 1, Timeout: time.Minute})
-	require.NoError(t, err)
-	const budget = 400 * time.Millisecond
-	short, cancel := context.WithTimeout(ctx, budget)
-	defer cancel()
-	start := time.Now()
-	_, err = patient.Renew(short, k, "a#1", 10*time.Second)
-	require.ErrorIs(t, err, lease.ErrNotReplicated)
-	assert.Less(t, time.Since(start), budget, "the renewal outlived its context")
-
-	for _, bad := range []lease.Ack{{Replicas: -1, Timeout: time.Second}, {Replicas: 1}, {Replicas: 1, Timeout: time.Microsecond}} {
-		_, err := lease.NewWithAck(c, bad)
-		assert.ErrorIs(t, err, lease.ErrBadAck, "NewWithAck(%+v)", bad)
-	}
 }

@@ -2,8 +2,6 @@ package lease
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -102,19 +100,6 @@ func NewWithAck(rc rueidis.Client, ack Ack) (*Client, error) {
 	return &Client{rc: rc, ack: ack}, nil
 }
 
-// script is a Lua script that can be run through rueidis as usual (Exec), or
-// sent by hand as EVALSHA or EVAL on a connection of the caller's choosing.
-type script struct {
-	*rueidis.Lua
-	src string
-	sha string
-}
-
-func newScript(src string) script {
-	sum := sha1.Sum([]byte(src))
-	return script{Lua: rueidis.NewLuaScript(src), src: src, sha: hex.EncodeToString(sum[:])}
-}
-
 // waited is the outcome of the WAIT that followed a script.
 type waited struct {
 	replicas int64 // how many replicas acknowledged
@@ -127,45 +112,6 @@ type waited struct {
 func (c *Client) exec(ctx context.Context, s script, keys, args []string) (rueidis.RedisResult, waited) {
 	return tryAgain(ctx, func() (rueidis.RedisResult, waited) { return c.execOnce(ctx, s, keys, args) })
 }
-
-// run runs s without waiting for replicas.
-//
-// A TRYAGAIN reply is retried, with a short pause, until ctx ends. Redis
-// Cluster gives it, while a slot is being migrated, for a script on several
-// keys of the slot of which some have moved and some have not (or, on the
-// node importing the slot, some are not there yet). The script did not run,
-// and the migration ends it soon.
-func (c *Client) run(ctx context.Context, s script, keys, args []string) rueidis.RedisResult {
-	res, _ := tryAgain(ctx, func() (rueidis.RedisResult, waited) { return s.Exec(ctx, c.rc, keys, args), waited{} })
-	return res
-}
-
-// tryAgain calls attempt until it gets a reply other than TRYAGAIN or ctx
-// ends.
-func tryAgain(ctx context.Context, attempt func() (rueidis.RedisResult, waited)) (rueidis.RedisResult, waited) {
-	pause := tryAgainPause
-	for {
-		res, w := attempt()
-		rerr, ok := rueidis.IsRedisErr(res.Error())
-		if !ok || !rerr.IsTryAgain() {
-			return res, w
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return res, w
-		case <-t.C:
-		}
-		pause = min(2*pause, maxTryAgainPause)
-	}
-}
-
-// Pauses between the attempts of a script that got TRYAGAIN.
-const (
-	tryAgainPause    = 5 * time.Millisecond
-	maxTryAgainPause = 100 * time.Millisecond
-)
 
 // execOnce is one attempt of exec.
 func (c *Client) execOnce(ctx context.Context, s script, keys, args []string) (rueidis.RedisResult, waited) {
@@ -181,7 +127,7 @@ func (c *Client) execOnce(ctx context.Context, s script, keys, args []string) (r
 			return res, w
 		}
 		addr, moved := rerr.IsMoved()
-		if !moved {
+		if asking = false; !moved {
 			if addr, asking = rerr.IsAsk(); !asking {
 				return res, w
 			}
