@@ -17,8 +17,8 @@ import (
 // waits, the release does not), single renewals, and renewals from many
 // goroutines at once. Each runs without and then with the wait, in the same
 // process; the run with the wait reports its time per operation as a ratio
-// to the run without (x-no-ack), so the result does not depend on the
-// machine's speed:
+// to the run without (x-no-ack; with -count, to the latest run without), so
+// the result does not depend on the machine's speed:
 //
 //	go test -bench ReplicaAck -run '^$' .
 func BenchmarkReplicaAck(b *testing.B) {
