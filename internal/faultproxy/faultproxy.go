@@ -5,8 +5,9 @@
 // pass bytes through, pause them (hold and deliver on the next change of
 // mode), blackhole them (read and discard), or delay each chunk by a fixed
 // time. [Proxy.Reset] closes every connection, as a crashed network path or
-// a restarted server would. Give each client under test its own proxy to cut
-// it off alone.
+// a restarted server would, and [Proxy.Refuse] also closes the proxy's port
+// until [Proxy.Heal], as a dead server or a rejecting firewall would. Give
+// each client under test its own proxy to cut it off alone.
 package faultproxy
 
 import (
@@ -66,11 +67,13 @@ func (m Mode) String() string {
 
 // Proxy forwards connections from its own loopback address to a target.
 type Proxy struct {
+	tb     testing.TB
 	target string
-	ln     net.Listener
+	addr   string
 
 	mu     sync.Mutex
-	cond   *sync.Cond // signalled on every change of mode and on close
+	cond   *sync.Cond   // signalled on every change of mode and on close
+	ln     net.Listener // nil while the port is closed by Refuse
 	modes  [2]Mode
 	delay  [2]time.Duration
 	conns  map[net.Conn]struct{}
@@ -86,15 +89,16 @@ func New(tb testing.TB, target string) *Proxy {
 	if err != nil {
 		tb.Fatalf("faultproxy: listen: %v", err)
 	}
-	p := &Proxy{target: target, ln: ln, conns: make(map[net.Conn]struct{})}
+	p := &Proxy{tb: tb, target: target, addr: ln.Addr().String(), ln: ln, conns: make(map[net.Conn]struct{})}
 	p.cond = sync.NewCond(&p.mu)
-	p.wg.Go(p.accept)
+	p.wg.Go(func() { p.accept(ln) })
 	tb.Cleanup(p.Close)
 	return p
 }
 
-// Addr returns the proxy's "host:port", to give to the client.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+// Addr returns the proxy's "host:port", to give to the client. It stays the
+// same across [Proxy.Refuse] and [Proxy.Heal].
+func (p *Proxy) Addr() string { return p.addr }
 
 // Set sets the mode of one direction.
 func (p *Proxy) Set(d Direction, m Mode) {
@@ -138,11 +142,41 @@ func (p *Proxy) Reset() {
 	p.cond.Broadcast()
 }
 
-// Heal sets both directions to Pass and resets every connection, as the end
-// of a partition does.
+// Refuse closes the proxy's port and every connection: until [Proxy.Heal],
+// clients see their connections end and new ones refused, as when the
+// server has died or a firewall rejects them.
+func (p *Proxy) Refuse() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		_ = p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.cond.Broadcast()
+}
+
+// Heal sets both directions to Pass, resets every connection and reopens
+// the port if [Proxy.Refuse] closed it, as the end of a partition does. If
+// the port cannot be reopened (another process took it meanwhile), Heal
+// reports an error to the test.
 func (p *Proxy) Heal() {
 	p.SetBoth(Pass)
 	p.Reset()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil || p.closed {
+		return
+	}
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.tb.Errorf("faultproxy: reopening %s: %v", p.addr, err)
+		return
+	}
+	p.ln = ln
+	p.wg.Go(func() { p.accept(ln) })
 }
 
 // Close stops the proxy, closes every connection and waits for its
@@ -154,7 +188,9 @@ func (p *Proxy) Close() {
 		return
 	}
 	p.closed = true
-	_ = p.ln.Close()
+	if p.ln != nil {
+		_ = p.ln.Close()
+	}
 	for c := range p.conns {
 		_ = c.Close()
 	}
@@ -163,9 +199,10 @@ func (p *Proxy) Close() {
 	p.wg.Wait()
 }
 
-func (p *Proxy) accept() {
+// accept serves one listener until it is closed.
+func (p *Proxy) accept(ln net.Listener) {
 	for {
-		client, err := p.ln.Accept()
+		client, err := ln.Accept()
 		if err != nil {
 			return // closed
 		}
@@ -175,11 +212,15 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.mu.Lock()
-		if p.closed {
+		if p.closed || p.ln != ln {
+			// Closed or refusing since the client connected.
 			p.mu.Unlock()
 			_ = client.Close()
 			_ = server.Close()
-			return
+			if p.closed {
+				return
+			}
+			continue
 		}
 		p.conns[client] = struct{}{}
 		p.conns[server] = struct{}{}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -473,6 +474,39 @@ func TestUnreachableTarget(t *testing.T) {
 	assert.Empty(t, readClosed(t, c), "bytes from an unreachable target")
 	c2 := dial(t, p.Addr())
 	assert.Empty(t, readClosed(t, c2), "bytes from an unreachable target")
+}
+
+func TestRefuseAndHeal(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	addr := p.Addr()
+	c := dial(t, addr)
+	echo(t, c, "before")
+
+	p.Refuse()
+	assert.Empty(t, readClosed(t, c), "bytes on a connection cut by Refuse")
+	_, err := net.DialTimeout("tcp", addr, ioTimeout)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "dial while refusing")
+	p.Refuse() // again: harmless
+
+	p.Heal()
+	assert.Equal(t, addr, p.Addr(), "address after Heal")
+	c2 := dial(t, addr)
+	echo(t, c2, "after")
+
+	t.Run("heal without refuse", func(t *testing.T) {
+		p.Heal()
+		c3 := dial(t, addr)
+		echo(t, c3, "still open")
+	})
+	t.Run("close while refusing", func(t *testing.T) {
+		p2 := faultproxy.New(t, e.addr())
+		p2.Refuse()
+		p2.Close()
+		p2.Heal() // after Close: does nothing
+		_, err := net.DialTimeout("tcp", p2.Addr(), ioTimeout)
+		require.Error(t, err)
+	})
 }
 
 func TestStrings(t *testing.T) {
