@@ -18,7 +18,9 @@ const (
 	// holds this acquisition's value.
 	Lost
 	// Released: the guard was released (by [Guard.Release] or by the
-	// cancellation of the context given to Lock). It is final.
+	// cancellation of the context given to Lock). It is final. State
+	// reports it from the moment the release begins; the Released event
+	// comes once the release has finished.
 	Released
 )
 

@@ -111,7 +111,10 @@ func (g *Guard) Attempt() int { return g.attempt }
 // State reports the guard's state now. It does not call Redis: it reads the
 // result of the last renewal and checks the lease deadline against the clock,
 // so it reports Lost as soon as the deadline has passed, even if the actor's
-// timer has not fired yet.
+// timer has not fired yet. It reports Released from the moment the release
+// begins (Release is called or the Lock context is cancelled), before the
+// delete is sent: once the delete reaches Redis another client may acquire
+// the lock at once, and the guard must not still claim it.
 func (g *Guard) State() State {
 	s := g.snap.Load()
 	if s.state == Acquired && !time.Now().Before(s.deadline) {

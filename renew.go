@@ -34,6 +34,7 @@ type leaseLoop struct {
 
 	acquired      time.Time // when the guard was created
 	heldAtRelease bool      // whether the lease was held when the release began
+	releasing     bool      // the release has begun: State reports Released
 }
 
 type renewResult struct {
@@ -101,7 +102,10 @@ func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-
 			timer.Stop()
 			l.checkDeadline()
 			l.heldAtRelease = l.state == Acquired
-			// From now on the guard no longer vouches for the lease.
+			// From now on the guard no longer vouches for the lease, and
+			// nothing (such as a refusal found by the delete) may make it
+			// report anything but Released again.
+			l.releasing = true
 			l.g.snap.Store(&snapshot{state: Released})
 			// The critical section ends before the lease is deleted.
 			l.g.cancel(ErrReleased)
@@ -219,7 +223,9 @@ func (l *leaseLoop) debug() bool {
 func (l *leaseLoop) setState(s State, err error) {
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: s, Err: err})
 	l.state, l.since, l.cause = s, time.Now(), err
-	l.g.snap.Store(&snapshot{state: s, deadline: l.deadline})
+	if !l.releasing {
+		l.g.snap.Store(&snapshot{state: s, deadline: l.deadline})
+	}
 	l.subs.publish(Event{State: s, Time: l.since, Err: err})
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -513,5 +514,40 @@ func TestObserver(t *testing.T) {
 		var le *LostError
 		require.ErrorAs(t, rec.transitions[0].Err, &le)
 		assert.Equal(t, LostRenewFailed, le.Reason)
+	})
+}
+
+// stateAtRelease is an Observer that reads its guard's State when the
+// guard's move to Released is reported, just before it is published.
+type stateAtRelease struct {
+	nopObserver
+	g    atomic.Pointer[Guard]
+	seen []State
+}
+
+func (o *stateAtRelease) ObserveTransition(i TransitionInfo) {
+	if i.To == Released {
+		o.seen = append(o.seen, o.g.Load().State())
+	}
+}
+
+func TestStateStaysReleasedWhenReleaseFindsLeaseGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The lease was taken over while the guard still believed it held
+		// it; the release finds that out. From the moment Release began,
+		// State must say Released, never Lost in between.
+		f := &fakeStore{}
+		obs := &stateAtRelease{}
+		g, err := fakeMutex(t, f, WithObserver(obs)).Lock(t.Context())
+		require.NoError(t, err)
+		obs.g.Store(g)
+		f.mu.Lock()
+		f.holder = "other#1"
+		f.mu.Unlock()
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Lost, st, "Release's outcome: the lease had slipped")
+		assert.Equal(t, []State{Released}, obs.seen, "State while the release finished")
+		assert.Equal(t, Released, g.State())
 	})
 }
