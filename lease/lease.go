@@ -400,15 +400,37 @@ func (c *Client) Handoff(ctx context.Context, k Keys, value, next string, ttl ti
 	return true, token, nil
 }
 
+// releaseTries bounds how many times Release sends its script when calls
+// fail without a reply from Redis. It is more than the number of
+// connections rueidis keeps to one node by default (two, or four with four
+// or more CPUs), since each dead one can fail one call.
+const releaseTries = 8
+
 // Release deletes the lease if it still holds value and reports whether it
 // did; when it did, it publishes value on the lock's release channel. It
 // never touches a lease held by another value.
+//
+// The delete is idempotent, so when a call fails without a reply from Redis
+// Release sends it again, up to releaseTries calls in all and while ctx
+// allows. rueidis keeps a pooled connection that broke while it was idle
+// until a command fails on it, so after a network blip the first call on
+// each connection fails although Redis is reachable; without a retry the
+// lease would outlive its release by up to a TTL. The result is that of the
+// last call: in the rare case that a call broken in flight had deleted the
+// lease, a retry reports it as no longer holding value.
 func (c *Client) Release(ctx context.Context, k Keys, value string) (bool, error) {
-	n, err := c.run(ctx, releaseScript, []string{k.Lease, k.Channel}, []string{value}).AsInt64()
-	if err != nil {
-		return false, err
+	var err error
+	for range releaseTries {
+		var n int64
+		n, err = c.run(ctx, releaseScript, []string{k.Lease, k.Channel}, []string{value}).AsInt64()
+		if err == nil {
+			return n == 1, nil
+		}
+		if _, replied := rueidis.IsRedisErr(err); replied || ctx.Err() != nil {
+			break
+		}
 	}
-	return n == 1, nil
+	return false, err
 }
 
 // ms formats d in whole milliseconds, the unit of Redis's PX and PEXPIRE.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/distkit-go/distlock/internal/faultproxy"
 	"github.com/distkit-go/distlock/internal/redistest"
 	"github.com/distkit-go/distlock/lease"
 )
@@ -39,7 +40,11 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	srv := redistest.Start(t)
+	return newEnvOn(redistest.Start(t))
+}
+
+// newEnvOn returns an env of a running server, with a client of its own.
+func newEnvOn(srv *redistest.Server) *env {
 	return &env{srv: srv, lc: lease.New(srv.Client())}
 }
 
@@ -409,6 +414,42 @@ func TestRelease(t *testing.T) {
 	assert.False(t, e.release(t, k, value), "stale release after another acquisition")
 	got, _ = e.get(t, k.Lease)
 	assert.Equal(t, next, got, "a stale release touched the new holder's lease")
+}
+
+func TestReleaseAfterConnectionsReset(t *testing.T) {
+	// rueidis keeps a pooled connection that broke while idle until a
+	// command fails on it. Release retries such failures, so a release
+	// right after a network blip still deletes the lease.
+	srv := redistest.Start(t)
+	proxy := faultproxy.New(t, srv.Addr())
+	opt := srv.ClientOption()
+	opt.InitAddress = []string{proxy.Addr()}
+	opt.PipelineMultiplex = 2 // four connections, chosen at random per command
+	rc := redistest.NewClient(t, opt)
+	lc := lease.New(rc)
+	k := keys(t)
+	value := lease.NewValue("me")
+	_, err := lc.Acquire(ctxFor(t), k, value, ttl)
+	require.NoError(t, err)
+	// Open every pooled connection: keyed commands pick one at random.
+	for i := range 64 {
+		require.NoError(t, rc.Do(ctxFor(t), rc.B().Exists().Key(strconv.Itoa(i)).Build()).Error())
+	}
+
+	proxy.Reset()
+	ok, err := lc.Release(ctxFor(t), k, value)
+	require.NoError(t, err, "release after a reset")
+	assert.True(t, ok, "release after a reset: lease not deleted")
+	assert.False(t, newEnvOn(srv).exists(t, k.Lease))
+
+	// With Redis unreachable the retries end quickly, with the error.
+	e := newEnvOn(srv)
+	e.mustAcquire(t, k, value)
+	proxy.Refuse()
+	start := time.Now()
+	_, err = lc.Release(ctxFor(t), k, value)
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), stallReturn, "release against a closed port")
 }
 
 func TestWrongTypeLeaseKey(t *testing.T) {
