@@ -171,8 +171,11 @@
 // # Keys
 //
 // A lock named "job" in the default namespace lives at "distlock:{job}", with
-// its fencing counter at "distlock:{job}:fence". The braces are a Redis
-// Cluster hash tag: all keys of one lock share a slot, and different locks
-// spread over the cluster. Lock names and namespaces are printable UTF-8 and
-// must not contain braces; see [NewMutex].
+// its fencing counter at "distlock:{job}:fence". When Lock gives up on an
+// attempt whose reply it did not see, it also writes
+// "distlock:{job}:void:<value>" for one TTL, which makes that attempt
+// harmless if it reaches Redis late. The braces are a Redis Cluster hash
+// tag: all keys of one lock share a slot, and different locks spread over
+// the cluster. Lock names and namespaces are printable UTF-8 and must not
+// contain braces; see [NewMutex].
 package distlock

@@ -19,6 +19,7 @@ type store interface {
 	Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error)
 	Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error)
 	Release(ctx context.Context, k lease.Keys, value string) (bool, error)
+	Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (bool, error)
 	Handoff(ctx context.Context, k lease.Keys, value, next string, ttl time.Duration) (bool, int64, error)
 	Subscribe(ctx context.Context, k lease.Keys, ready func(), released func(value string)) error
 }
@@ -170,8 +171,10 @@ func (m *Mutex) Owner() string { return m.owner }
 // the max wait runs out, it matches [ErrTimeout] and is a [*TimeoutError].
 // A Redis error ends the wait at once and is returned wrapped. If an attempt
 // was in flight when Lock gave up, Lock deletes whatever that attempt may
-// have written before it returns (best effort: an orphan it misses expires
-// within the TTL). Lock is safe for concurrent use.
+// have written before it returns, and voids the attempt's value for one TTL
+// so that the attempt cannot write it later (best effort: if that clean-up
+// does not reach Redis, an orphan expires within the TTL). Lock is safe for
+// concurrent use.
 func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 	return m.acquire(ctx, m.maxWait, m.retryInterval, m.polling, false)
 }
@@ -204,13 +207,15 @@ func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Dura
 }
 
 // cleanup deletes value from the lease, if it is there, after Lock gave up
-// following an attempt whose outcome it did not see. It is bounded by
+// following an attempt whose outcome it did not see, and voids value so that
+// the attempt, if it reaches Redis after the clean-up (rueidis may send the
+// two on different connections), is refused. It is bounded by
 // cleanupTimeout and ignores ctx's cancellation (ctx is usually why Lock gave
 // up). Failing is harmless: the orphan expires within the TTL.
 func (m *Mutex) cleanup(ctx context.Context, value string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, m.ttl))
 	defer cancel()
-	if ok, err := m.store.Release(cctx, m.keys, value); err != nil {
+	if ok, err := m.store.Cancel(cctx, m.keys, value, m.ttl); err != nil {
 		m.log.Warn("distlock: could not clean up after an unconfirmed attempt", "err", err)
 	} else if ok {
 		m.log.Info("distlock: deleted the lease of an attempt whose reply was lost")

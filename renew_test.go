@@ -42,8 +42,9 @@ type fakeStore struct {
 	mode      renewMode
 	acquireFn func(ctx context.Context) error // optional failure for Acquire
 	renews    []renewCall
-	releases  []string
-	afterDone int // calls made after the guard reported done
+	releases  []string        // Release and Cancel calls, by value
+	voided    map[string]bool // values given up by Cancel
+	afterDone int             // calls made after the guard reported done
 	done      <-chan struct{}
 	subs      map[chan string]struct{}
 	subCalls  int
@@ -74,6 +75,9 @@ func (f *fakeStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl
 			left = time.Until(f.expires).Truncate(time.Millisecond)
 		}
 		return lease.Grant{Holder: f.holder, HolderTTL: left}, nil
+	}
+	if f.voided[value] {
+		return lease.Grant{Holder: f.holder}, nil
 	}
 	f.holder, f.expires = value, time.Time{}
 	f.token++
@@ -117,6 +121,18 @@ func (f *fakeStore) Release(ctx context.Context, k lease.Keys, value string) (bo
 		return true, nil
 	}
 	return false, nil
+}
+
+// Cancel voids value, so that a later Acquire with it is refused, and
+// releases it.
+func (f *fakeStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (bool, error) {
+	f.mu.Lock()
+	if f.voided == nil {
+		f.voided = make(map[string]bool)
+	}
+	f.voided[value] = true
+	f.mu.Unlock()
+	return f.Release(ctx, k, value)
 }
 
 func (f *fakeStore) Handoff(ctx context.Context, k lease.Keys, value, next string, ttl time.Duration) (bool, int64, error) {

@@ -34,6 +34,11 @@ type Keys struct {
 	Channel string
 }
 
+// Void returns the key that marks value as given up: [Client.Cancel] sets
+// it, and while it exists an acquire with value is refused. It is the lease
+// key followed by ":void:" and the value, so it shares the lock's hash tag.
+func (k Keys) Void(value string) string { return k.Lease + ":void:" + value }
+
 // NewKeys returns the keys of the lock name in namespace ns. It checks both
 // with [CheckNamespace] and [CheckName].
 //

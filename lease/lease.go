@@ -53,13 +53,20 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 
 // acquireScript writes the lease if it is free, and issues a fencing token.
 //
-// KEYS[1] lease key, KEYS[2] fencing key.
+// KEYS[1] lease key, KEYS[2] fencing key, KEYS[3] the value's void key
+// (see [Keys.Void]).
 // ARGV[1] the acquisition's value, ARGV[2] TTL in ms, ARGV[3] fencing key
 // retention in ms.
 // Reply: {1, token} when the lease is now ours; {0, pttl, holder value} when
-// another value holds it (pttl is -1 when the key has no expiry); an error
-// when the fencing key holds anything but decimal digits, or when the token
-// would pass 2^53-1.
+// another value holds it (pttl is -1 when the key has no expiry), or when
+// ARGV[1] was voided by [Client.Cancel] (with an empty holder value when
+// the lease is free); an error when the fencing key holds anything but decimal digits, or
+// when the token would pass 2^53-1.
+//
+// A voided value belongs to an attempt its caller gave up on without seeing
+// the outcome; the attempt can still reach Redis after the clean-up that
+// voided it (rueidis may send the two on different connections), and must
+// not then leave an orphaned lease.
 //
 // The lease is also granted when it already holds ARGV[1]: that happens when
 // an earlier attempt of the same acquisition was applied but its reply was
@@ -83,6 +90,9 @@ end
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1]), cur}
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {0, redis.call('PTTL', KEYS[1]), cur or ''}
 end
 local token, terr = nextToken(last)
 if terr then
@@ -171,8 +181,9 @@ return {0, cur}
 // announces the release to waiters.
 //
 // KEYS[1] lease key, KEYS[2] release channel (declared as a key so that
-// Redis Cluster checks it shares the lease's slot). ARGV[1] the acquisition's
-// value.
+// Redis Cluster checks it shares the lease's slot), and for [Client.Cancel]
+// KEYS[3] the value's void key. ARGV[1] the acquisition's value, and for
+// Cancel ARGV[2] how long the void key lasts, in ms.
 // Reply: 1 when deleted, 0 when the key held something else or nothing.
 //
 // The announcement carries the released value, so a waiter can tell a
@@ -181,6 +192,9 @@ return {0, cur}
 // where SPUBLISH does not exist (Redis 6, miniredis) it falls back to PUBLISH,
 // which is what waiters subscribe to there (see [Client.Subscribe]).
 var releaseScript = newScript(`
+if KEYS[3] then
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+end
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   local r = redis.pcall('SPUBLISH', KEYS[2], ARGV[1])
@@ -293,7 +307,7 @@ func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	if ttl < time.Millisecond {
 		return Grant{}, ErrBadTTL
 	}
-	res, w := c.exec(ctx, acquireScript, []string{k.Lease, k.Fence},
+	res, w := c.exec(ctx, acquireScript, []string{k.Lease, k.Fence, k.Void(value)},
 		[]string{value, ms(ttl), ms(FenceRetention)})
 	arr, err := res.ToArray()
 	if err != nil {
@@ -419,10 +433,28 @@ const releaseTries = 8
 // last call: in the rare case that a call broken in flight had deleted the
 // lease, a retry reports it as no longer holding value.
 func (c *Client) Release(ctx context.Context, k Keys, value string) (bool, error) {
+	return c.release(ctx, []string{k.Lease, k.Channel}, []string{value})
+}
+
+// Cancel gives value up for good, after an acquire with it whose outcome
+// the caller did not see: it marks value void for ttl (an acquire with value
+// that reaches Redis later, for instance on another connection than this
+// call's, is refused), then deletes the lease if it holds value, as Release
+// does. It retries as Release does. A TTL under a millisecond is refused
+// with ErrBadTTL before anything is sent.
+func (c *Client) Cancel(ctx context.Context, k Keys, value string, ttl time.Duration) (bool, error) {
+	if ttl < time.Millisecond {
+		return false, ErrBadTTL
+	}
+	return c.release(ctx, []string{k.Lease, k.Channel, k.Void(value)}, []string{value, ms(ttl)})
+}
+
+// release runs releaseScript for Release and Cancel.
+func (c *Client) release(ctx context.Context, keys, args []string) (bool, error) {
 	var err error
 	for range releaseTries {
 		var n int64
-		n, err = c.run(ctx, releaseScript, []string{k.Lease, k.Channel}, []string{value}).AsInt64()
+		n, err = c.run(ctx, releaseScript, keys, args).AsInt64()
 		if err == nil {
 			return n == 1, nil
 		}

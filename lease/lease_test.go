@@ -416,6 +416,52 @@ func TestRelease(t *testing.T) {
 	assert.Equal(t, next, got, "a stale release touched the new holder's lease")
 }
 
+func TestCancelVoidsALateAttempt(t *testing.T) {
+	// The clean-up of an attempt whose reply was lost can reach Redis
+	// before the attempt itself (on another connection). The attempt must
+	// then be refused, not leave an orphaned lease.
+	e := newEnv(t)
+	k := keys(t)
+	value := lease.NewValue("me")
+	deleted, err := e.lc.Cancel(ctxFor(t), k, value, ttl)
+	require.NoError(t, err)
+	assert.False(t, deleted, "nothing to delete yet")
+	e.assertTTL(t, k.Void(value), ttl)
+
+	g := e.acquire(t, k, value, ttl)
+	assert.False(t, g.Acquired, "an attempt with a voided value was granted")
+	assert.Empty(t, g.Holder)
+	assert.False(t, e.exists(t, k.Lease), "an attempt with a voided value wrote the lease")
+	assert.False(t, e.exists(t, k.Fence), "an attempt with a voided value issued a token")
+
+	// Other values are not affected.
+	e.mustAcquire(t, k, lease.NewValue("other"))
+}
+
+func TestCancelDeletesOnlyItsOwnLease(t *testing.T) {
+	e := newEnv(t)
+	k := keys(t)
+	value, other := lease.NewValue("me"), lease.NewValue("other")
+	e.mustAcquire(t, k, value)
+
+	deleted, err := e.lc.Cancel(ctxFor(t), k, other, ttl)
+	require.NoError(t, err)
+	assert.False(t, deleted, "cancelled another value's lease")
+	got, ok := e.get(t, k.Lease)
+	require.True(t, ok)
+	assert.Equal(t, value, got)
+
+	deleted, err = e.lc.Cancel(ctxFor(t), k, value, ttl)
+	require.NoError(t, err)
+	assert.True(t, deleted)
+	assert.False(t, e.exists(t, k.Lease))
+	// A retry of the same acquisition is refused from now on.
+	assert.False(t, e.acquire(t, k, value, ttl).Acquired)
+
+	_, err = e.lc.Cancel(ctxFor(t), k, value, 0)
+	require.ErrorIs(t, err, lease.ErrBadTTL)
+}
+
 func TestReleaseAfterConnectionsReset(t *testing.T) {
 	// rueidis keeps a pooled connection that broke while idle until a
 	// command fails on it. Release retries such failures, so a release
