@@ -1,0 +1,15 @@
+package distlock
+
+import "time"
+
+// Hooks for the fault-injection suite (safety_test.go), which measures how
+// far ahead of the server-side expiry a guard gives up its lease.
+
+// LeaseDeadline returns g's local lease deadline D: the send time of the last
+// write Redis confirmed plus the TTL minus the margin. It keeps its value
+// while the guard is Lost, and is zero once the guard is released.
+func LeaseDeadline(g *Guard) time.Time { return g.snap.Load().deadline }
+
+// Margin returns how long before the earliest server-side expiry a guard
+// with this TTL stops reporting Acquired.
+func Margin(ttl time.Duration) time.Duration { return margin(ttl) }

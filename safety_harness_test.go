@@ -1,0 +1,682 @@
+package distlock_test
+
+// The harness of the fault-injection suite (safety_test.go; see SAFETY.md).
+//
+// A scenario is a world: one private redis-server, one lock name, a history
+// recorder and a fenced counter. Each client of the world reaches Redis
+// through its own fault proxy and a wire recorder (a rueidis client wrapper
+// that records every lease write Redis confirmed), so one client can be cut
+// off alone and the history knows, independently of the library's own
+// bookkeeping, when each confirmed write was sent. Each acquisition is
+// watched: State is sampled every few milliseconds and every event is
+// recorded. At the end, history.Check checks the whole record.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/internal/faultproxy"
+	"github.com/distkit-go/distlock/internal/history"
+	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/lease"
+)
+
+// Timing of the suite. The TTL is short so that the suite is quick, and long
+// enough that the margin (TTL/100 + 30ms) and the renewal period dwarf the
+// scheduling delays of a busy 2-core machine.
+const (
+	safetyTTL   = time.Second
+	sampleEvery = 2 * time.Millisecond  // State samples per watched guard
+	waitEvery   = 10 * time.Millisecond // retry interval of waiting clients
+	// slack is how much later than the contract's bound an event may be
+	// seen by the test, for assertions of the form "soon after X".
+	slack = 250 * time.Millisecond
+)
+
+// soakVar names the environment variable that sets how many times each
+// case of the suite runs (by default once, or a few times for the cases
+// whose figures are worst cases).
+const soakVar = "DISTLOCK_SOAK"
+
+// runs returns how many runs a scenario makes: def by default, or the
+// number in DISTLOCK_SOAK.
+func runs(t *testing.T, def int) int {
+	t.Helper()
+	v := os.Getenv(soakVar)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, "%s=%q", soakVar, v)
+	require.Positive(t, n, "%s=%q", soakVar, v)
+	return n
+}
+
+// repeat runs f as n parallel subtests named run0, run1, ...
+func repeat(t *testing.T, n int, f func(t *testing.T)) {
+	for i := range n {
+		t.Run(fmt.Sprintf("run%d", i), func(t *testing.T) {
+			t.Parallel()
+			f(t)
+		})
+	}
+}
+
+// subtest runs f as a parallel subtest called name, n times by default (see
+// runs).
+func subtest(t *testing.T, name string, n int, f func(t *testing.T)) {
+	t.Run(name, func(t *testing.T) {
+		t.Parallel()
+		repeat(t, runs(t, n), f)
+	})
+}
+
+// figure logs one line of measured figures, "SAFETY scenario=<s> k=v ...",
+// which scripts/safety-figures collects into the table of SAFETY.md; s is a
+// scenario number or a label. Durations are logged in milliseconds.
+func figure(t *testing.T, scenario string, kv ...any) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "SAFETY scenario=%s", scenario)
+	for i := 0; i+1 < len(kv); i += 2 {
+		v := kv[i+1]
+		if d, ok := v.(time.Duration); ok {
+			v = strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64)
+		}
+		fmt.Fprintf(&b, " %v=%v", kv[i], v)
+	}
+	t.Log(b.String())
+}
+
+// label names a case of a scenario in figure lines: "3 case=replies-dropped".
+func label(scenario, caseName string) string { return scenario + " case=" + caseName }
+
+// slug turns a subtest name into a case name for figure lines.
+func slug(name string) string { return strings.ReplaceAll(name, " ", "-") }
+
+// world is one scenario's Redis, lock and history.
+type world struct {
+	t       *testing.T
+	srv     *redistest.Server
+	ttl     time.Duration
+	lock    string // the lock name
+	key     string // its lease key
+	rec     *history.Recorder
+	counter *history.Counter
+	tokens  *tokenBook
+}
+
+// newWorld starts a redis-server with args for a scenario whose lock has the
+// given TTL.
+func newWorld(t *testing.T, ttl time.Duration, args ...string) *world {
+	t.Helper()
+	return newWorldOn(t, redistest.Start(t, args...), ttl)
+}
+
+func newWorldOn(t *testing.T, srv *redistest.Server, ttl time.Duration) *world {
+	rec := &history.Recorder{}
+	return &world{
+		t: t, srv: srv, ttl: ttl,
+		lock: "safety", key: "distlock:{safety}",
+		rec: rec, counter: history.NewCounter(rec, "counter"), tokens: newTokenBook(),
+	}
+}
+
+// check checks the world's history, logs its summary as a figure line and
+// returns the report.
+func (w *world) check(scenario string) history.Report {
+	w.t.Helper()
+	r := history.Check(w.rec.Ops())
+	w.t.Logf("SAFETY scenario=%s %s", scenario, r.Summary())
+	return r
+}
+
+// requireClean checks the history and fails the test on any breach.
+func (w *world) requireClean(scenario string) history.Report {
+	w.t.Helper()
+	r := w.check(scenario)
+	require.NoError(w.t, r.Err())
+	return r
+}
+
+// leaseValue returns the value stored in the lease key, if any.
+func (w *world) leaseValue() (string, bool) {
+	w.t.Helper()
+	return get(w.t, w.srv, w.key)
+}
+
+// client is one participant: its own proxy, wire recorder and Mutex.
+type client struct {
+	w     *world
+	name  string
+	proxy *faultproxy.Proxy
+	wire  *wire
+	m     *distlock.Mutex
+}
+
+// newClient returns a client of the world's server.
+func (w *world) newClient(name string, opts ...distlock.Option) *client {
+	w.t.Helper()
+	return w.newClientOf(w.srv.Addr(), name, opts...)
+}
+
+// newClientOf returns a client of the server at addr, recording into the
+// world's history.
+func (w *world) newClientOf(addr, name string, opts ...distlock.Option) *client {
+	w.t.Helper()
+	p := faultproxy.New(w.t, addr)
+	rc := redistest.NewClient(w.t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: true})
+	openConnections(w.t, rc)
+	wr := newWire(rc, w.rec, w.tokens)
+	opts = append([]distlock.Option{distlock.WithTTL(w.ttl), distlock.WithOwner(name)}, opts...)
+	m, err := distlock.NewMutex(wr, w.lock, opts...)
+	require.NoError(w.t, err)
+	return &client{w: w, name: name, proxy: p, wire: wr, m: m}
+}
+
+// openConnections makes rc open every connection of its pool, as a client
+// that has been running for a while has. rueidis opens its connections to a
+// node (two, or four with four or more CPUs) lazily and sends each keyed
+// command on one chosen at random; a connection first opened during a fault
+// could not even finish its handshake, which would make the scenario about
+// that instead.
+func openConnections(t *testing.T, rc rueidis.Client) {
+	t.Helper()
+	for i := range 64 {
+		err := rc.Do(t.Context(), rc.B().Exists().Key(fmt.Sprint("warm-up:", i)).Build()).Error()
+		require.NoError(t, err)
+	}
+}
+
+// holding is one watched acquisition.
+type holding struct {
+	c       *client
+	g       *distlock.Guard
+	token   int64
+	granted time.Time // read right after Lock returned
+
+	cancel   context.CancelFunc // stops the watcher
+	watching chan struct{}      // closed when the watcher has returned
+	lostCh   chan loss          // every Lost event, for tests to wait on
+
+	mu       sync.Mutex
+	losses   []loss
+	regains  int
+	released bool
+}
+
+// loss is one Lost event as the watcher saw it.
+type loss struct {
+	at       time.Time // the event's time: when the guard became Lost
+	seen     time.Time // when the watcher received it
+	deadline time.Time // the guard's lease deadline D, read on receipt
+	reason   distlock.LostReason
+	err      error
+}
+
+// expiry returns t_s + T for the lease the loss ended: the earliest moment
+// Redis could expire the key.
+func (h *holding) expiry(l loss) time.Time { return l.deadline.Add(distlock.Margin(h.c.w.ttl)) }
+
+// lead returns how long before t_s + T the guard reported the loss.
+func (h *holding) lead(l loss) time.Duration { return h.expiry(l).Sub(l.at) }
+
+// lock acquires the lock with Lock and starts watching the guard.
+func (c *client) lock(ctx context.Context) (*holding, error) {
+	g, err := c.m.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.watch(g), nil
+}
+
+// lockRetrying calls Lock until it succeeds or ctx ends, as an application
+// would after an error (a Redis failure ends Lock's wait), and reports how
+// many calls failed.
+func (c *client) lockRetrying(ctx context.Context) (*holding, int) {
+	failed := 0
+	for {
+		h, err := c.lock(ctx)
+		if err == nil {
+			return h, failed
+		}
+		if ctx.Err() != nil {
+			return nil, failed
+		}
+		failed++
+		select {
+		case <-time.After(waitEvery):
+		case <-ctx.Done():
+			return nil, failed
+		}
+	}
+}
+
+// waiter is a client waiting for the lock in the background.
+type waiter struct {
+	got    chan *holding // receives the holding, or nil if it was stopped first
+	failed int           // Lock calls that failed; read after got
+	cancel context.CancelFunc
+}
+
+// lockInBackground starts lockRetrying in a goroutine, until it acquires,
+// ctx ends or stop is called. The caller must receive from got, or call
+// stop, before the test ends.
+func (c *client) lockInBackground(ctx context.Context) *waiter {
+	ctx, cancel := context.WithCancel(ctx)
+	c.w.t.Cleanup(cancel)
+	wt := &waiter{got: make(chan *holding, 1), cancel: cancel}
+	go func() {
+		h, failed := c.lockRetrying(ctx)
+		wt.failed = failed
+		wt.got <- h
+	}()
+	return wt
+}
+
+// stop stops the waiter and returns what it acquired, if anything (a lock
+// it acquired is being released then: its Lock context bounds the hold).
+func (wt *waiter) stop() *holding {
+	wt.cancel()
+	return <-wt.got
+}
+
+// pair starts a world with two clients, a and b, a holding the lock.
+func pair(t *testing.T, ttl time.Duration) (w *world, a, b *client, ha *holding) {
+	t.Helper()
+	w = newWorld(t, ttl)
+	a, b = w.newClient("a"), w.newClient("b")
+	ha, err := a.lock(t.Context())
+	require.NoError(t, err)
+	return w, a, b, ha
+}
+
+// watch records the grant of g and starts sampling it and recording its
+// events until it is released.
+func (c *client) watch(g *distlock.Guard) *holding {
+	now := time.Now()
+	w := c.w
+	w.rec.Add(history.Op{Kind: history.Granted, At: history.At(now), Key: w.key, Client: c.name, Token: g.Token()})
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &holding{c: c, g: g, token: g.Token(), granted: now, cancel: cancel,
+		watching: make(chan struct{}), lostCh: make(chan loss, 64)}
+	h.sample()
+	go h.watch(ctx)
+	w.t.Cleanup(func() {
+		if !h.isReleased() {
+			_, _ = h.release()
+		}
+	})
+	return h
+}
+
+func (h *holding) watch(ctx context.Context) {
+	defer close(h.watching)
+	events := h.g.Subscribe(ctx)
+	tick := time.NewTicker(sampleEvery)
+	defer tick.Stop()
+	first := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			h.event(ev, first)
+			first = false
+		case <-tick.C:
+			h.sample()
+		}
+	}
+}
+
+// sample records one State call.
+func (h *holding) sample() distlock.State {
+	w := h.c.w
+	at := history.Now()
+	s := h.g.State()
+	end := history.Now()
+	w.rec.Add(history.Op{Kind: history.Sample, At: at, End: end, Key: w.key, Client: h.c.name, Token: h.token,
+		Held: s == distlock.Acquired})
+	return s
+}
+
+func (h *holding) event(ev distlock.Event, first bool) {
+	w := h.c.w
+	op := history.Op{At: history.At(ev.Time), Key: w.key, Client: h.c.name, Token: h.token}
+	switch ev.State {
+	case distlock.Lost:
+		l := loss{at: ev.Time, seen: time.Now(), deadline: distlock.LeaseDeadline(h.g), err: ev.Err}
+		if le, ok := ev.Err.(*distlock.LostError); ok {
+			l.reason = le.Reason
+		}
+		op.Kind = history.Lost
+		w.rec.Add(op)
+		h.mu.Lock()
+		h.losses = append(h.losses, l)
+		h.mu.Unlock()
+		select {
+		case h.lostCh <- l:
+		default:
+		}
+	case distlock.Acquired:
+		if !first {
+			op.Kind = history.Regained
+			w.rec.Add(op)
+			h.mu.Lock()
+			h.regains++
+			h.mu.Unlock()
+		}
+	}
+}
+
+// waitLost waits for the next Lost event.
+func (h *holding) waitLost(t *testing.T, within time.Duration) loss {
+	t.Helper()
+	select {
+	case l := <-h.lostCh:
+		return l
+	case <-time.After(within):
+		t.Fatalf("%s (token %d) not Lost within %v; state %v", h.c.name, h.token, within, h.g.State())
+	}
+	return loss{}
+}
+
+// lossCount and regainCount report what the watcher has seen so far.
+func (h *holding) lossCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.losses)
+}
+
+func (h *holding) regainCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.regains
+}
+
+func (h *holding) isReleased() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.released
+}
+
+// increment reads the counter and writes it back plus one under the
+// holding's token, as a fenced client of storage would. It reports whether
+// both calls were accepted.
+func (h *holding) increment() bool {
+	ctr := h.c.w.counter
+	v, ok := ctr.Read(h.c.name, h.token)
+	if !ok {
+		return false
+	}
+	return ctr.Write(h.c.name, h.token, v+1)
+}
+
+// release releases the guard, records what Release returned and stops the
+// watcher. The watcher keeps sampling during the release.
+func (h *holding) release() (distlock.State, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), eventually)
+	defer cancel()
+	st, err := h.g.Release(ctx)
+	w := h.c.w
+	w.rec.Add(history.Op{Kind: history.Released, At: history.Now(), Key: w.key, Client: h.c.name, Token: h.token,
+		Held: st == distlock.Released})
+	h.mu.Lock()
+	h.released = true
+	h.mu.Unlock()
+	h.cancel()
+	<-h.watching
+	return st, err
+}
+
+// mustRelease releases and fails the test if Release did not return want.
+func (h *holding) mustRelease(t *testing.T, want distlock.State) {
+	t.Helper()
+	st, err := h.release()
+	require.NoError(t, err, "release of %s", h.c.name)
+	require.Equal(t, want, st, "Release of %s (token %d)", h.c.name, h.token)
+}
+
+// wire wraps a rueidis client and records, for the lease scripts that go
+// through it, when each call was made, how it ended, and which writes Redis
+// confirmed. The call time is read before the command is handed to rueidis,
+// which is after the library read its own send time: a deadline computed
+// from it is never earlier than the one the library must use.
+//
+// A confirmed write is recorded for the acquisition whose value it wrote,
+// under the owner id in that value (the harness makes each client's owner id
+// its name): a hand-off, sent by the releasing guard, confirms the lease of
+// the waiter it hands the lock to.
+type wire struct {
+	rueidis.Client
+	rec    opSink
+	tokens *tokenBook
+
+	mu    sync.Mutex
+	calls []wireCall
+}
+
+// tokenBook maps lease values to the tokens their grants carried, for all
+// the wires of a world (a hand-off grants a value through another client's
+// wire than the one that renews it).
+type tokenBook struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+func newTokenBook() *tokenBook { return &tokenBook{m: make(map[string]int64)} }
+
+func (b *tokenBook) set(value string, token int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.m[value] = token
+}
+
+func (b *tokenBook) get(value string) (int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.m[value]
+	return t, ok
+}
+
+type callKind int
+
+const (
+	acquireCall callKind = iota + 1
+	renewCall
+	releaseCall
+	handoffCall
+)
+
+func (k callKind) String() string {
+	return map[callKind]string{acquireCall: "acquire", renewCall: "renew", releaseCall: "release", handoffCall: "handoff"}[k]
+}
+
+// wireCall is one lease script call.
+type wireCall struct {
+	kind       callKind
+	key, value string
+	next       string        // handoff: the value the lease is handed to
+	ttl        time.Duration // acquire, renew and handoff
+	start, end time.Time
+	done       bool
+	ok         bool  // acquire granted, renew extended, release deleted, handoff done
+	err        error // a Redis or transport error
+	token      int64 // acquire: the token of value; handoff: of next
+}
+
+// opSink takes recorded ops: a history.Recorder, or in a helper process the
+// link to the test.
+type opSink interface{ Add(history.Op) }
+
+func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
+	return &wire{Client: c, rec: rec, tokens: tokens}
+}
+
+// classify recognises the lease scripts by their arguments: the acquire and
+// hand-off scripts are the ones given the fencing key (the hand-off with
+// two values), renewals the only ones given the lease key alone, and the
+// release script (also behind Cancel) is given the release channel.
+func classify(args []string) (c wireCall, ok bool) {
+	if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
+		return c, false
+	}
+	n, err := strconv.Atoi(args[2])
+	if err != nil || n < 1 || len(args) < 3+n+1 {
+		return c, false
+	}
+	keys, argv := args[3:3+n], args[3+n:]
+	c.key, c.value = keys[0], argv[0]
+	ttlArg := ""
+	switch {
+	case n >= 2 && strings.HasSuffix(keys[1], ":fence") && len(argv) >= 4:
+		c.kind, c.next, ttlArg = handoffCall, argv[1], argv[2]
+	case n >= 2 && strings.HasSuffix(keys[1], ":fence"):
+		c.kind, ttlArg = acquireCall, argv[1]
+	case n == 1 && len(argv) == 2:
+		c.kind, ttlArg = renewCall, argv[1]
+	default:
+		c.kind = releaseCall
+	}
+	if ms, err := strconv.ParseInt(ttlArg, 10, 64); err == nil {
+		c.ttl = time.Duration(ms) * time.Millisecond
+	}
+	return c, true
+}
+
+// Do runs cmd and records it if it is a lease script.
+func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	c, ok := classify(cmd.Commands())
+	if !ok {
+		return w.Client.Do(ctx, cmd)
+	}
+	c.start = time.Now()
+	w.mu.Lock()
+	i := len(w.calls)
+	w.calls = append(w.calls, c)
+	w.mu.Unlock()
+
+	res := w.Client.Do(ctx, cmd)
+	c.end, c.done = time.Now(), true
+	if c.err = res.Error(); c.err == nil {
+		switch c.kind {
+		case acquireCall, renewCall, handoffCall:
+			arr, err := res.ToArray()
+			if err == nil && len(arr) > 0 {
+				n, _ := arr[0].AsInt64()
+				c.ok = n == 1
+				if c.ok && c.kind != renewCall && len(arr) > 1 {
+					c.token, _ = arr[1].AsInt64()
+				}
+			}
+		case releaseCall:
+			n, _ := res.AsInt64()
+			c.ok = n == 1
+		}
+	}
+	granted := c.value // the value whose lease this call confirmed
+	switch c.kind {
+	case acquireCall:
+		if c.ok {
+			w.tokens.set(c.value, c.token)
+		}
+	case handoffCall:
+		granted = c.next
+		if c.ok {
+			w.tokens.set(c.next, c.token)
+		}
+	}
+	w.mu.Lock()
+	w.calls[i] = c
+	w.mu.Unlock()
+	if token, known := w.tokens.get(granted); c.ok && known && c.kind != releaseCall {
+		w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(c.end),
+			Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))),
+			Key:   c.key, Client: lease.Owner(granted), Token: token})
+	}
+	return res
+}
+
+// find returns the recorded calls that match f, with tokens resolved.
+func (w *wire) find(f func(c wireCall) bool) []wireCall {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []wireCall
+	for _, c := range w.calls {
+		if c.kind != handoffCall {
+			c.token, _ = w.tokens.get(c.value)
+		}
+		if f(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// renewals returns the finished renewal calls of token.
+func (w *wire) renewals(token int64) []wireCall {
+	return w.find(func(c wireCall) bool { return c.kind == renewCall && c.token == token && c.done })
+}
+
+// confirmedRenewals counts the renewals of token that Redis confirmed.
+func (w *wire) confirmedRenewals(token int64) int {
+	n := 0
+	for _, c := range w.renewals(token) {
+		if c.ok {
+			n++
+		}
+	}
+	return n
+}
+
+// lastConfirmBefore returns the start of the last call for token that
+// Redis confirmed before t (the acquire or a renewal).
+func (w *wire) lastConfirmBefore(token int64, t time.Time) (time.Time, bool) {
+	var last time.Time
+	for _, c := range w.find(func(c wireCall) bool {
+		return c.token == token && c.done && c.ok && c.kind != releaseCall && c.end.Before(t)
+	}) {
+		if c.start.After(last) {
+			last = c.start
+		}
+	}
+	return last, !last.IsZero()
+}
+
+// renewalInFlight reports whether a renewal has been sent and not answered.
+func (w *wire) renewalInFlight() bool {
+	return len(w.find(func(c wireCall) bool { return c.kind == renewCall && !c.done })) > 0
+}
+
+// callsSince returns the calls for token made at or after t.
+func (w *wire) callsSince(token int64, t time.Time) []wireCall {
+	return w.find(func(c wireCall) bool { return c.token == token && !c.start.Before(t) })
+}
+
+// waitFor polls cond until it holds, failing the test after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, within, pollEvery, "waiting for %s", what)
+}
+
+// waitRenewal waits until Redis has confirmed n renewals of h's lease, and
+// returns when the last of them was answered.
+func (h *holding) waitRenewals(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, time.Duration(n+1)*h.c.w.ttl+eventually, fmt.Sprintf("%d renewals of %s", n, h.c.name),
+		func() bool { return h.c.wire.confirmedRenewals(h.token) >= n })
+}

@@ -1,0 +1,1334 @@
+package distlock_test
+
+// The fault-injection suite: the scenarios of SAFETY.md, each against real
+// redis-server processes, each checked with history.Check. Every test logs
+// its figures as "SAFETY scenario=..." lines (see figure); run
+// scripts/safety-figures to collect them, and set DISTLOCK_SOAK=N to run
+// every case N times.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/internal/faultproxy"
+	"github.com/distkit-go/distlock/internal/history"
+	"github.com/distkit-go/distlock/internal/redistest"
+)
+
+// TestSafety01Contention: many clients acquire, increment the fenced counter
+// and release in a loop. Each client has two workers, which queue for the
+// lock locally and get it handed over; one client polls instead of waiting
+// for release announcements. No two hold at once, tokens increase, and no
+// increment is lost or refused.
+func TestSafety01Contention(t *testing.T) {
+	t.Parallel()
+	const clients, workers = 4, 2
+	w := newWorld(t, safetyTTL)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(runs(t, 1))*2*time.Second)
+	defer cancel()
+	var (
+		wg        sync.WaitGroup
+		accepted  atomic.Int64
+		lockFails atomic.Int64
+		all       []*client
+	)
+	start := time.Now()
+	for i := range clients {
+		var opts []distlock.Option
+		if i == 0 {
+			opts = append(opts, distlock.WithRetryInterval(2*time.Millisecond)) // polls
+		}
+		c := w.newClient(fmt.Sprintf("c%d", i), opts...)
+		all = append(all, c)
+		for range workers {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					h, err := c.lock(ctx)
+					if err != nil {
+						if ctx.Err() == nil {
+							lockFails.Add(1)
+							t.Errorf("%s: Lock: %v", c.name, err)
+						}
+						return
+					}
+					for range 2 {
+						if h.increment() {
+							accepted.Add(1)
+						}
+						time.Sleep(time.Millisecond)
+						h.sample()
+					}
+					if _, err := h.release(); err != nil {
+						t.Errorf("%s: Release: %v", c.name, err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	r := w.requireClean("1")
+	assert.Zero(t, r.Refused, "a counter call refused without any fault: tokens of two holders interleaved")
+	assert.Equal(t, int(accepted.Load()), r.Writes)
+	assert.Equal(t, int64(r.Writes), w.counter.Value())
+	assert.Greater(t, r.Acquisitions, clients*workers, "too few acquisitions to mean anything")
+	handoffs := 0
+	for _, c := range all {
+		handoffs += len(c.wire.find(func(c wireCall) bool { return c.kind == handoffCall && c.ok }))
+	}
+	assert.Positive(t, handoffs, "no hand-off between the workers of one client")
+	figure(t, "1", "clients", clients, "workers", clients*workers, "acquisitions", r.Acquisitions,
+		"increments", r.Writes, "handoffs", handoffs, "duration_ms", elapsed, "lock_errors", lockFails.Load())
+}
+
+// TestSafety02PartitionLongerThanTTL: the holder is cut off (both directions
+// dropped) for longer than the TTL. It reports Lost by its deadline, before
+// Redis can expire the key; another client acquires only after that, with a
+// larger token; after the partition heals the old holder stays Lost, its
+// fenced write is refused, and its Release leaves the new holder's key
+// alone.
+func TestSafety02PartitionLongerThanTTL(t *testing.T) {
+	t.Parallel()
+	repeat(t, runs(t, 3), func(t *testing.T) {
+		w, a, b, ha := pair(t, safetyTTL)
+		require.True(t, ha.increment())
+		bw := b.lockInBackground(t.Context())
+		ha.waitRenewals(t, 1)
+
+		a.proxy.SetBoth(faultproxy.Blackhole)
+		l := ha.waitLost(t, w.ttl+slack)
+		assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
+		lostBeforeExpiry(t, ha, l)
+
+		hb := <-bw.got
+		require.NotNil(t, hb, "b never acquired")
+		assert.False(t, hb.granted.Before(ha.expiry(l)), "b acquired %v before a's lease could expire",
+			ha.expiry(l).Sub(hb.granted))
+		assert.Greater(t, hb.token, ha.token)
+		require.True(t, hb.increment())
+
+		a.proxy.Heal()
+		healed := time.Now()
+		waitFor(t, w.ttl+eventually, "a refused renewal of a after the heal", func() bool {
+			for _, c := range a.wire.callsSince(ha.token, healed) {
+				if c.kind == renewCall && c.done && c.err == nil && !c.ok {
+					return true
+				}
+			}
+			return false
+		})
+		assert.Equal(t, distlock.Lost, ha.g.State(), "a after the heal")
+		assert.Equal(t, 0, ha.regainCount(), "a regained a lease that b holds")
+		assert.False(t, ha.increment(), "a's stale write was accepted")
+		ha.mustRelease(t, distlock.Lost)
+		v, ok := w.leaseValue()
+		require.True(t, ok, "a's release deleted b's key")
+		assert.True(t, strings.HasPrefix(v, "b#"), "lease value %q after a's release", v)
+		assert.Equal(t, distlock.Acquired, hb.g.State())
+		hb.mustRelease(t, distlock.Released)
+
+		r := w.requireClean("2")
+		assert.Equal(t, 1, r.Refused)
+		figure(t, "2", "lost_lead_ms", ha.lead(l), "lost_lead_wire_ms", wireLead(t, ha, l),
+			"lost_seen_lead_ms", ha.expiry(l).Sub(l.seen), "b_after_expiry_ms", hb.granted.Sub(ha.expiry(l)),
+			"b_lock_errors", bw.failed)
+	})
+}
+
+// lostBeforeExpiry checks the loss against L1: reported before t_s + T as
+// the library counts it, and before t_s + T as the wire saw the send of the
+// last confirmed write (so a deadline counted from the reply, or from any
+// time after the send, fails here).
+func lostBeforeExpiry(t *testing.T, h *holding, l loss) {
+	t.Helper()
+	assert.True(t, l.at.Before(h.expiry(l)), "Lost %v after t_s+T", l.at.Sub(h.expiry(l)))
+	sent, ok := h.c.wire.lastConfirmBefore(h.token, l.at)
+	require.True(t, ok, "no confirmed write of %s before its loss", h.c.name)
+	assert.False(t, h.expiry(l).After(sent.Add(h.c.w.ttl)),
+		"the guard's deadline is counted from %v after the send of its last confirmed write",
+		h.expiry(l).Sub(sent.Add(h.c.w.ttl)))
+	assert.True(t, l.at.Before(sent.Add(h.c.w.ttl)), "Lost %v after the wire's t_s+T", l.at.Sub(sent.Add(h.c.w.ttl)))
+}
+
+// wireLead returns how long before t_s + T, with t_s as the wire saw it,
+// the loss was reported.
+func wireLead(t *testing.T, h *holding, l loss) time.Duration {
+	t.Helper()
+	sent, ok := h.c.wire.lastConfirmBefore(h.token, l.at)
+	require.True(t, ok)
+	return sent.Add(h.c.w.ttl).Sub(l.at)
+}
+
+// TestSafety03ShortPartition: the holder is cut off for less than the TTL.
+// It reports Lost (when the broken connection fails its renewal, or at its
+// deadline if only the replies are held), then Acquired again once a
+// renewal proves the key is still its own; nobody else acquires meanwhile
+// and the token does not change.
+func TestSafety03ShortPartition(t *testing.T) {
+	t.Parallel()
+	ttl := safetyTTL
+	cases := []struct {
+		name string
+		cut  func(p *faultproxy.Proxy)
+		heal func(p *faultproxy.Proxy)
+		// hold is how long the cut lasts once a renewal is caught in it;
+		// 0 means until the guard has reported Lost.
+		hold   time.Duration
+		reason distlock.LostReason
+	}{
+		{"both directions dropped",
+			func(p *faultproxy.Proxy) { p.SetBoth(faultproxy.Blackhole) }, (*faultproxy.Proxy).Heal,
+			ttl / 10, distlock.LostRenewFailed},
+		{"replies dropped",
+			func(p *faultproxy.Proxy) { p.Set(faultproxy.Down, faultproxy.Blackhole) }, (*faultproxy.Proxy).Heal,
+			ttl / 10, distlock.LostRenewFailed},
+		{"replies held past the deadline",
+			func(p *faultproxy.Proxy) { p.Set(faultproxy.Down, faultproxy.Pause) },
+			func(p *faultproxy.Proxy) { p.Set(faultproxy.Down, faultproxy.Pass) },
+			0, distlock.LostDeadline},
+	}
+	for _, tc := range cases {
+		subtest(t, tc.name, 1, func(t *testing.T) {
+			w, a, b, ha := pair(t, ttl)
+			bw := b.lockInBackground(t.Context())
+			ha.waitRenewals(t, 1)
+
+			tc.cut(a.proxy)
+			cut := time.Now()
+			waitFor(t, ttl, "a renewal caught in the cut", a.wire.renewalInFlight)
+			var l loss
+			if tc.hold > 0 {
+				time.Sleep(tc.hold)
+				tc.heal(a.proxy)
+				l = ha.waitLost(t, eventually)
+			} else {
+				l = ha.waitLost(t, ttl+slack)
+				tc.heal(a.proxy)
+			}
+			healed := time.Now()
+			assert.Equal(t, tc.reason, l.reason, "reason: %v", l.err)
+			lostBeforeExpiry(t, ha, l)
+			if tc.reason == distlock.LostRenewFailed {
+				assert.True(t, l.at.Before(l.deadline), "a broken connection must be reported before the deadline")
+			}
+			waitFor(t, ttl, "a regains its lease", func() bool {
+				return ha.regainCount() > 0 && ha.g.State() == distlock.Acquired
+			})
+			regained := time.Now()
+			assert.Equal(t, ha.token, ha.g.Token())
+			assert.ErrorIs(t, context.Cause(ha.g.Context()), distlock.ErrLost, "the context stays cancelled")
+			assert.True(t, ha.increment(), "the regained holder's write was refused")
+
+			hb := bw.stop()
+			assert.Nil(t, hb, "b acquired while a's lease was alive")
+			ha.mustRelease(t, distlock.Released)
+			w.requireClean(label("3", slug(tc.name)))
+			figure(t, label("3", slug(tc.name)),
+				"lost_after_cut_ms", l.at.Sub(cut), "lost_lead_ms", ha.lead(l),
+				"regained_after_heal_ms", regained.Sub(healed), "losses", ha.lossCount(), "b_acquired", hb != nil)
+		})
+	}
+}
+
+// TestSafety04ResetAndClosedPort: the holder's connections are reset while
+// a renewal is in flight, or its Redis port is closed. It reports Lost at
+// once (at the failed renewal, not at its deadline), recovers when the path
+// is back, and nothing panics or leaks. A storm of resets, with another
+// client contending, breaks nothing.
+func TestSafety04ResetAndClosedPort(t *testing.T) {
+	t.Parallel()
+	ttl := safetyTTL
+	subtest(t, "reset during a renewal", 1, func(t *testing.T) {
+		w := newWorld(t, ttl)
+		a := w.newClient("a")
+		ha, err := a.lock(t.Context())
+		require.NoError(t, err)
+		ha.waitRenewals(t, 1)
+		a.proxy.Set(faultproxy.Up, faultproxy.Pause) // hold the next renewal in the proxy
+		waitFor(t, ttl, "a renewal in flight", a.wire.renewalInFlight)
+		reset := time.Now()
+		a.proxy.Heal() // resets every connection
+		l := ha.waitLost(t, eventually)
+		assert.Equal(t, distlock.LostRenewFailed, l.reason, "reason: %v", l.err)
+		assert.True(t, l.at.Before(l.deadline), "Lost at its deadline, not at the reset")
+		waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
+		ha.mustRelease(t, distlock.Released)
+		w.requireClean(label("4", "reset"))
+		figure(t, label("4", "reset"), "lost_after_reset_ms", l.at.Sub(reset), "lost_lead_ms", ha.lead(l))
+	})
+	subtest(t, "port closed", 1, func(t *testing.T) {
+		w, a, b, ha := pair(t, ttl)
+		bw := b.lockInBackground(t.Context())
+		ha.waitRenewals(t, 1)
+		a.proxy.Refuse()
+		l := ha.waitLost(t, ttl)
+		assert.Equal(t, distlock.LostRenewFailed, l.reason, "reason: %v", l.err)
+		// The next renewal, due a third of the TTL after the last one,
+		// fails as soon as it is tried.
+		assert.Greater(t, ha.lead(l), ttl/3, "Lost too close to the expiry for a refused connection")
+		lostBeforeExpiry(t, ha, l)
+		a.proxy.Heal()
+		waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
+		assert.Nil(t, bw.stop(), "b acquired while a's lease was alive")
+		ha.mustRelease(t, distlock.Released)
+		w.requireClean(label("4", "port-closed"))
+		figure(t, label("4", "port-closed"), "lost_lead_ms", ha.lead(l))
+	})
+	subtest(t, "reset storm", 1, func(t *testing.T) {
+		w, a, b, ha := pair(t, ttl)
+		bw := b.lockInBackground(t.Context())
+		storm := time.Now()
+		for time.Since(storm) < ttl+ttl/2 {
+			a.proxy.Reset()
+			ha.increment()
+			time.Sleep(20 * time.Millisecond)
+		}
+		// However the renewals fared, the path is clean now: a either
+		// still holds (and keeps holding) or has lost for good to b.
+		hb := bw.stop()
+		if hb != nil {
+			hb.mustRelease(t, distlock.Released)
+		}
+		_, err := ha.release()
+		require.NoError(t, err)
+		w.requireClean(label("4", "reset-storm"))
+		figure(t, label("4", "reset-storm"), "losses", ha.lossCount(), "regains", ha.regainCount(),
+			"b_acquired", hb != nil)
+	})
+}
+
+// TestSafety05RedisStopped: Redis is stopped (SIGSTOP) for twice the TTL.
+// The holder reports Lost by its deadline although its renewal is still in
+// flight; another client acquires only after Redis resumes and the old
+// lease has expired; the old holder stays Lost and its fenced write is
+// refused.
+func TestSafety05RedisStopped(t *testing.T) {
+	t.Parallel()
+	repeat(t, runs(t, 3), func(t *testing.T) {
+		w, _, b, ha := pair(t, safetyTTL)
+		require.True(t, ha.increment())
+		bw := b.lockInBackground(t.Context())
+		ha.waitRenewals(t, 1)
+
+		w.srv.Pause()
+		paused := time.Now()
+		l := ha.waitLost(t, w.ttl+slack)
+		assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
+		lostBeforeExpiry(t, ha, l)
+		time.Sleep(time.Until(paused.Add(2 * w.ttl)))
+		w.srv.Resume()
+		resumed := time.Now()
+		// b's own attempts made while Redis was stopped may have left an
+		// orphan (their clean-up is best effort): it is seen here.
+		v, _ := w.leaseValue()
+		ownOrphan := strings.HasPrefix(v, "b#")
+
+		hb := <-bw.got
+		require.NotNil(t, hb, "b never acquired")
+		assert.True(t, hb.granted.After(resumed), "b acquired while Redis was stopped")
+		assert.Greater(t, hb.token, ha.token)
+		require.True(t, hb.increment())
+		assert.Equal(t, distlock.Lost, ha.g.State())
+		assert.False(t, ha.increment(), "a's stale write was accepted")
+		ha.mustRelease(t, distlock.Lost)
+		assert.Equal(t, distlock.Acquired, hb.g.State())
+		hb.mustRelease(t, distlock.Released)
+		r := w.requireClean("5")
+		assert.Equal(t, 1, r.Refused)
+		figure(t, "5", "lost_lead_ms", ha.lead(l), "lost_lead_wire_ms", wireLead(t, ha, l),
+			"lost_after_stop_ms", l.at.Sub(paused), "b_after_resume_ms", hb.granted.Sub(resumed),
+			"b_lock_errors", bw.failed, "b_own_orphan", ownOrphan)
+	})
+}
+
+// TestSafety06RedisStoppedBriefly: Redis is stopped for a quarter of the
+// TTL, three times, at different points of the renewal cycle. Nobody else
+// acquires; the holder still holds at the end (it may flap to Lost and
+// back if a stop straddles its deadline).
+func TestSafety06RedisStoppedBriefly(t *testing.T) {
+	t.Parallel()
+	repeat(t, runs(t, 1), func(t *testing.T) {
+		ttl := safetyTTL
+		w, a, b, ha := pair(t, ttl)
+		bw := b.lockInBackground(t.Context())
+		for i, phase := range []time.Duration{ttl / 10, ttl * 3 / 10, ttl * 6 / 10} {
+			ha.waitRenewals(t, i+1)
+			time.Sleep(phase)
+			w.srv.Pause()
+			time.Sleep(ttl / 4)
+			w.srv.Resume()
+		}
+		ha.waitRenewals(t, 4)
+		assert.Equal(t, distlock.Acquired, ha.g.State())
+		assert.True(t, ha.increment())
+		assert.Nil(t, bw.stop(), "b acquired while a's lease was alive")
+		ha.mustRelease(t, distlock.Released)
+		w.requireClean("6")
+		var worst time.Duration
+		for _, c := range a.wire.renewals(ha.token) {
+			worst = max(worst, c.end.Sub(c.start))
+		}
+		figure(t, "6", "losses", ha.lossCount(), "regains", ha.regainCount(), "worst_renewal_ms", worst)
+	})
+}
+
+// heldByHelper starts a world whose lock is held by a helper process that
+// has written to the counter and renewed its lease, and a client b waiting
+// for the lock. It returns the helper's grant.
+func heldByHelper(t *testing.T) (*world, *helperHolder, history.Op, *waiter) {
+	t.Helper()
+	w := newWorld(t, safetyTTL)
+	child := w.startHolder()
+	granted := child.waitOp("the helper's grant", false, func(op history.Op) bool { return op.Kind == history.Granted })
+	child.waitOp("a write by the helper", true, func(op history.Op) bool { return op.Kind == history.Write && op.OK })
+	waitFor(t, 2*w.ttl, "a renewal by the helper", func() bool { return child.confirmations() >= 2 })
+	return w, child, granted, w.newClient("b").lockInBackground(t.Context())
+}
+
+// TestSafety07HolderPaused: the holder is a process of its own, stopped with
+// SIGSTOP while it holds the lock, for longer than the TTL. Another client
+// acquires once the lease has expired and writes under its larger token.
+// When the holder resumes, the first State it reads says Lost, and the
+// fenced write it goes on to make (it does not check) is refused. A holder
+// killed with SIGKILL leaves a lease that frees itself at its expiry, and a
+// waiter gets it soon after.
+func TestSafety07HolderPaused(t *testing.T) {
+	t.Parallel()
+	subtest(t, "stopped", 2, func(t *testing.T) {
+		w, child, granted, bw := heldByHelper(t)
+		child.proc.Pause()
+		paused := history.Now()
+		hb := <-bw.got
+		require.NotNil(t, hb, "b never acquired")
+		expiry := child.lastExpiry()
+		assert.GreaterOrEqual(t, history.At(hb.granted), expiry, "b acquired before the helper's lease could expire")
+		assert.Greater(t, hb.token, granted.Token)
+		require.True(t, hb.increment())
+
+		resumed := history.Now()
+		child.proc.Resume()
+		first := child.waitOp("a State sample after the resume", false, func(op history.Op) bool {
+			return op.Kind == history.Sample && op.At >= resumed
+		})
+		assert.False(t, first.Held, "the first State after the resume said Acquired")
+		child.waitOp("a counter call after the resume", true, func(op history.Op) bool { return op.At >= resumed })
+		rel := child.release()
+		assert.False(t, rel.Held, "the helper's Release said Released, not Lost")
+
+		after := child.find(false, func(op history.Op) bool { return op.Kind == history.Sample && op.At >= resumed })
+		for _, s := range after {
+			assert.False(t, s.Held, "State said Acquired at %v after the resume", s.At.Sub(resumed))
+		}
+		calls := child.find(true, func(op history.Op) bool { return op.At >= resumed })
+		for _, c := range calls {
+			assert.False(t, c.OK, "the helper's %v after the resume was accepted", c)
+		}
+		v, ok := w.leaseValue()
+		require.True(t, ok, "the helper's release deleted b's key")
+		assert.True(t, strings.HasPrefix(v, "b#"), "lease value %q", v)
+		hb.mustRelease(t, distlock.Released)
+		r := w.requireClean(label("7", "stopped"))
+		assert.Zero(t, r.Unchecked, "L1 unchecked for some samples")
+		figure(t, label("7", "stopped"), "stopped_ms", resumed.Sub(paused),
+			"b_after_expiry_ms", history.At(hb.granted).Sub(expiry),
+			"first_state_after_resume", map[bool]string{true: "acquired", false: "lost"}[first.Held],
+			"samples_after_resume", len(after), "calls_after_resume", len(calls))
+	})
+	subtest(t, "killed", 1, func(t *testing.T) {
+		w, child, _, bw := heldByHelper(t)
+		child.proc.Kill()
+		killed := history.Now()
+		hb := <-bw.got
+		require.NotNil(t, hb, "b never acquired")
+		expiry := child.lastExpiry()
+		assert.GreaterOrEqual(t, history.At(hb.granted), expiry, "b acquired before the dead holder's lease could expire")
+		assert.Less(t, history.At(hb.granted).Sub(expiry), slack, "b acquired long after the lease expired")
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("7", "killed"))
+		figure(t, label("7", "killed"), "b_after_kill_ms", history.At(hb.granted).Sub(killed),
+			"b_after_expiry_ms", history.At(hb.granted).Sub(expiry))
+	})
+}
+
+// maxOverlap returns the longest overlap in r, or 0.
+func maxOverlap(r history.Report) time.Duration {
+	var d time.Duration
+	for _, o := range r.Overlaps {
+		d = max(d, o.By)
+	}
+	return d
+}
+
+// requireSafeExceptOverlap fails the test on any breach but L2 overlaps,
+// which the scenarios outside the deployment requirements (a restart
+// without persistence, an operator deleting the key, an eviction, a
+// failover) may show: there the fencing token is what protects the data.
+func requireSafeExceptOverlap(t *testing.T, r history.Report) {
+	t.Helper()
+	r.Overlaps = nil
+	require.NoError(t, r.Err())
+}
+
+// TestSafety08RedisRestarted: Redis is killed (SIGKILL) and restarted
+// without persistence, so the lease is gone. The holder reports Lost at its
+// next renewal, and tokens still increase, since they come from the server
+// clock. Restarted at once, the server lets another client acquire while
+// the old holder still reports Acquired until that renewal (the documented
+// reason for persistence or a delayed restart), and fencing refuses the old
+// holder's write; restarted after a TTL, nothing overlaps.
+func TestSafety08RedisRestarted(t *testing.T) {
+	t.Parallel()
+	for _, delayed := range []bool{false, true} {
+		name := map[bool]string{false: "at once", true: "after a TTL"}[delayed]
+		kase := map[bool]string{false: "at-once", true: "delayed"}[delayed]
+		subtest(t, name, 1, func(t *testing.T) {
+			ttl := safetyTTL
+			w, a, b, ha := pair(t, ttl)
+			require.True(t, ha.increment())
+			ha.waitRenewals(t, 1)
+			bw := b.lockInBackground(t.Context())
+			killed := time.Now()
+			if delayed {
+				w.srv.Kill()
+				time.Sleep(ttl)
+			}
+			w.srv.Restart()
+			restarted := time.Now()
+
+			l := ha.waitLost(t, ttl)
+			if !delayed {
+				assert.Less(t, l.at.Sub(restarted), ttl/3+slack, "Lost long after the restart")
+			}
+			lostBeforeExpiry(t, ha, l)
+			hb := <-bw.got
+			require.NotNil(t, hb, "b never acquired")
+			assert.Greater(t, hb.token, ha.token, "token went back after the restart")
+			require.True(t, hb.increment())
+			assert.False(t, ha.increment(), "a's stale write was accepted")
+			waitFor(t, ttl, "a refused renewal", func() bool {
+				for _, c := range a.wire.renewals(ha.token) {
+					if c.err == nil && !c.ok {
+						return true
+					}
+				}
+				return false
+			})
+			ha.mustRelease(t, distlock.Lost)
+			hb.mustRelease(t, distlock.Released)
+
+			r := w.check(label("8", kase))
+			if delayed {
+				require.NoError(t, r.Err())
+			} else {
+				requireSafeExceptOverlap(t, r)
+			}
+			figure(t, label("8", kase),
+				"lost_after_kill_ms", l.at.Sub(killed), "overlap_ms", maxOverlap(r),
+				"overlaps", len(r.Overlaps), "stale_accepted", len(r.Stale), "b_lock_errors", bw.failed)
+		})
+	}
+}
+
+// TestSafety09OperatorTouchesKey: an operator deletes the lease, expires it
+// early or overwrites it. The holder reports Lost at its next renewal (a
+// third of the TTL at most); a renewal never re-creates the key; the old
+// holder's Release leaves an overwritten value alone. Until that renewal a
+// new holder may overlap (a waiter that polls, or that tries just then,
+// finds the key gone; a queued waiter sleeps until the old lease would have
+// ended), and fencing refuses the old holder's write.
+func TestSafety09OperatorTouchesKey(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		args []string
+	}{
+		{"deleted", []string{"DEL", "distlock:{safety}"}},
+		{"expired early", []string{"PEXPIRE", "distlock:{safety}", "1"}},
+		{"overwritten", []string{"SET", "distlock:{safety}", "intruder#1", "PX", "60000"}},
+	}
+	for _, tc := range cases {
+		subtest(t, tc.name, 1, func(t *testing.T) {
+			ttl := safetyTTL
+			w := newWorld(t, ttl)
+			// b polls, so it finds the key gone as soon as it is.
+			a, b := w.newClient("a"), w.newClient("b", distlock.WithRetryInterval(waitEvery))
+			ha, err := a.lock(t.Context())
+			require.NoError(t, err)
+			require.True(t, ha.increment())
+			ha.waitRenewals(t, 1)
+			bw := b.lockInBackground(t.Context())
+			acted := time.Now()
+			w.srv.MustDo(tc.args...)
+
+			l := ha.waitLost(t, ttl)
+			assert.Equal(t, distlock.LostRefused, l.reason, "reason: %v", l.err)
+			assert.Less(t, l.at.Sub(acted), ttl/3+slack, "Lost long after the key was touched")
+			var hb *holding
+			if tc.name == "overwritten" {
+				time.Sleep(ttl / 2) // more renewals: none may touch the intruder's key
+				hb = bw.stop()
+				assert.Nil(t, hb, "b acquired a key the intruder holds")
+				ha.mustRelease(t, distlock.Lost)
+				v, _ := w.leaseValue()
+				assert.Equal(t, "intruder#1", v, "the old holder's renewals or release touched the intruder's key")
+			} else {
+				hb = <-bw.got
+				require.NotNil(t, hb, "b never acquired the freed lock")
+				require.True(t, hb.increment())
+				assert.False(t, ha.increment(), "a's stale write was accepted")
+				ha.mustRelease(t, distlock.Lost)
+				assert.Equal(t, distlock.Acquired, hb.g.State())
+				hb.mustRelease(t, distlock.Released)
+			}
+			r := w.check(label("9", slug(tc.name)))
+			requireSafeExceptOverlap(t, r)
+			bAfter := time.Duration(0)
+			if hb != nil {
+				bAfter = hb.granted.Sub(acted)
+			}
+			figure(t, label("9", slug(tc.name)), "lost_after_action_ms", l.at.Sub(acted),
+				"b_after_action_ms", bAfter, "overlap_ms", maxOverlap(r), "overlaps", len(r.Overlaps),
+				"stale_accepted", len(r.Stale))
+		})
+	}
+}
+
+// TestSafety10SlowReplies: the holder's replies are delayed. Its deadline is
+// counted from the send time of each renewal, not from the reply, so when
+// its requests are then cut off it reports Lost before the server-side
+// expiry. With replies slower than the lease itself, no renewal ever counts:
+// the holder reports Lost and stays Lost, and if its renewals still reach
+// Redis nobody else gets the lock until it releases.
+func TestSafety10SlowReplies(t *testing.T) {
+	t.Parallel()
+	ttl := safetyTTL
+	subtest(t, "delayed a third of the TTL", 3, func(t *testing.T) {
+		w, a, b, ha := pair(t, ttl)
+		require.True(t, ha.increment())
+		ha.waitRenewals(t, 1) // the server has the renewal script: one round trip per renewal
+		delay := ttl * 3 / 10
+		a.proxy.SetDelay(faultproxy.Down, delay)
+		a.proxy.Set(faultproxy.Down, faultproxy.Delay)
+		slowFrom := time.Now()
+		ha.waitRenewals(t, 3)
+		assert.Equal(t, distlock.Acquired, ha.g.State(), "slow but timely replies must keep the lease")
+		for _, c := range a.wire.renewals(ha.token) {
+			if c.start.After(slowFrom) {
+				assert.GreaterOrEqual(t, c.end.Sub(c.start), delay, "renewal answered faster than the delay")
+			}
+		}
+		bw := b.lockInBackground(t.Context())
+		a.proxy.Set(faultproxy.Up, faultproxy.Blackhole)
+		l := ha.waitLost(t, ttl+slack)
+		assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
+		lostBeforeExpiry(t, ha, l)
+		hb := <-bw.got
+		require.NotNil(t, hb)
+		assert.False(t, hb.granted.Before(ha.expiry(l)), "b acquired before a's lease could expire")
+		require.True(t, hb.increment())
+		assert.False(t, ha.increment(), "a's stale write was accepted")
+		st, _ := ha.release() // a's path is cut: the delete fails, or finds b's key
+		assert.Equal(t, distlock.Lost, st)
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("10", "delay-0.3T"))
+		figure(t, label("10", "delay-0.3T"), "lost_lead_ms", ha.lead(l), "lost_lead_wire_ms", wireLead(t, ha, l),
+			"reply_delay_ms", delay)
+	})
+	subtest(t, "delayed longer than the TTL", 1, func(t *testing.T) {
+		w, a, b, ha := pair(t, ttl)
+		require.True(t, ha.increment())
+		ha.waitRenewals(t, 1)
+		a.proxy.SetDelay(faultproxy.Down, ttl+ttl/10)
+		a.proxy.Set(faultproxy.Down, faultproxy.Delay)
+		l := ha.waitLost(t, ttl+slack)
+		assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
+		lostBeforeExpiry(t, ha, l)
+		// Whether a's renewals still reach Redis depends on rueidis: it
+		// keeps a pipelined connection whose replies are overdue, but it
+		// drops one used synchronously, and a new one cannot finish its
+		// handshake through the slow path. Either way b may acquire only
+		// once a's lease has really expired, which the history checks.
+		bctx, stopB := context.WithTimeout(t.Context(), ttl+ttl/2)
+		defer stopB()
+		hb, _ := b.lockRetrying(bctx)
+		assert.Equal(t, distlock.Lost, ha.g.State(), "a regained with replies slower than the lease")
+		assert.Zero(t, ha.regainCount())
+		blocked := hb == nil
+		if !blocked {
+			require.True(t, hb.increment())
+			assert.False(t, ha.increment(), "a's stale write was accepted")
+		}
+		_, _ = ha.release() // its delete goes up; the reply is late
+		if blocked {
+			var err error
+			hb, err = b.lock(t.Context())
+			require.NoError(t, err)
+		}
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("10", "delay-1.1T"))
+		figure(t, label("10", "delay-1.1T"), "lost_lead_ms", ha.lead(l), "lost_lead_wire_ms", wireLead(t, ha, l),
+			"b_blocked_until_release", blocked)
+	})
+}
+
+// TestSafety11AcquireReplyLost: an acquire is applied by Redis but its reply
+// is lost. Lock gives up on the attempt and deletes whatever it may have
+// written, and when that delete cannot get through either, the orphaned
+// lease blocks others for at most its TTL.
+func TestSafety11AcquireReplyLost(t *testing.T) {
+	t.Parallel()
+	ttl := safetyTTL
+	// appliedThen waits until a's acquire has written the lease and then
+	// applies fault to a's proxy.
+	// warm has a acquire and release once, so that the server has the
+	// scripts and an attempt is a single call (otherwise the first call is
+	// refused with NOSCRIPT, and writes nothing).
+	warm := func(t *testing.T, a *client) {
+		h, err := a.lock(t.Context())
+		require.NoError(t, err)
+		h.mustRelease(t, distlock.Released)
+	}
+	appliedThen := func(t *testing.T, w *world, fault func()) time.Time {
+		waitFor(t, ttl, "a's acquire applied", func() bool { _, ok := w.leaseValue(); return ok })
+		fault()
+		return time.Now()
+	}
+	subtest(t, "path stays down", 1, func(t *testing.T) {
+		w := newWorld(t, ttl)
+		a, b := w.newClient("a"), w.newClient("b")
+		warm(t, a)
+		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
+		errc := make(chan error, 1)
+		go func() { _, err := a.m.TryLock(t.Context()); errc <- err }()
+		appliedThen(t, w, func() { a.proxy.Set(faultproxy.Up, faultproxy.Blackhole) })
+		bw := b.lockInBackground(t.Context())
+		err := <-errc
+		require.Error(t, err, "TryLock without a reply")
+		assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
+		hb := <-bw.got
+		require.NotNil(t, hb)
+		calls := a.wire.find(func(c wireCall) bool { return c.kind == acquireCall })
+		sent := calls[len(calls)-1].start
+		blocked := hb.granted.Sub(sent)
+		assert.GreaterOrEqual(t, blocked, ttl, "the orphan expired before its TTL")
+		assert.Less(t, blocked, ttl+slack, "the orphan blocked b for longer than its TTL")
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("11", "path-down"))
+		figure(t, label("11", "path-down"), "orphan_blocked_ms", blocked, "lock_error", strings.ReplaceAll(err.Error(), " ", "_"))
+	})
+	subtest(t, "path heals", 1, func(t *testing.T) {
+		w := newWorld(t, ttl)
+		a, b := w.newClient("a"), w.newClient("b")
+		warm(t, a)
+		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
+		errc := make(chan error, 1)
+		go func() { _, err := a.m.TryLock(t.Context()); errc <- err }()
+		healed := appliedThen(t, w, a.proxy.Heal)
+		require.Error(t, <-errc, "TryLock whose connection was reset")
+		hb, err := b.lock(t.Context())
+		require.NoError(t, err)
+		assert.Less(t, hb.granted.Sub(healed), ttl/2, "the orphan was not cleaned up")
+		cleanups := a.wire.find(func(c wireCall) bool { return c.kind == releaseCall && c.ok })
+		assert.Len(t, cleanups, 2, "deletes: the warm-up's release and the clean-up")
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("11", "path-heals"))
+		figure(t, label("11", "path-heals"), "orphan_blocked_ms", hb.granted.Sub(healed))
+	})
+	t.Run("Redis stopped during the attempt", func(t *testing.T) {
+		// The attempt and Lock's clean-up both wait in a stopped Redis, on
+		// the same or on different pooled connections; Redis runs them when
+		// it resumes.
+		t.Parallel()
+		repeat(t, runs(t, 3), func(t *testing.T) {
+			w := newWorld(t, ttl)
+			a, b := w.newClient("a"), w.newClient("b")
+			h, err := a.lock(t.Context())
+			require.NoError(t, err) // the server has the scripts now
+			h.mustRelease(t, distlock.Released)
+
+			w.srv.Pause()
+			errc := make(chan error, 1)
+			go func() { _, err := a.m.Lock(t.Context()); errc <- err }()
+			var attempt []wireCall
+			waitFor(t, ttl, "a's attempt sent", func() bool {
+				attempt = a.wire.find(func(c wireCall) bool { return c.kind == acquireCall && !c.done })
+				return len(attempt) > 0
+			})
+			// The attempt times out (at TTL minus the margin), the clean-up
+			// too, and Lock fails.
+			require.ErrorIs(t, <-errc, context.DeadlineExceeded)
+			cleanups := a.wire.find(func(c wireCall) bool { return c.kind == releaseCall && c.value == attempt[0].value })
+			require.NotEmpty(t, cleanups, "no clean-up sent")
+			w.srv.Resume()
+			resumed := time.Now()
+
+			hb, err := b.lock(t.Context())
+			require.NoError(t, err)
+			blocked := hb.granted.Sub(resumed)
+			hb.mustRelease(t, distlock.Released)
+			w.requireClean(label("11", "redis-stopped"))
+			figure(t, label("11", "redis-stopped"), "orphan_blocked_ms", blocked)
+			// The clean-up is best effort: if it is lost with its
+			// connection while Redis is stopped, the orphan still expires
+			// within the TTL.
+			assert.Less(t, blocked, ttl+slack, "the attempt left an orphan that blocked b beyond its TTL")
+		})
+	})
+	subtest(t, "request held while the caller gives up", 1, func(t *testing.T) {
+		w := newWorld(t, ttl)
+		a, b := w.newClient("a"), w.newClient("b")
+		warm(t, a)
+		a.proxy.Set(faultproxy.Up, faultproxy.Pause)
+		ctx, cancel := context.WithTimeout(t.Context(), ttl/10)
+		defer cancel()
+		_, err := a.m.Lock(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		// The acquire and the clean-up are both held in the proxy, on
+		// the same or on different pooled connections; let through,
+		// they reach Redis in either order. Either way the lock must be
+		// free at once: the clean-up voids the attempt's value.
+		a.proxy.Set(faultproxy.Up, faultproxy.Pass)
+		passed := time.Now()
+		hb, err := b.lock(t.Context())
+		require.NoError(t, err)
+		blocked := hb.granted.Sub(passed)
+		assert.Less(t, blocked, ttl/2, "the attempt left an orphan after its clean-up")
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("11", "request-held"))
+		figure(t, label("11", "request-held"), "orphan_blocked_ms", blocked)
+	})
+}
+
+// TestSafety12ReleaseRaces: Release while a renewal is in flight, twice,
+// after Lost, by cancelling the Lock context, and with a context that ends
+// first. Release never deletes or extends another holder's key, nothing is
+// sent for the guard after Release returns, and a second Release reports
+// the same outcome.
+func TestSafety12ReleaseRaces(t *testing.T) {
+	t.Parallel()
+	ttl := safetyTTL
+	subtest(t, "during a renewal", 1, func(t *testing.T) {
+		w, a, b, ha := pair(t, ttl)
+		a.proxy.SetDelay(faultproxy.Down, ttl/5)
+		a.proxy.Set(faultproxy.Down, faultproxy.Delay)
+		waitFor(t, ttl, "a renewal in flight", a.wire.renewalInFlight)
+		start := time.Now()
+		ha.mustRelease(t, distlock.Released)
+		returned := time.Now()
+		select {
+		case <-ha.g.Done():
+		default:
+			t.Fatal("Done not closed when Release returned")
+		}
+		_, ok := w.leaseValue()
+		assert.False(t, ok, "the key survived the release")
+		hb, err := b.m.TryLock(t.Context())
+		require.NoError(t, err, "the lock was not free after the release")
+		hbw := b.watch(hb)
+		time.Sleep(ttl / 2) // a late renewal of a's would be refused, never re-create or extend b's key
+		assert.Empty(t, a.wire.callsSince(ha.token, returned), "calls for a after its Release returned")
+		v, _ := w.leaseValue()
+		assert.True(t, strings.HasPrefix(v, "b#"), "lease value %q", v)
+		st, err := ha.g.Release(t.Context())
+		assert.NoError(t, err)
+		assert.Equal(t, distlock.Released, st, "second Release")
+		hbw.mustRelease(t, distlock.Released)
+		w.requireClean(label("12", "during-renewal"))
+		figure(t, label("12", "during-renewal"), "release_ms", returned.Sub(start))
+	})
+	subtest(t, "after lost", 1, func(t *testing.T) {
+		w, a, b, ha := pair(t, ttl)
+		a.proxy.SetBoth(faultproxy.Blackhole)
+		ha.waitLost(t, ttl+slack)
+		hb, err := b.lock(t.Context())
+		require.NoError(t, err)
+		a.proxy.Heal()
+		for range 2 {
+			ha.mustRelease(t, distlock.Lost)
+		}
+		v, _ := w.leaseValue()
+		assert.True(t, strings.HasPrefix(v, "b#"), "a's release touched b's key: %q", v)
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("12", "after-lost"))
+	})
+	subtest(t, "lock context cancelled", 1, func(t *testing.T) {
+		w := newWorld(t, ttl)
+		a, b := w.newClient("a"), w.newClient("b")
+		ctx, cancel := context.WithCancel(t.Context())
+		ha, err := a.lock(ctx)
+		require.NoError(t, err)
+		bw := b.lockInBackground(t.Context())
+		cancel()
+		select {
+		case <-ha.g.Done():
+		case <-time.After(eventually):
+			t.Fatal("cancelling the Lock context did not release the guard")
+		}
+		hb := <-bw.got
+		require.NotNil(t, hb)
+		ha.mustRelease(t, distlock.Released)
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("12", "lock-context-cancelled"))
+	})
+	subtest(t, "release context ends first", 1, func(t *testing.T) {
+		w, a, b, ha := pair(t, ttl)
+		a.proxy.SetDelay(faultproxy.Down, ttl/5)
+		a.proxy.Set(faultproxy.Down, faultproxy.Delay)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+		defer cancel()
+		_, err := ha.g.Release(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.NotEqual(t, distlock.Acquired, ha.g.State(), "Acquired after the release began")
+		select {
+		case <-ha.g.Done():
+		case <-time.After(eventually):
+			t.Fatal("the release did not finish in the background")
+		}
+		hb, err := b.m.TryLock(t.Context())
+		require.NoError(t, err, "the background release did not free the lock")
+		b.watch(hb).mustRelease(t, distlock.Released)
+		ha.mustRelease(t, distlock.Released)
+		w.requireClean(label("12", "release-context-ends-first"))
+	})
+}
+
+// fillMemory writes keys of 8 KiB (with EX ex seconds when ex > 0) until
+// stop says so or a write fails, and reports the keys written and the
+// error that ended it, if any.
+func fillMemory(t *testing.T, w *world, ex int64, stop func() bool) (int, error) {
+	t.Helper()
+	rc := w.srv.Client()
+	value := strings.Repeat("x", 8<<10)
+	for i := 0; i < 100_000; i++ {
+		cmd := rc.B().Set().Key(fmt.Sprintf("junk:%d", i)).Value(value)
+		var err error
+		if ex > 0 {
+			err = rc.Do(t.Context(), cmd.ExSeconds(ex).Build()).Error()
+		} else {
+			err = rc.Do(t.Context(), cmd.Build()).Error()
+		}
+		if err != nil {
+			return i, err
+		}
+		if i%20 == 0 && stop() {
+			return i + 1, nil
+		}
+	}
+	t.Fatal("memory never filled up")
+	return 0, nil
+}
+
+// limitMemory sets maxmemory to what the server uses now plus extra.
+func limitMemory(t *testing.T, w *world, extra int64) {
+	t.Helper()
+	info, err := w.srv.MustDo("INFO", "memory").ToString()
+	require.NoError(t, err)
+	var used int64
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			_, err := fmt.Sscan(v, &used)
+			require.NoError(t, err)
+		}
+	}
+	require.Positive(t, used)
+	w.srv.MustDo("CONFIG", "SET", "maxmemory", fmt.Sprint(used+extra))
+}
+
+// TestSafety13Eviction: Redis runs out of memory. Under a volatile policy
+// the lease, having the shortest TTL, is the first key evicted: the holder
+// reports Lost at its next renewal, and as with an operator's delete a new
+// holder may overlap until then, with fencing refusing the old holder's
+// write. Under noeviction nothing is evicted: renewals and releases still
+// work (they do not allocate), and an acquire of a free lock fails with
+// Redis's clear OOM error and writes nothing.
+func TestSafety13Eviction(t *testing.T) {
+	t.Parallel()
+	ttl := safetyTTL
+	subtest(t, "volatile-ttl", 1, func(t *testing.T) {
+		w := newWorld(t, ttl, "--maxmemory-policy", "volatile-ttl")
+		limitMemory(t, w, 4<<20)
+		a, b := w.newClient("a"), w.newClient("b")
+		ha, err := a.lock(t.Context())
+		require.NoError(t, err)
+		require.True(t, ha.increment())
+		ha.waitRenewals(t, 1)
+		n, err := fillMemory(t, w, 3600, func() bool { _, ok := w.leaseValue(); return !ok })
+		require.NoError(t, err, "under volatile-ttl a write must evict, not fail")
+		evicted := time.Now()
+		l := ha.waitLost(t, ttl)
+		assert.Equal(t, distlock.LostRefused, l.reason, "reason: %v", l.err)
+		assert.Less(t, l.at.Sub(evicted), ttl/3+slack, "Lost long after the eviction")
+		w.srv.MustDo("FLUSHDB") // the pressure is over (and the fencing key gone too)
+		hb, err := b.lock(t.Context())
+		require.NoError(t, err)
+		assert.Greater(t, hb.token, ha.token, "token went back after the fencing key was evicted")
+		require.True(t, hb.increment())
+		assert.False(t, ha.increment(), "a's stale write was accepted")
+		ha.mustRelease(t, distlock.Lost)
+		hb.mustRelease(t, distlock.Released)
+		r := w.check(label("13", "volatile-ttl"))
+		requireSafeExceptOverlap(t, r)
+		figure(t, label("13", "volatile-ttl"), "junk_keys", n, "lost_after_eviction_ms", l.at.Sub(evicted),
+			"overlaps", len(r.Overlaps), "stale_accepted", len(r.Stale))
+	})
+	subtest(t, "noeviction", 1, func(t *testing.T) {
+		w := newWorld(t, ttl, "--maxmemory-policy", "noeviction")
+		limitMemory(t, w, 4<<20)
+		a, b := w.newClient("a"), w.newClient("b")
+		ha, err := a.lock(t.Context())
+		require.NoError(t, err)
+		ha.waitRenewals(t, 1)
+		n, err := fillMemory(t, w, 0, func() bool { return false })
+		require.ErrorContains(t, err, "OOM", "filling memory under noeviction")
+		full := time.Now()
+		ha.waitRenewals(t, ha.c.wire.confirmedRenewals(ha.token)+3)
+		assert.Equal(t, distlock.Acquired, ha.g.State(), "renewals must work at maxmemory")
+		assert.Zero(t, ha.lossCount())
+		ha.mustRelease(t, distlock.Released)
+		// The delete freed a little memory; make sure the server is over
+		// its limit for the next write.
+		limitMemory(t, w, -1<<20)
+		g, oomErr := b.m.TryLock(t.Context())
+		if oomErr == nil {
+			b.watch(g).mustRelease(t, distlock.Released)
+		}
+		require.Error(t, oomErr, "acquire at maxmemory")
+		assert.ErrorContains(t, oomErr, "OOM")
+		assert.NotErrorIs(t, oomErr, distlock.ErrNotAcquired)
+		_, ok := w.leaseValue()
+		assert.False(t, ok, "a failed acquire left a lease")
+		w.srv.MustDo("FLUSHDB")
+		hb, err := b.lock(t.Context())
+		require.NoError(t, err, "acquire after memory was freed")
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("13", "noeviction"))
+		figure(t, label("13", "noeviction"), "junk_keys", n, "held_at_maxmemory_ms", time.Since(full),
+			"acquire_error", strings.ReplaceAll(strings.SplitN(oomErr.Error(), ".", 2)[0], " ", "_"))
+	})
+}
+
+// scriptCalls returns how many scripts the server has run or been asked to
+// run (EVAL and EVALSHA, including refused ones).
+func scriptCalls(t *testing.T, w *world) int64 {
+	t.Helper()
+	info, err := w.srv.MustDo("INFO", "commandstats").ToString()
+	require.NoError(t, err)
+	var n int64
+	for _, line := range strings.Split(info, "\r\n") {
+		for _, cmd := range []string{"cmdstat_eval:", "cmdstat_evalsha:"} {
+			if rest, ok := strings.CutPrefix(line, cmd); ok {
+				for _, field := range strings.Split(rest, ",") {
+					k, v, _ := strings.Cut(field, "=")
+					if k == "calls" || k == "rejected_calls" {
+						var calls int64
+						_, err := fmt.Sscan(v, &calls)
+						require.NoError(t, err, "commandstats %q", line)
+						n += calls
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestSafety14BadInput: input that is wrong by itself (a cancelled or nil
+// context, a negative wait) gets a typed error and sends nothing to Redis;
+// keys of the wrong Redis type or content get Redis's error, not "held",
+// and nothing is written next to them. Option and key validation is
+// covered by TestInvalidInput and FuzzNewMutex.
+func TestSafety14BadInput(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, safetyTTL)
+	c := w.newClient("a")
+	m := c.m
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	before := scriptCalls(t, w)
+	inputOnly := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"Lock, cancelled ctx", func() error { _, err := m.Lock(cancelled); return err }, context.Canceled},
+		{"TryLock, cancelled ctx", func() error { _, err := m.TryLock(cancelled); return err }, context.Canceled},
+		{"TryLockFor, cancelled ctx", func() error { _, err := m.TryLockFor(cancelled, time.Second, 0); return err }, context.Canceled},
+		//nolint:staticcheck // a nil context on purpose
+		{"Lock, nil ctx", func() error { _, err := m.Lock(nil); return err }, distlock.ErrInvalidOption},
+		//nolint:staticcheck // a nil context on purpose
+		{"TryLock, nil ctx", func() error { _, err := m.TryLock(nil); return err }, distlock.ErrInvalidOption},
+		{"TryLockFor, negative timeout", func() error { _, err := m.TryLockFor(t.Context(), -1, 0); return err }, distlock.ErrInvalidOption},
+		{"TryLockFor, negative interval", func() error { _, err := m.TryLockFor(t.Context(), time.Second, -1); return err }, distlock.ErrInvalidOption},
+	}
+	for _, tc := range inputOnly {
+		err := tc.call()
+		assert.ErrorIs(t, err, tc.want, tc.name)
+	}
+	sent := scriptCalls(t, w) - before
+	assert.Zero(t, sent, "scripts sent for input that was wrong by itself")
+	n, err := w.srv.MustDo("DBSIZE").ToInt64()
+	require.NoError(t, err)
+	assert.Zero(t, n, "keys written for bad input")
+
+	// A guard given a nil context: Release still releases (and says the
+	// context was bad), Subscribe returns a closed channel.
+	h, err := c.lock(t.Context())
+	require.NoError(t, err)
+	//nolint:staticcheck // a nil context on purpose
+	_, err = h.g.Release(nil)
+	assert.ErrorIs(t, err, distlock.ErrInvalidOption)
+	//nolint:staticcheck // a nil context on purpose
+	_, open := <-h.g.Subscribe(nil)
+	assert.False(t, open, "Subscribe(nil) returned an open channel")
+	h.mustRelease(t, distlock.Released)
+
+	wrong := []struct {
+		name string
+		key  string
+		set  []string
+	}{
+		{"lease is a hash", w.key, []string{"HSET", w.key, "f", "v"}},
+		{"lease is a list", w.key, []string{"RPUSH", w.key, "v"}},
+		{"lease is a stream", w.key, []string{"XADD", w.key, "*", "f", "v"}},
+		{"fence is a set", w.key + ":fence", []string{"SADD", w.key + ":fence", "1"}},
+		{"fence is text", w.key + ":fence", []string{"SET", w.key + ":fence", "twelve"}},
+		{"fence is negative", w.key + ":fence", []string{"SET", w.key + ":fence", "-5"}},
+		{"fence is a float", w.key + ":fence", []string{"SET", w.key + ":fence", "1.5e3"}},
+		{"fence is past 2^53", w.key + ":fence", []string{"SET", w.key + ":fence", "9007199254740993"}},
+	}
+	for _, tc := range wrong {
+		w.srv.MustDo("FLUSHDB")
+		w.srv.MustDo(tc.set...)
+		dump := w.srv.MustDo("DUMP", tc.key)
+		g, err := m.TryLock(t.Context())
+		if err == nil {
+			c.watch(g).mustRelease(t, distlock.Released)
+		}
+		require.Error(t, err, tc.name)
+		assert.NotErrorIs(t, err, distlock.ErrNotAcquired, tc.name)
+		n, err := w.srv.MustDo("DBSIZE").ToInt64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), n, "%s: keys written next to it", tc.name)
+		assert.Equal(t, dump, w.srv.MustDo("DUMP", tc.key), "%s: the key was changed", tc.name)
+	}
+	w.requireClean("14")
+	figure(t, "14", "input_only_cases", len(inputOnly), "wrong_key_cases", len(wrong), "scripts_sent_for_input_only", sent)
+}
+
+// starveObserver counts what a thousand guards report.
+type starveObserver struct {
+	mu        sync.Mutex
+	renewals  int
+	failed    int
+	worst     time.Duration // slowest confirmed renewal
+	lost      int
+	lostCause error
+}
+
+func (o *starveObserver) ObserveAcquire(distlock.AcquireInfo) {}
+
+func (o *starveObserver) ObserveRenew(i distlock.RenewInfo) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.renewals++
+	if i.Err != nil {
+		o.failed++
+		return
+	}
+	o.worst = max(o.worst, i.Latency)
+}
+
+func (o *starveObserver) ObserveTransition(i distlock.TransitionInfo) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if i.To == distlock.Lost {
+		o.lost++
+		o.lostCause = i.Err
+	}
+}
+
+// TestSafety15StarvedCPU: a thousand locks are held while busy goroutines
+// (twice GOMAXPROCS) keep every CPU of the process busy. No guard reports a
+// false Lost: renewals are sent a third of the TTL after the last one, and
+// the rest of the lease is ample slack for a starved scheduler. The test
+// does not run in parallel with the others in this package, since it
+// starves them as well.
+func TestSafety15StarvedCPU(t *testing.T) {
+	for i := range runs(t, 1) {
+		t.Run(fmt.Sprintf("run%d", i), func(t *testing.T) { starveOnce(t) })
+	}
+}
+
+func starveOnce(t *testing.T) {
+	const (
+		locks = 1000
+		ttl   = 2 * time.Second
+		hold  = 2 * ttl
+	)
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	obs := &starveObserver{}
+	guards := make([]*distlock.Guard, 0, locks)
+	defer func() {
+		var wg sync.WaitGroup
+		for _, g := range guards {
+			wg.Go(func() { _, _ = g.Release(context.Background()) })
+		}
+		wg.Wait()
+	}()
+	for i := range locks {
+		m, err := distlock.NewMutex(rc, fmt.Sprintf("starved-%d", i), distlock.WithTTL(ttl), distlock.WithObserver(obs))
+		require.NoError(t, err)
+		g, err := m.TryLock(t.Context())
+		require.NoError(t, err)
+		guards = append(guards, g)
+	}
+
+	var (
+		stop  atomic.Bool
+		spins atomic.Int64
+		wg    sync.WaitGroup
+	)
+	busy := 2 * runtime.GOMAXPROCS(0)
+	for range busy {
+		wg.Go(func() {
+			n := int64(0)
+			for !stop.Load() {
+				n++
+			}
+			spins.Add(n)
+		})
+	}
+	start := time.Now()
+	var falseLost int
+	for time.Since(start) < hold {
+		time.Sleep(ttl / 10)
+		for _, g := range guards {
+			if g.State() != distlock.Acquired {
+				falseLost++
+			}
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	assert.Zero(t, falseLost, "guards not Acquired while starved")
+	assert.Zero(t, obs.lost, "Lost transitions; last cause: %v", obs.lostCause)
+	assert.Zero(t, obs.failed, "failed renewals")
+	assert.GreaterOrEqual(t, obs.renewals, locks*int(hold/(ttl/3))*3/4, "too few renewals")
+	n, err := srv.MustDo("DBSIZE").ToInt64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(2*locks), n, "leases and fencing keys in Redis")
+	budget := ttl - ttl/3 - distlock.Margin(ttl)
+	figure(t, "15", "locks", locks, "busy_goroutines", busy, "gomaxprocs", runtime.GOMAXPROCS(0),
+		"renewals", obs.renewals, "failed_renewals", obs.failed, "false_lost", obs.lost+falseLost,
+		"worst_renewal_ms", obs.worst, "renewal_budget_ms", budget)
+}
+
+// failoverRig is a primary, a replica that reaches it through a fault
+// proxy (so that replication can fall behind on demand), and a world on
+// the primary.
+type failoverRig struct {
+	w                *world
+	primary, replica *redistest.Server
+	link             *faultproxy.Proxy
+}
+
+func newFailoverRig(t *testing.T, ttl time.Duration) *failoverRig {
+	t.Helper()
+	primary := redistest.Start(t, "--repl-diskless-sync-delay", "0") // sync the replica at once
+	link := faultproxy.New(t, primary.Addr())
+	_, port, err := net.SplitHostPort(link.Addr())
+	require.NoError(t, err)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", port)
+	waitFor(t, eventually, "the replica in sync", func() bool {
+		info, err := replica.MustDo("INFO", "replication").ToString()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	return &failoverRig{w: newWorldOn(t, primary, ttl), primary: primary, replica: replica, link: link}
+}
+
+// failOver kills the primary, drops what the replica had not received yet,
+// and promotes the replica.
+func (f *failoverRig) failOver() time.Time {
+	f.primary.Kill()
+	f.link.Refuse()
+	f.replica.MustDo("REPLICAOF", "NO", "ONE")
+	return time.Now()
+}
+
+// TestSafety16ReplicaFailover is a demonstration, not a guarantee: with
+// asynchronous replication, a failover can grant the lock twice. The
+// primary confirms the lease before its replica has it; the primary dies;
+// the replica is promoted without the lease; another client acquires there
+// while the first holder still reports Acquired, until its next renewal
+// fails. Tokens still increase (they come from the server clock), so the
+// fenced counter refuses the first holder's late write. With
+// WithReplicaAck, the first Lock is refused instead, since the replica did
+// not acknowledge the lease, and nothing overlaps.
+func TestSafety16ReplicaFailover(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	subtest(t, "asynchronous", 1, func(t *testing.T) {
+		f := newFailoverRig(t, ttl)
+		w := f.w
+		a := w.newClientOf(f.primary.Addr(), "a")
+		f.link.Set(faultproxy.Down, faultproxy.Pause) // the replica falls behind
+		ha, err := a.lock(t.Context())
+		require.NoError(t, err)
+		require.True(t, ha.increment())
+
+		failedOver := f.failOver()
+		b := w.newClientOf(f.replica.Addr(), "b")
+		hb, err := b.lock(t.Context())
+		require.NoError(t, err, "the promoted replica does not have a's lease")
+		aHeld := ha.sample() == distlock.Acquired
+		assert.Greater(t, hb.token, ha.token, "token went back after the failover")
+		require.True(t, hb.increment())
+
+		l := ha.waitLost(t, ttl)
+		assert.Equal(t, distlock.LostRenewFailed, l.reason, "reason: %v", l.err)
+		assert.False(t, ha.increment(), "a's stale write was accepted")
+		_, _ = ha.release() // the primary is gone: the delete fails
+		hb.mustRelease(t, distlock.Released)
+
+		r := w.check(label("16", "asynchronous"))
+		requireSafeExceptOverlap(t, r)
+		assert.True(t, aHeld, "a no longer reported Acquired when b was granted: the demonstration did not happen")
+		assert.NotEmpty(t, r.Overlaps, "the history shows no double grant")
+		figure(t, label("16", "asynchronous"), "double_grant", len(r.Overlaps) > 0, "overlap_ms", maxOverlap(r),
+			"a_lost_after_failover_ms", l.at.Sub(failedOver), "stale_accepted", len(r.Stale), "stale_refused", r.Refused)
+	})
+	subtest(t, "replica acknowledgement", 1, func(t *testing.T) {
+		f := newFailoverRig(t, ttl)
+		w := f.w
+		a := w.newClientOf(f.primary.Addr(), "a", distlock.WithReplicaAck(1, 100*time.Millisecond))
+		f.link.Set(faultproxy.Down, faultproxy.Pause) // the replica falls behind
+		_, ackErr := a.m.TryLock(t.Context())
+		require.ErrorIs(t, ackErr, distlock.ErrNotReplicated, "a lease the replica never acknowledged")
+		v, held := w.leaseValue()
+		assert.False(t, held, "the unacknowledged lease was left on the primary: %q", v)
+
+		f.failOver()
+		b := w.newClientOf(f.replica.Addr(), "b")
+		hb, err := b.lock(t.Context())
+		require.NoError(t, err)
+		hb.mustRelease(t, distlock.Released)
+		r := w.requireClean(label("16", "replica-ack"))
+		figure(t, label("16", "replica-ack"), "double_grant", len(r.Overlaps) > 0, "a_error",
+			strings.ReplaceAll(ackErr.Error(), " ", "_"))
+	})
+}
