@@ -100,6 +100,11 @@ func (a *acquirer) try() (*Guard, lease.Grant, error) {
 			return nil, grant, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
 		}
 		if !grant.Acquired {
+			if grant.Holder != "" && m.abandoned.take(grant.Holder) && m.cleanup(a.ctx, grant.Holder) {
+				// It was our own orphan, left by an earlier call whose
+				// clean-up failed; now it is gone, so try again at once.
+				continue
+			}
 			return nil, grant, nil
 		}
 		if a.ctx.Err() != nil {

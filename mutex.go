@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -43,6 +44,7 @@ type Mutex struct {
 	maxWait       time.Duration
 	retryInterval time.Duration
 	polling       bool // WithRetryInterval was given: wait by polling
+	abandoned     abandonedValues
 	log           *slog.Logger
 	obs           Observer
 	ack           lease.Ack // WithReplicaAck; Replicas 0 when off
@@ -212,14 +214,65 @@ func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Dura
 // two on different connections), is refused. It is bounded by
 // cleanupTimeout and ignores ctx's cancellation (ctx is usually why Lock gave
 // up). Failing is harmless: the orphan expires within the TTL.
-func (m *Mutex) cleanup(ctx context.Context, value string) {
+//
+// If the clean-up itself fails, the value is remembered for one TTL: should
+// a later attempt of this Mutex find the lock held by it, that attempt
+// cancels it and tries again at once instead of waiting out the orphan.
+//
+// It reports whether Redis confirmed the clean-up.
+func (m *Mutex) cleanup(ctx context.Context, value string) bool {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, m.ttl))
 	defer cancel()
-	if ok, err := m.store.Cancel(cctx, m.keys, value, m.ttl); err != nil {
+	ok, err := m.store.Cancel(cctx, m.keys, value, m.ttl)
+	switch {
+	case err != nil:
+		m.abandoned.add(value, time.Now().Add(m.ttl))
 		m.log.Warn("distlock: could not clean up after an unconfirmed attempt", "err", err)
-	} else if ok {
+		return false
+	case ok:
 		m.log.Info("distlock: deleted the lease of an attempt whose reply was lost")
 	}
+	return true
+}
+
+// abandonedValues remembers the values of attempts that a Mutex gave up on
+// and could not clean up. A handful is plenty: each one needs an attempt
+// whose outcome was not seen followed by a failed clean-up.
+type abandonedValues struct {
+	mu     sync.Mutex
+	values []abandonedValue
+}
+
+type abandonedValue struct {
+	value string
+	until time.Time // after this, the lease it may have written is gone
+}
+
+const maxAbandoned = 8
+
+// add remembers value until until, forgetting the oldest beyond
+// maxAbandoned.
+func (s *abandonedValues) add(value string, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.values) == maxAbandoned {
+		s.values = s.values[1:]
+	}
+	s.values = append(s.values, abandonedValue{value: value, until: until})
+}
+
+// take forgets value and reports whether it was remembered and may still
+// hold a lease.
+func (s *abandonedValues) take(value string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, v := range s.values {
+		if v.value == value {
+			s.values = append(s.values[:i], s.values[i+1:]...)
+			return time.Now().Before(v.until)
+		}
+	}
+	return false
 }
 
 // ctxError wraps ctx's error, and its cause when that differs, so that the

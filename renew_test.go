@@ -44,6 +44,7 @@ type fakeStore struct {
 	renews    []renewCall
 	releases  []string        // Release and Cancel calls, by value
 	voided    map[string]bool // values given up by Cancel
+	cancelErr error           // when set, Cancel fails with it
 	afterDone int             // calls made after the guard reported done
 	done      <-chan struct{}
 	subs      map[chan string]struct{}
@@ -127,6 +128,11 @@ func (f *fakeStore) Release(ctx context.Context, k lease.Keys, value string) (bo
 // releases it.
 func (f *fakeStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (bool, error) {
 	f.mu.Lock()
+	if f.cancelErr != nil {
+		err := f.cancelErr
+		f.mu.Unlock()
+		return false, err
+	}
 	if f.voided == nil {
 		f.voided = make(map[string]bool)
 	}
@@ -565,5 +571,35 @@ func TestStateStaysReleasedWhenReleaseFindsLeaseGone(t *testing.T) {
 		assert.Equal(t, Lost, st, "Release's outcome: the lease had slipped")
 		assert.Equal(t, []State{Released}, obs.seen, "State while the release finished")
 		assert.Equal(t, Released, g.State())
+	})
+}
+
+func TestLockClearsItsOwnOrphan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// An attempt is applied but its reply is lost, and the clean-up
+		// fails too: the lease is left holding the abandoned value.
+		f := &fakeStore{cancelErr: errors.New("connection reset")}
+		m := fakeMutex(t, f)
+		var orphan string
+		m.store = &replyLosingStore{fakeStore: f, err: errors.New("read: connection reset"), written: &orphan}
+		_, err := m.Lock(t.Context())
+		require.Error(t, err)
+		require.Equal(t, orphan, f.holder, "the orphan holds the lock")
+
+		// Connections are back. The next Lock of the same Mutex finds its
+		// own orphan in the way, clears it and acquires at once, instead of
+		// waiting out the orphan's lease.
+		f.mu.Lock()
+		f.cancelErr = nil
+		f.mu.Unlock()
+		m.store = f
+		start := time.Now()
+		g, err := m.Lock(t.Context())
+		require.NoError(t, err)
+		assert.Zero(t, time.Since(start))
+		assert.Equal(t, 1, g.Attempt(), "the attempt that found the orphan, then the one that won")
+		assert.True(t, f.voided[orphan])
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
 	})
 }
