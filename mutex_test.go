@@ -589,8 +589,8 @@ func TestInvalidInput(t *testing.T) {
 		require.ErrorIs(t, err, distlock.ErrInvalidOption)
 	})
 	t.Run("nil context", func(t *testing.T) {
-		//nolint:staticcheck // deliberately nil
-		_, err := m.Lock(nil) //lint:ignore SA1012 testing the nil check
+		//lint:ignore SA1012 testing the nil check
+		_, err := m.Lock(nil)
 		require.ErrorIs(t, err, distlock.ErrInvalidOption)
 	})
 

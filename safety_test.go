@@ -1064,9 +1064,9 @@ func TestSafety14BadInput(t *testing.T) {
 		{"Lock, cancelled ctx", func() error { _, err := m.Lock(cancelled); return err }, context.Canceled},
 		{"TryLock, cancelled ctx", func() error { _, err := m.TryLock(cancelled); return err }, context.Canceled},
 		{"TryLockFor, cancelled ctx", func() error { _, err := m.TryLockFor(cancelled, time.Second, 0); return err }, context.Canceled},
-		//nolint:staticcheck // a nil context on purpose
+		//lint:ignore SA1012 a nil context on purpose
 		{"Lock, nil ctx", func() error { _, err := m.Lock(nil); return err }, distlock.ErrInvalidOption},
-		//nolint:staticcheck // a nil context on purpose
+		//lint:ignore SA1012 a nil context on purpose
 		{"TryLock, nil ctx", func() error { _, err := m.TryLock(nil); return err }, distlock.ErrInvalidOption},
 		{"TryLockFor, negative timeout", func() error { _, err := m.TryLockFor(t.Context(), -1, 0); return err }, distlock.ErrInvalidOption},
 		{"TryLockFor, negative interval", func() error { _, err := m.TryLockFor(t.Context(), time.Second, -1); return err }, distlock.ErrInvalidOption},
@@ -1085,10 +1085,10 @@ func TestSafety14BadInput(t *testing.T) {
 	// context was bad), Subscribe returns a closed channel.
 	h, err := c.lock(t.Context())
 	require.NoError(t, err)
-	//nolint:staticcheck // a nil context on purpose
+	//lint:ignore SA1012 a nil context on purpose
 	_, err = h.g.Release(nil)
 	assert.ErrorIs(t, err, distlock.ErrInvalidOption)
-	//nolint:staticcheck // a nil context on purpose
+	//lint:ignore SA1012 a nil context on purpose
 	_, open := <-h.g.Subscribe(nil)
 	assert.False(t, open, "Subscribe(nil) returned an open channel")
 	h.mustRelease(t, distlock.Released)
