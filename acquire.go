@@ -84,7 +84,7 @@ func (a *acquirer) try() (*Guard, lease.Grant, error) {
 	for {
 		sent := time.Now()
 		a.attempts++
-		actx, cancel := context.WithDeadline(a.ctx, sent.Add(m.ttl-margin(m.ttl)))
+		actx, cancel := context.WithDeadline(a.ctx, m.leaseDeadline(sent))
 		grant, err := m.store.Acquire(actx, m.keys, a.value, m.ttl)
 		cancel()
 		if err != nil {
@@ -107,17 +107,29 @@ func (a *acquirer) try() (*Guard, lease.Grant, error) {
 			}
 			return nil, grant, nil
 		}
-		if a.ctx.Err() != nil {
-			// Granted, but the caller has given up meanwhile.
-			m.cleanup(a.ctx, a.value)
-			return nil, grant, m.ctxError(a.ctx)
-		}
-		if time.Since(sent) < m.ttl-margin(m.ttl) {
-			return m.startGuard(a.ctx, a.value, grant.Token, a.attempts-1, sent), grant, nil
+		if g, err := a.granted(grant.Token, sent); g != nil || err != nil {
+			return g, grant, err
 		}
 		// The reply came too late to trust the lease; the next attempt
 		// finds our value and renews it with a fresh send time.
 	}
+}
+
+// granted turns a grant of a.value with token, written by a command sent at
+// sent (an attempt, or a hand-off made for us), into a guard. If the caller
+// has given up meanwhile, it deletes the lease again and returns ctx's
+// error. If the grant came too late to trust (the lease deadline counted
+// from sent has passed), it returns neither, and the caller tries again: the
+// next attempt finds its own value and renews it with a fresh send time.
+func (a *acquirer) granted(token int64, sent time.Time) (*Guard, error) {
+	if a.ctx.Err() != nil {
+		a.m.cleanup(a.ctx, a.value)
+		return nil, a.m.ctxError(a.ctx)
+	}
+	if !time.Now().Before(a.m.leaseDeadline(sent)) {
+		return nil, nil
+	}
+	return a.m.startGuard(a.ctx, a.value, token, a.attempts-1, sent), nil
 }
 
 // once makes a single attempt.

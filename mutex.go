@@ -142,6 +142,12 @@ func unwrapName(err error) string {
 	return msg
 }
 
+// leaseDeadline returns the deadline D of a lease whose last confirmed write
+// was sent at sent: the guard vouches for the lease only before it.
+func (m *Mutex) leaseDeadline(sent time.Time) time.Time {
+	return sent.Add(m.ttl - margin(m.ttl))
+}
+
 // queueKey names the local wait queue of this lock on this client.
 func (m *Mutex) queueKey() queueKey { return queueKey{client: m.client, lease: m.keys.Lease} }
 

@@ -51,7 +51,7 @@ type releaseResult struct {
 // confirm records a write that Redis confirmed, sent at sent.
 func (l *leaseLoop) confirm(sent time.Time) {
 	l.lastSent = sent
-	l.deadline = sent.Add(l.m.ttl - margin(l.m.ttl))
+	l.deadline = l.m.leaseDeadline(sent)
 }
 
 // run is the actor's loop. It renews, watches the deadline and serves the
@@ -171,7 +171,7 @@ func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 		l.markLost(info.Err.(*LostError))
 		return ttl / 3
 	}
-	if newD := res.sent.Add(ttl - margin(ttl)); !now.Before(newD) {
+	if !now.Before(l.m.leaseDeadline(res.sent)) {
 		// Confirmed, but too late to count: the lease may already be gone
 		// by the time we could act on it.
 		l.markLost(&LostError{Key: l.m.keys.Lease, Reason: LostDeadline})

@@ -45,6 +45,7 @@ type fakeStore struct {
 	releases  []string        // Release and Cancel calls, by value
 	voided    map[string]bool // values given up by Cancel
 	cancelErr error           // when set, Cancel fails with it
+	onHandoff func()          // called after a hand-off is applied
 	afterDone int             // calls made after the guard reported done
 	done      <-chan struct{}
 	subs      map[chan string]struct{}
@@ -142,6 +143,9 @@ func (f *fakeStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl 
 }
 
 func (f *fakeStore) Handoff(ctx context.Context, k lease.Keys, value, next string, ttl time.Duration) (bool, int64, error) {
+	if f.onHandoff != nil {
+		defer f.onHandoff()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.releases = append(f.releases, value)

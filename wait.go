@@ -437,12 +437,13 @@ func (a *acquirer) queue() (*Guard, error) {
 		}
 		if h != nil && h.granted {
 			a.attempts++ // the hand-off was an attempt made for us
-			if time.Since(h.sent) < m.ttl-margin(m.ttl) {
+			g, err := a.granted(h.token, h.sent)
+			if g != nil {
 				acquired = a.value
-				return m.startGuard(a.ctx, a.value, h.token, a.attempts-1, h.sent), nil
 			}
-			// Granted too late to trust; the next attempt renews our own
-			// value with a fresh send time.
+			if g != nil || err != nil {
+				return g, err
+			}
 		}
 	}
 }

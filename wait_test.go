@@ -209,3 +209,53 @@ func TestQueueMaxWait(t *testing.T) {
 		assert.Equal(t, 1500*time.Millisecond, te.Waited)
 	})
 }
+
+func TestQueueHandoffToACancelledWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		defer settle()
+		f := &fakeStore{}
+		g1, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		got := make(chan error, 1)
+		wg.Go(func() {
+			_, err := fakeMutex(t, f).Lock(ctx)
+			got <- err
+		})
+		synctest.Wait() // the waiter is the head and has posted its offer
+		// The waiter gives up while the lock is being handed to it: it must
+		// not come back with a guard, and must not leave the lease behind.
+		f.onHandoff = cancel
+		_, err = g1.Release(t.Context())
+		require.NoError(t, err)
+		require.ErrorIs(t, <-got, context.Canceled)
+		wg.Wait()
+		assert.Equal(t, 1, f.handoffs)
+		assert.Empty(t, f.holder, "the handed-over lease was left behind")
+	})
+}
+
+func TestGrantedAfterTheCallerGaveUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		m := fakeMutex(t, f)
+		ctx, cancel := context.WithCancel(t.Context())
+		a := &acquirer{m: m, ctx: ctx, value: "me#1", start: time.Now()}
+		f.holdBy(a.value, time.Time{}) // granted, by an attempt or a hand-off
+		cancel()
+		g, err := a.granted(1, time.Now())
+		assert.Nil(t, g)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Empty(t, f.holder, "the granted lease was left behind")
+		assert.True(t, f.voided[a.value])
+
+		// A grant that arrives after its lease deadline is not trusted.
+		a = &acquirer{m: m, ctx: t.Context(), value: "me#2", start: time.Now()}
+		sent := time.Now()
+		time.Sleep(fakeTTL)
+		g, err = a.granted(2, sent)
+		assert.Nil(t, g)
+		assert.NoError(t, err)
+	})
+}
