@@ -76,13 +76,7 @@ func (unsubscribeMsg) isGuardMsg() {}
 // derives from it, and its cancellation releases the guard.
 func (m *Mutex) startGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time) *Guard {
 	g := &Guard{key: m.keys.Lease, token: token, attempt: attempt, lockCtx: lockCtx}
-	l := &leaseLoop{
-		m:       m,
-		g:       g,
-		value:   value,
-		lockCtx: lockCtx,
-		subs:    make(subscribers),
-	}
+	l := &leaseLoop{m: m, g: g, value: value, subs: make(subscribers)}
 	l.confirm(sent)
 	l.state, l.since = Acquired, time.Now()
 	l.acquired = l.since

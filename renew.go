@@ -20,10 +20,9 @@ const minReleaseWait = 100 * time.Millisecond
 // actor goroutine; the children it starts read only the immutable ones (m
 // and value) and report back on channels.
 type leaseLoop struct {
-	m       *Mutex
-	g       *Guard
-	value   string
-	lockCtx context.Context
+	m     *Mutex
+	g     *Guard
+	value string
 
 	state    State     // Acquired or Lost while running
 	since    time.Time // when state was entered
@@ -64,8 +63,8 @@ func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-
 	// Cancelling the Lock context releases the guard. The registration is
 	// removed on the way out, so a long-lived context does not accumulate
 	// them.
-	if l.lockCtx.Done() != nil {
-		defer context.AfterFunc(l.lockCtx, a.Stop)()
+	if lockCtx := l.g.lockCtx; lockCtx.Done() != nil {
+		defer context.AfterFunc(lockCtx, a.Stop)()
 	}
 
 	timer := time.NewTimer(time.Until(l.lastSent.Add(l.m.ttl / 3)))
@@ -88,7 +87,7 @@ func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-
 		case res := <-results:
 			cancelRenew()
 			cancelRenew = nil
-			if stop == nil { // releasing: the renewal was all we waited for
+			if l.releasing { // the renewal was all the release waited for
 				l.finish(l.release())
 				return
 			}
@@ -300,8 +299,7 @@ func (l *leaseLoop) finish(r releaseResult) {
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,
 		Err: err, Held: ev.Time.Sub(l.acquired)})
 	l.g.final = outcome{state: final, err: err, event: ev}
-	l.state = Released
-	l.g.snap.Store(&snapshot{state: Released})
+	l.state = Released // State has reported Released since the release began
 	l.subs.publish(ev)
 	l.subs.closeAll()
 }
