@@ -77,11 +77,9 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 //
 // Tokens are Lua numbers (float64): from 2^53 on, last+1 rounds back to
 // last, and Redis's conversion of a number beyond int64 (inf, 1e300) to an
-// integer reply is garbage (math.MinInt64 on amd64). So the script accepts
-// only the digits-only integers that it writes itself (tonumber alone would
-// take "1.5", "0x10", " 5 ", "nan" and "inf"), and it refuses to issue a
-// token it cannot represent exactly rather than issue one that repeats or
-// goes back.
+// integer reply is garbage (math.MinInt64 on amd64). So the token helpers
+// (fenceLua) parse the fencing key strictly and refuse to issue a token they
+// cannot represent exactly rather than one that repeats or goes back.
 var acquireScript = newScript(fenceLua + `
 local last, ferr = lastToken()
 if ferr then
@@ -94,22 +92,18 @@ end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return {0, redis.call('PTTL', KEYS[1]), cur or ''}
 end
-local token, terr = nextToken(last)
-if terr then
-  return terr
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
-return {1, token}
+return grant(last, ARGV[1], ARGV[2], ARGV[3])
 `)
 
-// fenceLua defines the token helpers shared by acquireScript and
-// handoffScript. lastToken reads the fencing key (KEYS[2]); it accepts only
-// the digits-only integers the scripts write, since Lua's tonumber would also
-// take "1.5", "0x10", " 5 ", "nan" or "inf". nextToken returns the server
-// clock in µs, or last+1 if the clock has not moved past last, and refuses
-// to pass 2^53-1, beyond which a Lua number (a float64) can no longer count
-// by one.
+// fenceLua defines the helpers shared by acquireScript and handoffScript.
+// lastToken reads the fencing key (KEYS[2]); it accepts only the digits-only
+// integers the scripts write, since Lua's tonumber would also take "1.5",
+// "0x10", " 5 ", "nan" or "inf". nextToken returns the server clock in µs, or
+// last+1 if the clock has not moved past last, and refuses to pass 2^53-1,
+// beyond which a Lua number (a float64) can no longer count by one. grant
+// writes value to the lease (KEYS[1]) with ttl, stores the next token with
+// retention, and returns the script's reply {1, token}, or the error of
+// nextToken before writing anything.
 const fenceLua = `
 local function lastToken()
   local raw = redis.call('GET', KEYS[2])
@@ -132,6 +126,15 @@ local function nextToken(last)
   end
   return token
 end
+local function grant(last, value, ttl, retention)
+  local token, terr = nextToken(last)
+  if terr then
+    return terr
+  end
+  redis.call('SET', KEYS[1], value, 'PX', ttl)
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', retention)
+  return {1, token}
+end
 `
 
 // handoffScript passes the lease from the caller's value straight to a
@@ -152,13 +155,7 @@ local last, ferr = lastToken()
 if ferr then
   return ferr
 end
-local token, terr = nextToken(last)
-if terr then
-  return terr
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[4])
-return {1, token}
+return grant(last, ARGV[2], ARGV[3], ARGV[4])
 `)
 
 // renewScript extends the lease if it still holds the caller's value.
