@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,39 +72,8 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("Contention", func(t *testing.T) {
-		const workers, rounds = 4, 8
-		var (
-			inside atomic.Int32
-			mu     sync.Mutex
-			tokens []int64
-		)
-		var wg sync.WaitGroup
-		for w := range workers {
-			// Each worker has its own client, as separate processes would.
-			m := newMutex(t, cl.Client(), "contended", distlock.WithOwner(fmt.Sprint("w", w)),
-				distlock.WithTTL(time.Second), distlock.WithRetryInterval(time.Millisecond))
-			wg.Go(func() {
-				for range rounds {
-					g, err := m.Lock(t.Context())
-					if !assert.NoError(t, err) {
-						return
-					}
-					if n := inside.Add(1); n != 1 {
-						t.Errorf("%d holders at once", n)
-					}
-					mu.Lock()
-					tokens = append(tokens, g.Token())
-					mu.Unlock()
-					inside.Add(-1)
-					assert.Equal(t, distlock.Released, release(t, g))
-				}
-			})
-		}
-		wg.Wait()
-		require.Len(t, tokens, workers*rounds)
-		for i := 1; i < len(tokens); i++ {
-			require.Greater(t, tokens[i], tokens[i-1], "token %d not above token %d", i, i-1)
-		}
+		// Each worker has its own client, as separate processes would.
+		checkContention(t, func(int) rueidis.Client { return cl.Client() }, "contended", 4, 8)
 	})
 
 	t.Run("WaiterHearsReleaseOnTheShard", func(t *testing.T) {

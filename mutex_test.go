@@ -247,8 +247,15 @@ func TestTimeouts(t *testing.T) {
 func TestContentionNoOverlap(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	const workers, rounds = 6, 15
+	checkContention(t, func(int) rueidis.Client { return c }, "counter", 6, 15)
+}
 
+// checkContention has workers goroutines take the lock key rounds times each
+// (polling every millisecond), through clients from client, and checks that
+// no two ever hold it at once, that a counter updated under the lock loses
+// no update, and that tokens strictly increase in grant order.
+func checkContention(t *testing.T, client func(w int) rueidis.Client, key string, workers, rounds int) {
+	t.Helper()
 	var (
 		inside  atomic.Int32
 		counter int // updated under the lock only, without atomics: -race checks it
@@ -257,7 +264,7 @@ func TestContentionNoOverlap(t *testing.T) {
 	)
 	var wg sync.WaitGroup
 	for w := range workers {
-		m := newMutex(t, c, "counter", distlock.WithOwner(fmt.Sprint("w", w)),
+		m := newMutex(t, client(w), key, distlock.WithOwner(fmt.Sprint("w", w)),
 			distlock.WithTTL(time.Second), distlock.WithRetryInterval(time.Millisecond))
 		wg.Go(func() {
 			for range rounds {
@@ -279,6 +286,7 @@ func TestContentionNoOverlap(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, workers*rounds, counter)
+	require.Len(t, tokens, workers*rounds)
 	// Tokens were recorded in grant order (the lock serialises the appends).
 	for i := 1; i < len(tokens); i++ {
 		require.Greater(t, tokens[i], tokens[i-1], "token %d not above token %d", i, i-1)
@@ -484,8 +492,16 @@ func TestSubscribe(t *testing.T) {
 		assert.False(t, ok)
 	})
 	t.Run("slow subscriber does not block", func(t *testing.T) {
-		_ = g.Subscribe(t.Context()) // never read
-		assert.Equal(t, distlock.Acquired, g.State())
+		// A subscription nobody reads must not hold up the actor: the
+		// lease of another guard, subscribed but never read, keeps being
+		// renewed.
+		short := newMutex(t, srv.Client(), "short", distlock.WithTTL(shortTTL))
+		gs, err := short.Lock(t.Context())
+		require.NoError(t, err)
+		_ = gs.Subscribe(t.Context()) // never read
+		waitRenewed(t, srv, short.Key(), shortTTL)
+		assert.Equal(t, distlock.Acquired, gs.State())
+		release(t, gs)
 	})
 
 	release(t, g)
