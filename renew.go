@@ -43,8 +43,9 @@ type renewResult struct {
 }
 
 type releaseResult struct {
-	deleted bool
-	err     error
+	deleted   bool
+	handedOff bool // the lease went straight to a waiter of this process
+	err       error
 }
 
 // confirm records a write that Redis confirmed, sent at sent.
@@ -263,7 +264,7 @@ func (l *leaseLoop) release() releaseResult {
 		sent := time.Now()
 		granted, token, err := l.m.store.Handoff(ctx, l.m.keys, l.value, h.value, h.ttl)
 		h.done <- handoffResult{granted: granted, token: token, sent: sent, err: err}
-		return releaseResult{deleted: granted, err: err}
+		return releaseResult{deleted: granted, handedOff: granted, err: err}
 	}
 	deleted, err := l.m.store.Release(ctx, l.m.keys, l.value)
 	return releaseResult{deleted: deleted, err: err}
@@ -293,8 +294,13 @@ func (l *leaseLoop) finish(r releaseResult) {
 	} else if l.debug() {
 		l.logger().Debug("distlock: released", "outcome", final.String())
 	}
-	k := l.m.queueKey()
-	queuesFor(k).released(k, l.value, r.err == nil && r.deleted)
+	if !r.handedOff {
+		// Tell the local queue the lock is free (or in doubt). After a
+		// hand-off it is not: the next holder is already in place, and
+		// waking the queue's head would only send it back to sleep.
+		k := l.m.queueKey()
+		queuesFor(k).released(k, l.value, r.err == nil && r.deleted)
+	}
 	ev := Event{State: Released, Time: time.Now(), Err: err}
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,
 		Err: err, Held: ev.Time.Sub(l.acquired)})

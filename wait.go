@@ -218,6 +218,11 @@ func (s *queueSet) claim(k queueKey) *handoff {
 	}
 	q.offer = nil
 	q.handoffs++
+	// The local holder the queue knew is handing the lock over, and a
+	// hand-off is not announced: forget it, so that if the waiter does not
+	// keep the lock, the next head tries at once instead of waiting for a
+	// release that will not come.
+	q.localHolder = ""
 	return h
 }
 

@@ -259,3 +259,49 @@ func TestGrantedAfterTheCallerGaveUp(t *testing.T) {
 		assert.NoError(t, err)
 	})
 }
+
+func TestQueueAfterAHandoffIsGivenBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		defer settle()
+		f := &fakeStore{}
+		g0, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		first := lockAsync(t.Context(), fakeMutex(t, f), &wg)
+		synctest.Wait()
+		ctx, cancel := context.WithCancel(t.Context())
+		gaveUp := make(chan error, 1)
+		wg.Go(func() {
+			_, err := fakeMutex(t, f).Lock(ctx)
+			gaveUp <- err
+		})
+		synctest.Wait()
+		// Bounded, so that a wait for a release that never comes fails
+		// the test instead of hanging it.
+		third := lockAsync(t.Context(), fakeMutex(t, f, WithMaxWait(time.Second)), &wg)
+		synctest.Wait()
+
+		// g0 hands the lock to the first waiter, which the queue then
+		// knows as the local holder.
+		_, err = g0.Release(t.Context())
+		require.NoError(t, err)
+		g1 := <-first
+		require.NotNil(t, g1)
+		synctest.Wait()
+
+		// g1 hands it to the second, which has given up by then: it
+		// deletes the lease again. The third must not wait for g1's release,
+		// which a hand-off never announces, but take the lock at once.
+		f.onHandoff = cancel
+		start := time.Now()
+		_, err = g1.Release(t.Context())
+		require.NoError(t, err)
+		require.ErrorIs(t, <-gaveUp, context.Canceled)
+		g3 := <-third
+		require.NotNil(t, g3)
+		assert.Zero(t, time.Since(start), "the third waiter waited out a lease")
+		_, err = g3.Release(t.Context())
+		require.NoError(t, err)
+		wg.Wait()
+	})
+}
