@@ -16,6 +16,7 @@ import (
 
 	"github.com/distkit-go/distlock"
 	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/lease"
 )
 
 // Benchmarks run against a private redis-server. Each one measures distlock
@@ -59,15 +60,47 @@ func mustMutex(b *testing.B, c rueidis.Client, key string, opts ...distlock.Opti
 	return m
 }
 
+// scriptsPair runs distlock's acquire and release scripts back to back,
+// with no guard, actor or queue: the protocol floor, the fastest any lock
+// built on these scripts can be.
+func scriptsPair(ctx context.Context, lc *lease.Client, k lease.Keys, value string) error {
+	g, err := lc.Acquire(ctx, k, value, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	if !g.Acquired {
+		return fmt.Errorf("protocol floor: %s is held", k.Lease)
+	}
+	_, err = lc.Release(ctx, k, value)
+	return err
+}
+
+// reportPairs reports a lock + release rate with the bare and protocol-floor
+// rates of the same run, and both ratios.
+func reportPairs(b *testing.B, pairs int, ours, bare, floor time.Duration) {
+	n := float64(pairs)
+	b.ReportMetric(n/ours.Seconds(), "pairs/s")
+	b.ReportMetric(n/bare.Seconds(), "baseline-pairs/s")
+	b.ReportMetric(bare.Seconds()/ours.Seconds(), "ratio")
+	b.ReportMetric(bare.Seconds()/floor.Seconds(), "floor-ratio")
+}
+
 // BenchmarkUncontended alternates, in one loop, a distlock lock + release
-// pair with a bare SET NX PX + DEL pair on another key, so both see the same
-// machine at the same moment; it reports both rates and their ratio.
+// pair, a bare SET NX PX + DEL pair and the protocol floor, each on a key of
+// its own, so all three see the same machine at the same moment. "ratio" is
+// distlock against the bare pair, "floor-ratio" the scripts alone against it.
 func BenchmarkUncontended(b *testing.B) {
 	srv := redistest.Start(b)
 	c := srv.Client()
 	ctx := context.Background()
 	m := mustMutex(b, c, "bench")
-	var bare, ours time.Duration
+	lc := lease.New(c)
+	floorKeys, err := lease.NewKeys("bench", "floor")
+	if err != nil {
+		b.Fatal(err)
+	}
+	floorValue := lease.NewValue("bench")
+	var bare, ours, floor time.Duration
 	for b.Loop() {
 		t0 := time.Now()
 		if _, err := bareLock(ctx, c, "bench:bare"); err != nil {
@@ -85,16 +118,18 @@ func BenchmarkUncontended(b *testing.B) {
 			b.Fatal(err)
 		}
 		t2 := time.Now()
+		if err := scriptsPair(ctx, lc, floorKeys, floorValue); err != nil {
+			b.Fatal(err)
+		}
+		t3 := time.Now()
 		bare += t1.Sub(t0)
 		ours += t2.Sub(t1)
+		floor += t3.Sub(t2)
 	}
-	n := float64(b.N)
-	b.ReportMetric(n/ours.Seconds(), "pairs/s")
-	b.ReportMetric(n/bare.Seconds(), "baseline-pairs/s")
-	b.ReportMetric(bare.Seconds()/ours.Seconds(), "ratio")
+	reportPairs(b, b.N, ours, bare, floor)
 }
 
-// contention is the outcome of one contended run.
+// contention is the outcome of one or more contended runs.
 type contention struct {
 	acquisitions int
 	elapsed      time.Duration
@@ -103,6 +138,14 @@ type contention struct {
 }
 
 func (r contention) rate() float64 { return float64(r.acquisitions) / r.elapsed.Seconds() }
+
+// add accumulates another run into r.
+func (r *contention) add(o contention) {
+	r.acquisitions += o.acquisitions
+	r.elapsed += o.elapsed
+	r.waits = append(r.waits, o.waits...)
+	r.commands += o.commands
+}
 
 func (r contention) percentile(p float64) time.Duration {
 	if len(r.waits) == 0 {
@@ -158,14 +201,17 @@ func BenchmarkContended(b *testing.B) {
 			for i := range mutexes {
 				mutexes[i] = mustMutex(b, c, "contended")
 			}
+			// Each loop runs both, in turn, and the totals of all loops are
+			// reported, so that both see the same moments of the machine.
 			var base, ours contention
 			for b.Loop() {
 				n := 200
-				base = contend(b, counter, workers, n, func(int) func() {
+				base.add(contend(b, counter, workers, n, func(int) func() {
 					for {
 						ok, err := bareLock(ctx, c, "contended:bare")
 						if err != nil {
-							b.Fatal(err)
+							b.Error(err)
+							return func() {}
 						}
 						if ok {
 							return func() {
@@ -175,18 +221,19 @@ func BenchmarkContended(b *testing.B) {
 							}
 						}
 					}
-				})
-				ours = contend(b, counter, workers, n, func(w int) func() {
+				}))
+				ours.add(contend(b, counter, workers, n, func(w int) func() {
 					g, err := mutexes[w].Lock(ctx)
 					if err != nil {
-						b.Fatal(err)
+						b.Error(err) // workers are not the benchmark's goroutine: no Fatal
+						return func() {}
 					}
 					return func() {
 						if _, err := g.Release(ctx); err != nil {
 							b.Error(err)
 						}
 					}
-				})
+				}))
 			}
 			b.ReportMetric(ours.rate(), "acq/s")
 			b.ReportMetric(base.rate(), "baseline-acq/s")
@@ -201,11 +248,13 @@ func BenchmarkContended(b *testing.B) {
 }
 
 // BenchmarkManyKeys runs 64 goroutines in parallel, each taking and
-// releasing a key of its own, against the bare pair run the same way.
+// releasing a key of its own, against the bare pair and the protocol floor
+// run the same way, in turn, in the same loop.
 func BenchmarkManyKeys(b *testing.B) {
 	srv := redistest.Start(b)
 	c := srv.Client()
 	ctx := context.Background()
+	lc := lease.New(c)
 	const workers = 64
 	run := func(pairs int, pair func(w int)) time.Duration {
 		var next atomic.Int64
@@ -222,10 +271,17 @@ func BenchmarkManyKeys(b *testing.B) {
 		return time.Since(start)
 	}
 	mutexes := make([]*distlock.Mutex, workers)
+	floorKeys := make([]lease.Keys, workers)
+	floorValues := make([]string, workers)
 	for i := range mutexes {
 		mutexes[i] = mustMutex(b, c, fmt.Sprint("many:", i))
+		var err error
+		if floorKeys[i], err = lease.NewKeys("bench", fmt.Sprint("floor:", i)); err != nil {
+			b.Fatal(err)
+		}
+		floorValues[i] = lease.NewValue("bench")
 	}
-	var bare, ours time.Duration
+	var bare, ours, floor time.Duration
 	pairs := 0
 	for b.Loop() {
 		const n = 2000
@@ -249,10 +305,13 @@ func BenchmarkManyKeys(b *testing.B) {
 				b.Error(err)
 			}
 		})
+		floor += run(n, func(w int) {
+			if err := scriptsPair(ctx, lc, floorKeys[w], floorValues[w]); err != nil {
+				b.Error(err)
+			}
+		})
 	}
-	b.ReportMetric(float64(pairs)/ours.Seconds(), "pairs/s")
-	b.ReportMetric(float64(pairs)/bare.Seconds(), "baseline-pairs/s")
-	b.ReportMetric(bare.Seconds()/ours.Seconds(), "ratio")
+	reportPairs(b, pairs, ours, bare, floor)
 }
 
 // lostCounter counts transitions to Lost.
