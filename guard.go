@@ -71,13 +71,16 @@ type unsubscribeMsg struct{ ch chan Event }
 func (subscribeMsg) isGuardMsg()   {}
 func (unsubscribeMsg) isGuardMsg() {}
 
-// startGuard starts the actor for a lease acquired with value by an attempt
-// sent at sent. lockCtx is the context given to Lock: the guard's context
-// derives from it, and its cancellation releases the guard.
-func (m *Mutex) startGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time) *Guard {
+// startGuard starts the actor for a lease acquired with value and token,
+// for ttl, by a write sent at sent or after it (see acquirer.granted).
+// lockCtx is the context given to Lock: the guard's context derives from it,
+// and its cancellation releases the guard. void makes the release cancel
+// value rather than only delete the lease: a call with value whose reply
+// was lost may still reach Redis, and must not find value welcome.
+func (m *Mutex) startGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool) *Guard {
 	g := &Guard{key: m.keys.Lease, token: token, attempt: attempt, lockCtx: lockCtx}
-	l := &leaseLoop{m: m, g: g, value: value, subs: make(subscribers)}
-	l.confirm(sent)
+	l := &leaseLoop{m: m, g: g, value: value, subs: make(subscribers), void: void}
+	l.confirm(sent, ttl)
 	l.state, l.since = Acquired, time.Now()
 	l.acquired = l.since
 	g.snap.Store(&snapshot{state: Acquired, deadline: l.deadline})

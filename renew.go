@@ -24,11 +24,13 @@ type leaseLoop struct {
 	g     *Guard
 	value string
 
-	state    State     // Acquired or Lost while running
-	since    time.Time // when state was entered
-	cause    error     // why, for Lost
-	lastSent time.Time // send time of the last write Redis confirmed
-	deadline time.Time // D: lastSent + TTL - margin
+	state    State         // Acquired or Lost while running
+	since    time.Time     // when state was entered
+	cause    error         // why, for Lost
+	lastSent time.Time     // send time of the last write Redis confirmed
+	leaseTTL time.Duration // the TTL that write set: the claim window for a lease passed to a waiter, until its first renewal
+	deadline time.Time     // D: lastSent + leaseTTL - margin
+	void     bool          // release with Cancel (see startGuard)
 	subs     subscribers
 
 	acquired      time.Time // when the guard was created
@@ -43,15 +45,14 @@ type renewResult struct {
 }
 
 type releaseResult struct {
-	deleted   bool
-	handedOff bool // the lease went straight to a waiter of this process
-	err       error
+	deleted bool
+	err     error
 }
 
-// confirm records a write that Redis confirmed, sent at sent.
-func (l *leaseLoop) confirm(sent time.Time) {
-	l.lastSent = sent
-	l.deadline = l.m.leaseDeadline(sent)
+// confirm records a write of ttl that Redis confirmed, sent at sent.
+func (l *leaseLoop) confirm(sent time.Time, ttl time.Duration) {
+	l.lastSent, l.leaseTTL = sent, ttl
+	l.deadline = leaseDeadline(sent, ttl)
 }
 
 // run is the actor's loop. It renews, watches the deadline and serves the
@@ -68,7 +69,7 @@ func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-
 		defer context.AfterFunc(lockCtx, a.Stop)()
 	}
 
-	timer := time.NewTimer(time.Until(l.lastSent.Add(l.m.ttl / 3)))
+	timer := time.NewTimer(time.Until(l.lastSent.Add(l.leaseTTL / 3)))
 	defer timer.Stop()
 	results := make(chan renewResult, 1) // at most one renewal in flight
 	var cancelRenew context.CancelFunc   // set while a renewal is in flight
@@ -171,13 +172,13 @@ func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 		l.markLost(info.Err.(*LostError))
 		return ttl / 3
 	}
-	if !now.Before(l.m.leaseDeadline(res.sent)) {
+	if !now.Before(leaseDeadline(res.sent, ttl)) {
 		// Confirmed, but too late to count: the lease may already be gone
 		// by the time we could act on it.
 		l.markLost(&LostError{Key: l.m.keys.Lease, Reason: LostDeadline})
 		return 0
 	}
-	l.confirm(res.sent)
+	l.confirm(res.sent, ttl)
 	if l.state == Lost {
 		l.setState(Acquired, nil)
 		l.logger().Info("distlock: lock regained")
@@ -251,23 +252,24 @@ func (l *leaseLoop) handle(a *actor.Actor[guardMsg], msg guardMsg) {
 // pointless, since the key is gone by then either way; minReleaseWait still
 // gives a lapsed lease one try.
 func (l *leaseLoop) release() releaseResult {
-	dl := l.lastSent.Add(l.m.ttl)
+	dl := l.lastSent.Add(l.leaseTTL)
 	if floor := time.Now().Add(minReleaseWait); dl.Before(floor) {
 		dl = floor
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
-	k := l.m.queueKey()
-	if h := queuesFor(k).claim(k); h != nil {
-		// A waiter of this process takes the lock over in the same round
-		// trip; if that fails it tries on its own.
-		sent := time.Now()
-		granted, token, err := l.m.store.Handoff(ctx, l.m.keys, l.value, h.value, h.ttl)
-		h.done <- handoffResult{granted: granted, token: token, sent: sent, err: err}
-		return releaseResult{deleted: granted, handedOff: granted, err: err}
+	sent := time.Now()
+	var r lease.Release
+	var err error
+	if l.void {
+		r, err = l.m.store.Cancel(ctx, l.m.keys, l.value, l.m.ttl)
+	} else {
+		r, err = l.m.store.Release(ctx, l.m.keys, l.value)
 	}
-	deleted, err := l.m.store.Release(ctx, l.m.keys, l.value)
-	return releaseResult{deleted: deleted, err: err}
+	// The release passed the lock to the next in line; if that waiter is in
+	// this process, it wakes now rather than at the announcement.
+	deliverPass(l.m.queueKey(), r.Passed, sent)
+	return releaseResult{deleted: r.Deleted, err: err}
 }
 
 // finish records how the guard ended, publishes Released and closes every
@@ -293,13 +295,6 @@ func (l *leaseLoop) finish(r releaseResult) {
 		l.logger().Warn("distlock: release failed; the lease will expire on its own", "err", err)
 	} else if l.debug() {
 		l.logger().Debug("distlock: released", "outcome", final.String())
-	}
-	if !r.handedOff {
-		// Tell the local queue the lock is free (or in doubt). After a
-		// hand-off it is not: the next holder is already in place, and
-		// waking the queue's head would only send it back to sleep.
-		k := l.m.queueKey()
-		queuesFor(k).released(k, l.value, r.err == nil && r.deleted)
 	}
 	ev := Event{State: Released, Time: time.Now(), Err: err}
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,
