@@ -176,7 +176,9 @@ return {deleted, token, v, room}
 // its grant unless it has to (a write that frees memory, as a lapsed place's
 // removal, is fine). passOn grants the free lease to the first live waiter, for its claim
 // window, with a new token, takes it out of line and tells its room
-// (SPUBLISH, or PUBLISH where the server has no sharded pub/sub); it returns
+// (SPUBLISH, or PUBLISH where the server has no sharded pub/sub; where the
+// server refuses both, as an ACL without pub/sub does, nobody is told and
+// the waiter finds its grant at its next call); it returns
 // the waiter's value, token and room; nothing when nobody waits; or, as its
 // fourth result, the error of nextToken. standInLine puts value in line with ticket (0: a new
 // ticket after the last one, never below the clock), or keeps the place it
@@ -262,7 +264,7 @@ local function passOn(last, now)
   local ch, msg = KEYS[5] .. ':' .. room, string.format('%.0f', token) .. '\n' .. v
   local r = redis.pcall('SPUBLISH', ch, msg)
   if type(r) == 'table' and r.err then
-    redis.call('PUBLISH', ch, msg)
+    redis.pcall('PUBLISH', ch, msg)
   end
   return v, token, room
 end
