@@ -117,32 +117,38 @@
 //
 // # Waiting
 //
-// [Mutex.Lock] does not poll. Callers in one process that wait for the same
-// lock (through the same rueidis client, whatever Mutex they use) stand in a
-// local first-come, first-served queue, and only the first of them talks to
-// Redis. It sleeps until one of these happens:
+// [Mutex.Lock] does not poll, and waiters are served first come, first
+// served across processes. Every lock has one line in Redis. A Lock call that
+// finds the lock held stands in that line, and the release script itself, in
+// the same atomic step that deletes the holder's value, passes the lock to
+// the first waiter in line (with a new fencing token) and tells it: on the
+// sharded pub/sub channel of the waiter's process, or, when the releasing
+// guard is in the same process, straight from the release's reply. So a
+// release wakes exactly one waiter, wherever it is, and the lock is never
+// raced for.
 //
-//   - a guard of this process releases the lock: the release hands it to the
-//     first waiter in the same round trip (a release and an acquisition in one
-//     script), up to 8 times in a row, after which the lock is released for
-//     everyone so that waiters elsewhere get their turn;
-//   - a holder elsewhere releases it: the release is announced on the lock's
-//     pub/sub channel (sharded pub/sub, SSUBSCRIBE, on Redis 7), to which the
-//     queue subscribes while it has waiters;
-//   - the holder's lease would have run out: the attempt that found the lock
-//     held learned how long the holder's lease had left, so a waiter takes
-//     over a crashed holder's lock a moment after Redis expires it, not a
-//     polling interval later.
+// A waiter that is passed the lock may have died meanwhile. The lease it is
+// handed therefore lasts only the claim window ([WithClaimWindow], half a
+// second by default) until the new holder renews it to the full TTL, and a
+// waiter that has not refreshed its place for a claim window (it refreshes
+// every half window) is skipped. A dead waiter thus costs the others at most
+// a claim window. The first waiter in line also watches the holder's lease,
+// so a holder that died without releasing is replaced the moment Redis
+// expires it.
 //
-// Waiting costs one subscription per lock and process, no CPU, and about one
-// round trip per lease period of the holder. A cancelled waiter leaves the
-// queue at once, and an idle queue unsubscribes after a quarter of a second.
-// When the server refuses pub/sub, the first waiter polls every
-// [DefaultRetryInterval] instead. [WithRetryInterval] and [Mutex.TryLockFor]
-// give plain polling for those who want it.
+// Waiting costs one subscription per lock and process, no CPU, the first
+// call and a refresh every half claim window (four commands a second). A
+// contended acquisition takes two commands in all: the call that stands in
+// line and the release that passes the lock on. A waiter whose ctx ends
+// returns at once; its place (and a lock passed to it meanwhile) is
+// cancelled in the background, and the next waiter gets the lock at once.
+// When the server refuses pub/sub, waiters poll every [DefaultRetryInterval]
+// instead. [WithRetryInterval] and [Mutex.TryLockFor] give plain polling, and
+// [Mutex.TryLock] a single attempt; none of them stands in line, and none of
+// them takes a free lock from the waiter first in line.
 //
-// Fairness across processes is not guaranteed: each process's first waiter
-// competes for the lock, and the fastest wins.
+// The protocol, its invariants and what happens on each fault are written
+// down in the documentation of the lease package.
 //
 // # Events
 //
@@ -162,8 +168,9 @@
 // A held lock costs one goroutine, plus one short-lived goroutine per renewal
 // in flight. The actor exits when the guard is released, and nothing it
 // started outlives it. A lock that has waiters in this process also has one
-// goroutine that keeps its release subscription; it ends a quarter of a
-// second after the last waiter leaves. Subscribers never slow it down: their channels are
+// goroutine that keeps its room's subscription; it ends a quarter of a
+// second after the last waiter leaves. A waiter that gives up leaves a
+// short-lived goroutine that cancels its place in line. Subscribers never slow it down: their channels are
 // buffered and drop their oldest event rather than block. A guard that is
 // neither released nor cancelled keeps its lock, and its goroutine, until the
 // process exits, just as a forgotten Unlock would.
@@ -171,7 +178,10 @@
 // # Keys
 //
 // A lock named "job" in the default namespace lives at "distlock:{job}", with
-// its fencing counter at "distlock:{job}:fence". When Lock gives up on an
+// its fencing counter at "distlock:{job}:fence" (kept a day after the last
+// acquisition) and, while anyone waits, its line at "distlock:{job}:queue"
+// and "distlock:{job}:waiters"; waiting rooms listen on the channels
+// "distlock:{job}:wake:<room>". When Lock gives up on an
 // attempt whose reply it did not see, it also writes
 // "distlock:{job}:void:<value>" for one TTL, which makes that attempt
 // harmless if it reaches Redis late. The braces are a Redis Cluster hash

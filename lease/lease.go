@@ -1,25 +1,3 @@
-// Package lease is distlock's Redis protocol: the scripts that acquire, renew
-// and release a lease, the layout of a lock's keys, and the format of the
-// value a holder writes.
-//
-// Every operation is a single Lua script, so it takes one round trip and
-// cannot interleave with another client's. Every script that touches a held
-// lease first checks that the key still holds the caller's value; none of them
-// ever re-creates a lease that has expired.
-//
-// # Fencing tokens
-//
-// Acquire issues a fencing token in the same script that writes the lease.
-// A token is the Redis server's clock in microseconds at the grant, raised to
-// one more than the previous token if the clock has not moved past it. Tokens
-// of one lock therefore strictly increase as long as the fencing key survives,
-// and, when it does not (a restart without persistence, an eviction, a
-// failover to a replica that missed the last writes, or simply
-// [FenceRetention] without any acquisition), they still increase unless the
-// server's clock has stepped back by more than the time that passed. Tokens
-// stay below 2^53, so they are exact in Lua, in JSON and in float64: Acquire
-// fails rather than issue a larger one, and it fails as well when the fencing
-// key holds anything but a token (something other than distlock wrote it).
 package lease
 
 import (
