@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -12,6 +14,13 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/distkit-go/distlock/lease"
+)
+
+// Exit codes of "distlock inspect" without --watch, so that a script can
+// ask whether a lock is held, as it asks grep(1) whether a line matches.
+const (
+	exitHeld = 0 // the lock is held
+	exitFree = 1 // the lock is free
 )
 
 // Timing of "distlock inspect".
@@ -40,11 +49,19 @@ state is "held", "free" or "error"; expires_in_ms is -1 for a key without
 expiry (not written by distlock); last_token is missing if the lock was never
 acquired (or not in the last 24 hours).
 
-Exit status: 0, whether the lock is held or free; 1 if Redis cannot be read;
-64 for a usage error. --watch exits 0 when interrupted.
+Flags may come before or after KEY.
+
+Exit status:
+  0      the lock is held (by anyone, even a key not written by distlock)
+  1      the lock is free
+  64     usage error
+  125    Redis cannot be read, or the lock's keys hold something else
+With --watch, the state does not set the status: it is 0 when interrupted,
+125 if stdout is closed.
 
 Examples:
   distlock inspect nightly-report
+  if distlock inspect nightly-report >/dev/null; then echo "still running"; fi
   distlock inspect --watch --interval 1s --namespace jobs nightly-report
   distlock inspect --json backup | jq .owner
 
@@ -60,25 +77,45 @@ type inspectConfig struct {
 	json     bool
 }
 
-func parseInspect(args []string, stderr io.Writer) (inspectConfig, error) {
-	var c inspectConfig
-	fs := newFlagSet("inspect", inspectUsage, stderr)
+// inspectFlags returns the flag set of "distlock inspect", bound to c.
+func inspectFlags(c *inspectConfig) *flag.FlagSet {
+	fs := newFlagSet("inspect")
 	c.register(fs, "; inspect needs a real Redis", 0)
 	fs.BoolVar(&c.watch, "watch", false, "print each change until interrupted")
-	fs.DurationVar(&c.interval, "interval", defaultWatchInterval, "how often --watch looks")
+	fs.DurationVar(&c.interval, "interval", defaultWatchInterval, "how often (`DURATION`) --watch looks")
 	fs.BoolVar(&c.json, "json", false, "print JSON objects, one per line")
-	if err := parseFlags(fs, args); err != nil {
-		return c, err
+	return fs
+}
+
+// parseInspect parses the command line of "distlock inspect": flags before
+// or after KEY; after "--", only KEY.
+func parseInspect(args []string) (inspectConfig, error) {
+	var c inspectConfig
+	fs := inspectFlags(&c)
+	var words []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return c, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if endedByDashDash(fs, args, rest) {
+			words = append(words, rest...)
+			break
+		}
+		words, args = append(words, rest[0]), rest[1:]
 	}
 	switch {
-	case fs.NArg() == 0:
+	case len(words) == 0:
 		return c, usagef("missing KEY: distlock inspect [flags] KEY")
-	case fs.NArg() > 1:
-		return c, usagef("one KEY only; flags go before it (got %q)", fs.Args())
+	case len(words) > 1:
+		return c, usagef("one KEY only (got %q)", words)
 	case c.interval < minWatchInterval:
 		return c, usagef("--interval must be at least %v", minWatchInterval)
 	}
-	c.key = fs.Arg(0)
+	c.key = words[0]
 	return c, nil
 }
 
@@ -115,8 +152,11 @@ func (s lockState) differs(o lockState) bool {
 		s.Error != o.Error || noExpiry(s) != noExpiry(o)
 }
 
-func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := parseInspect(args, stderr)
+// runInspect implements "distlock inspect". Without --watch it returns nil
+// for a held lock and an *exitStatus with exitFree for a free one; a
+// failure is an *exitStatus with exitFailed.
+func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
+	cfg, err := parseInspect(args)
 	if err != nil {
 		return err
 	}
@@ -126,7 +166,11 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	client, _, closeClient, err := connect(cfg.redis, false)
 	if err != nil {
-		return err
+		var ue usageError
+		if errors.As(err, &ue) {
+			return err
+		}
+		return &exitStatus{code: exitFailed, err: err}
 	}
 	defer closeClient()
 
@@ -144,12 +188,21 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if !cfg.watch {
 		s, err := inspect(ctx, client, keys)
-		if err != nil {
-			return err
+		if err == nil {
+			err = emit(s)
 		}
-		return emit(s)
+		switch {
+		case err != nil:
+			return &exitStatus{code: exitFailed, err: err}
+		case s.State == "free":
+			return &exitStatus{code: exitFree}
+		}
+		return nil // held
 	}
-	return watch(ctx, client, keys, cfg.interval, emit)
+	if err := watch(ctx, client, keys, cfg.interval, emit); err != nil {
+		return &exitStatus{code: exitFailed, err: err}
+	}
+	return nil
 }
 
 // watch prints the lock's state, then every change, until ctx is done. A

@@ -17,22 +17,41 @@ import (
 	"github.com/distkit-go/distlock/internal/redistest"
 )
 
-// inspectJSON runs "distlock inspect --json" and decodes its line.
+// inspectJSON runs "distlock inspect --json" and decodes its line. It
+// checks that the exit status matches the state: exitHeld or exitFree.
 func inspectJSON(t *testing.T, srv *redistest.Server, args ...string) lockState {
 	t.Helper()
 	code, out, errOut := runDistlock(t, append([]string{"inspect", "--redis", srv.URL(), "--json"}, args...)...)
-	require.Equal(t, exitOK, code, "stderr: %s", errOut)
 	var s lockState
-	require.NoError(t, json.Unmarshal([]byte(out), &s), "output: %s", out)
+	require.NoError(t, json.Unmarshal([]byte(out), &s), "output: %s; stderr: %s", out, errOut)
+	assert.Equal(t, inspectStatus(t, s.State), code, "the exit status of a %s lock; stderr: %s", s.State, errOut)
 	return s
 }
 
-// inspectText runs "distlock inspect" and returns its output.
+// inspectText runs "distlock inspect" and returns its output. It checks
+// that the exit status matches the state the output shows.
 func inspectText(t *testing.T, srv *redistest.Server, args ...string) string {
 	t.Helper()
 	code, out, errOut := runDistlock(t, append([]string{"inspect", "--redis", srv.URL()}, args...)...)
-	require.Equal(t, exitOK, code, "stderr: %s", errOut)
+	state := "free"
+	if strings.Contains(out, "  held by ") {
+		state = "held"
+	}
+	assert.Equal(t, inspectStatus(t, state), code, "the exit status of %q; stderr: %s", out, errOut)
 	return out
+}
+
+// inspectStatus is the exit status that inspect documents for state.
+func inspectStatus(t *testing.T, state string) int {
+	t.Helper()
+	switch state {
+	case "held":
+		return exitHeld
+	case "free":
+		return exitFree
+	}
+	t.Fatalf("inspect printed state %q", state)
+	return -1
 }
 
 // lockFor acquires key through the library, as another process would.
@@ -102,7 +121,7 @@ func TestInspect(t *testing.T) {
 	// A fencing key that does not hold a token is an error, not a guess.
 	srv.MustDo("SET", "distlock:{odd}:fence", "soon")
 	code, _, errOut := runDistlock(t, "inspect", "--redis", srv.URL(), "odd")
-	assert.Equal(t, exitError, code)
+	assert.Equal(t, exitFailed, code)
 	assert.Contains(t, errOut, `holds "soon", not a token`)
 }
 
