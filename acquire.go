@@ -2,6 +2,7 @@ package distlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -37,6 +38,8 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 	if wait > 0 {
 		a.limit = a.start.Add(wait)
 	}
+	a.room = enterRoom(m)
+	defer a.room.exit()
 	var g *Guard
 	var err error
 	switch {
@@ -55,7 +58,7 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 		// a place in line, a lease passed to it, or a call whose reply it
 		// did not see. Cancel it in the background: the caller does not
 		// wait on the network to give up.
-		m.abandon(a.value)
+		a.room.goClean(func() { m.cleanup(context.Background(), a.value) })
 	}
 	info := AcquireInfo{Key: m.keys.Lease, Owner: m.owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
@@ -68,6 +71,7 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 // acquirer is the state of one acquire call. It is used by one goroutine.
 type acquirer struct {
 	m        *Mutex
+	room     *room // the lock's waiting room, which owns the call's goroutines
 	ctx      context.Context
 	value    string
 	start    time.Time
@@ -94,25 +98,28 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 	for {
 		sent := time.Now()
 		a.attempts++
-		actx, cancel := context.WithDeadline(a.ctx, leaseDeadline(sent, m.ttl))
-		if p == nil {
-			grant, err = m.store.Acquire(actx, m.keys, a.value, m.ttl)
-		} else {
-			grant, err = m.store.AcquireOrQueue(actx, m.keys, a.value, m.ttl, *p)
+		var stop error
+		grant, err, stop = a.call(leaseDeadline(sent, m.ttl), p)
+		if stop != nil {
+			a.dirty, a.uncertain = true, true
+			return nil, grant, false, stop
 		}
-		cancel()
 		if err != nil {
 			// A reply from Redis means the script did not run to a write (it
 			// reads before it writes); anything else (a lost connection, a
 			// deadline, a cancelled ctx) leaves its outcome unknown.
 			_, replied := rueidis.IsRedisErr(err)
+			var ackErr *lease.AckError
+			notAcked := errors.As(err, &ackErr)
 			if !replied {
 				a.dirty, a.uncertain = true, true
 			}
 			if a.ctx.Err() != nil {
 				return nil, grant, false, m.ctxError(a.ctx)
 			}
-			return nil, grant, !replied, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
+			// A grant that replicas did not acknowledge was undone and
+			// ends the call; so does any error Redis answered with.
+			return nil, grant, !replied && !notAcked, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
 		}
 		if !grant.Acquired {
 			if grant.Holder != "" && m.abandoned.take(grant.Holder) && m.cleanup(a.ctx, grant.Holder) {
@@ -127,6 +134,51 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 		}
 		// The reply came too late to trust the lease; the next attempt
 		// finds our value and renews it with a fresh send time.
+	}
+}
+
+// call sends one acquire call with deadline dl: Acquire when p is nil,
+// AcquireOrQueue with *p otherwise. The call runs in a goroutine owned by
+// the lock's room, and the caller waits for it, for ctx and for the wait
+// limit: when one of those ends first, call returns the error that ends the
+// acquire (stop) at once and leaves the call to finish in the background.
+// rueidis watches ctx while a command waits for its reply, but not while it
+// (re)establishes a connection, which can take its dial timeout.
+func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
+	m := a.m
+	var place lease.Place
+	if p != nil {
+		place = *p
+	}
+	type result struct {
+		grant lease.Grant
+		err   error
+	}
+	done := make(chan result, 1)
+	a.room.goClean(func() {
+		ctx, cancel := context.WithDeadline(a.ctx, dl)
+		defer cancel()
+		var r result
+		if p == nil {
+			r.grant, r.err = m.store.Acquire(ctx, m.keys, a.value, m.ttl)
+		} else {
+			r.grant, r.err = m.store.AcquireOrQueue(ctx, m.keys, a.value, m.ttl, place)
+		}
+		done <- r
+	})
+	var limit <-chan time.Time
+	if !a.limit.IsZero() {
+		t := time.NewTimer(time.Until(a.limit))
+		defer t.Stop()
+		limit = t.C
+	}
+	select {
+	case r := <-done:
+		return r.grant, r.err, nil
+	case <-a.ctx.Done():
+		return lease.Grant{}, nil, m.ctxError(a.ctx)
+	case <-limit:
+		return lease.Grant{}, nil, &TimeoutError{Key: m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 	}
 }
 
@@ -171,8 +223,7 @@ func (a *acquirer) granted(token int64, sent time.Time, ttl time.Duration) (*Gua
 // Redis grants it to us for the full TTL, with a new token.
 func (a *acquirer) queue() (*Guard, error) {
 	m := a.m
-	r := enterRoom(m)
-	defer r.exit()
+	r := a.room
 	w := r.join(a.value)
 	defer r.leave(w)
 

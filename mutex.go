@@ -259,14 +259,6 @@ func (m *Mutex) cleanup(ctx context.Context, value string) bool {
 	return true
 }
 
-// abandon runs cleanup for value in the background, owned by the lock's
-// room in this process.
-func (m *Mutex) abandon(value string) {
-	r := enterRoom(m)
-	r.goClean(func() { m.cleanup(context.Background(), value) })
-	r.exit()
-}
-
 // abandonedValues remembers the values of attempts that a Mutex gave up on
 // and could not clean up. A handful is plenty: each one needs an attempt
 // whose outcome was not seen followed by a failed clean-up.

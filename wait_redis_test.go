@@ -508,3 +508,86 @@ func TestPassedLeaseDeadlinePrecedesItsExpiry(t *testing.T) {
 	assert.Equal(t, distlock.Lost, st)
 	requireNothingLeft(t, srv, g.Key())
 }
+
+// WithReplicaAck: a waiter passed the lock reports Acquired only after a
+// write of its own that the replicas acknowledged. With the replica stopped,
+// the claim is not acknowledged, Lock fails, and the lock goes on to the next
+// waiter at once.
+func TestPassedLeaseNeedsAnAcknowledgedClaim(t *testing.T) {
+	rs := startReplicated(t)
+	g, err := newMutex(t, rs.primary.Client(), "acked", distlock.WithTTL(longTTL)).Lock(t.Context())
+	require.NoError(t, err)
+	key := g.Key()
+	acked := lockAsync(t, t.Context(), newMutex(t, rs.primary.Client(), "acked", distlock.WithReplicaAck(1, ackTimeout)))
+	waitInLine(t, rs.primary, key, 1)
+	next := lockAsync(t, t.Context(), newMutex(t, rs.primary.Client(), "acked", distlock.WithTTL(longTTL)))
+	waitInLine(t, rs.primary, key, 2)
+
+	rs.replica.Pause()
+	released := time.Now()
+	release(t, g)
+	o := await(t, acked, promptly+ackTimeout, "the waiter that needs an acknowledgement")
+	rs.replica.Resume()
+	require.ErrorIs(t, o.err, distlock.ErrNotReplicated, "with the replica stopped")
+	o = await(t, next, promptly+ackTimeout, "the next waiter")
+	require.NoError(t, o.err)
+	t.Logf("the next waiter acquired %v after the release", o.at.Sub(released))
+	release(t, o.g)
+
+	// With the replica running, the waiter's Lock returns only once the
+	// replica has its lease.
+	g, err = newMutex(t, rs.primary.Client(), "acked", distlock.WithTTL(longTTL)).Lock(t.Context())
+	require.NoError(t, err)
+	acked = lockAsync(t, t.Context(), newMutex(t, rs.primary.Client(), "acked", distlock.WithReplicaAck(1, ackTimeout)))
+	waitInLine(t, rs.primary, key, 1)
+	release(t, g)
+	o = await(t, acked, promptly, "the acknowledged waiter")
+	require.NoError(t, o.err)
+	value, ok := get(t, rs.replica, key)
+	require.True(t, ok, "the lease is not on the replica although Lock returned")
+	primaryValue, _ := get(t, rs.primary, key)
+	assert.Equal(t, primaryValue, value)
+	release(t, o.g)
+	requireNothingLeft(t, rs.primary, key)
+}
+
+// TryLock and polling never stand in line, and a free lock goes to the
+// waiter first in line rather than to them.
+func TestTryLockAndPollingDoNotQueueOrBarge(t *testing.T) {
+	srv := redistest.Start(t)
+	const claim = 200 * time.Millisecond
+	g, err := newMutex(t, srv.Client(), "res", distlock.WithTTL(longTTL)).Lock(t.Context())
+	require.NoError(t, err)
+	_, err = newMutex(t, srv.Client(), "res").TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err = newMutex(t, srv.Client(), "res", distlock.WithRetryInterval(10*time.Millisecond)).Lock(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Zero(t, inLine(t, srv, g.Key()), "TryLock or polling stood in line")
+
+	// A waiter in line whose process was cut off: the lock passed to it
+	// lapses, and then a poller may take it, but not before.
+	proxy := faultproxy.New(t, srv.Addr())
+	opt := srv.ClientOption()
+	opt.InitAddress = []string{proxy.Addr()}
+	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
+	waiter := lockAsync(t, waiterCtx, newMutex(t, redistest.NewClient(t, opt), "res", distlock.WithClaimWindow(claim)))
+	waitInLine(t, srv, g.Key(), 1)
+	proxy.SetBoth(faultproxy.Blackhole)
+	released := time.Now()
+	release(t, g)
+	poller, err := newMutex(t, srv.Client(), "res", distlock.WithRetryInterval(5*time.Millisecond)).Lock(t.Context())
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(released), claim-distlock.Margin(claim), "the poller took the lock from the waiter first in line")
+	release(t, poller)
+	// W3 while the waiter's client reconnects through a dead path (rueidis
+	// does not watch ctx while it dials): Lock still returns at once.
+	cancelled := time.Now()
+	cancelWaiter()
+	o := await(t, waiter, promptly, "the cut-off waiter")
+	require.ErrorIs(t, o.err, context.Canceled)
+	assert.Less(t, o.at.Sub(cancelled), giveUpBound, "Lock took %v to give up", o.at.Sub(cancelled))
+	proxy.Heal()
+	requireNothingLeft(t, srv, g.Key())
+}
