@@ -61,37 +61,50 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // All checks come before the first write, so a key of the wrong type or
 // content fails the script without leaving anything behind.
 var acquireScript = newScript(protocolLua + `
-local last, err = checks()
+local last, err = fence()
 if err then
   return err
 end
-local now = clock()
 local value = ARGV[1]
 local cur = redis.call('GET', KEYS[1])
 if redis.call('EXISTS', KEYS[6]) == 1 then
-  leave(value)
+  err = leave(value)
+  if err then
+    return err
+  end
   return {0, redis.call('PTTL', KEYS[1]), cur or '', -1, 0, last}
 end
 if cur == value then
-  leave(value)
-  return grant(last, now, value, ARGV[2])
+  err = leave(value)
+  if err then
+    return err
+  end
+  return grant(last, clock(), value, ARGV[2])
 end
+local now
 if not cur then
-  local v = first(now)
+  local v, claim, room
+  v, claim, room, now, err = first()
+  if err then
+    return err
+  end
+  now = now or clock()
   if not v or v == value then
-    leave(value)
+    if v then
+      leave(v)
+    end
     return grant(last, now, value, ARGV[2])
   end
-  local _, token, _, perr = passOn(last, now)
-  if perr then
-    return perr
+  local token, terr = passTo(last, now, v, claim, room)
+  if terr then
+    return terr
   end
   cur, last = v, token
 end
 if ARGV[3] == '0' then
   return {0, redis.call('PTTL', KEYS[1]), cur, -1, 0, last}
 end
-local rank, ticket = standInLine(now, value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local rank, ticket = standInLine(now or clock(), value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
 return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 `)
 
@@ -106,38 +119,47 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // the lease held the value and was deleted; the rest names the waiter the
 // lease was passed to. A lease that was already free is passed on as well,
 // so that a waiter who gives up also unblocks a line whose grant lapsed.
-// A fencing or queue key of the wrong content does not stop the delete: the
-// lease is deleted and not passed on.
+// A fencing or queue key of the wrong type or content does not stop the
+// delete: the lease is deleted and not passed on.
 var releaseScript = newScript(protocolLua + `
 if KEYS[6] then
   redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
 end
-local last, err = checks()
-if not err then
-  leave(ARGV[1])
-end
+local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
+local err = leave(value)
 local deleted = 0
-if cur == ARGV[1] then
+if cur == value then
   redis.call('DEL', KEYS[1])
   deleted, cur = 1, false
 end
 if cur or err then
   return {deleted}
 end
-local v, token, room = passOn(last, clock())
-if not v then
+local v, claim, room, now, ferr = first()
+if not v or ferr then
+  return {deleted}
+end
+local last, lerr = fence()
+if lerr then
+  return {deleted}
+end
+local token, terr = passTo(last, now, v, claim, room)
+if terr then
   return {deleted}
 end
 return {deleted, token, v, room}
 `)
 
-// protocolLua defines the helpers of acquireScript and releaseScript.
+// protocolLua defines the helpers of acquireScript and releaseScript. They
+// read the queue keys with pcall and hand back the error of a key of the
+// wrong type, so that acquire fails before it writes anything and release
+// still deletes the lease; and they call TIME only when they need the
+// clock, to keep the uncontended path short.
 //
-// checks reads the fencing key and checks the types of the queue keys; it
-// returns the last token or the error reply to return. The fencing key must
-// hold digits only, since Lua's tonumber would also take "1.5", "0x10",
-// " 5 ", "nan" or "inf".
+// fence reads the fencing key and returns the last token, or the error
+// reply to return: the key must hold digits only, since Lua's tonumber would
+// also take "1.5", "0x10", " 5 ", "nan" or "inf".
 //
 // clock returns the server's clock in µs. nextToken returns it, or last+1
 // if the clock has not moved past last, and refuses to pass 2^53-1, beyond
@@ -147,37 +169,32 @@ return {deleted, token, v, room}
 //
 // A waiter's entry in KEYS[4] is "<lapse ms> <claim ms> <room>": its place
 // lapses at the server time lapse unless refreshed, and a grant to it lasts
-// its claim window. first returns the first waiter in line whose place has
-// not lapsed, dropping lapsed places ahead of it; leave takes a value out of
-// line, writing nothing when it is not there: Redis lets a script past
-// maxmemory once it has written, so the acquire script must not write before
-// its grant unless it has to (a write that frees memory, as a lapsed place's
-// removal, is fine). passOn grants the free lease to the first live waiter, for its claim
-// window, with a new token, takes it out of line and tells its room
+// its claim window. leave takes a value out of line, writing nothing when it
+// is not there (Redis lets a script past maxmemory once it has written, so
+// the acquire script must not write before its grant unless it has to; a
+// write that frees memory, as a lapsed place's removal, is fine). first
+// returns the first waiter in line whose place has not lapsed (value, claim,
+// room) and the clock it read, dropping lapsed places ahead of it; nothing
+// when nobody waits. passTo grants the free lease to that waiter for its
+// claim window with a new token, takes it out of line and tells its room
 // (SPUBLISH, or PUBLISH where the server has no sharded pub/sub; where the
 // server refuses both, as an ACL without pub/sub does, nobody is told and
-// the waiter finds its grant at its next call); it returns
-// the waiter's value, token and room; nothing when nobody waits; or, as its
-// fourth result, the error of nextToken. standInLine puts value in line with ticket (0: a new
-// ticket after the last one, never below the clock), or keeps the place it
-// has, and sets its lapse to now + claim; the queue keys are kept at least
-// that long, so that a line whose waiters all died disappears. It returns the
-// value's rank and ticket.
+// the waiter finds its grant at its next call); it returns the token, or
+// nothing and the error of nextToken. standInLine puts value in line with
+// ticket (0: a new ticket after the last one, never below the clock), or
+// keeps the place it has, and sets its lapse to now + claim; the queue keys
+// are kept at least that long, so that a line whose waiters all died
+// disappears. It returns the value's rank and ticket.
 var protocolLua = `
-local function checks()
+local function fence()
   local raw = redis.call('GET', KEYS[2])
-  local last = 0
-  if raw then
-    if not string.match(raw, '^%d+$') then
-      return nil, redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
-    end
-    last = tonumber(raw)
+  if not raw then
+    return 0
   end
-  local q, w = redis.call('TYPE', KEYS[3]).ok, redis.call('TYPE', KEYS[4]).ok
-  if (q ~= 'none' and q ~= 'zset') or (w ~= 'none' and w ~= 'hash') then
-    return nil, redis.error_reply('ERR distlock: queue keys ' .. KEYS[3] .. ' and ' .. KEYS[4] .. ' hold something else')
+  if not string.match(raw, '^%d+$') then
+    return nil, redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
   end
-  return last
+  return tonumber(raw)
 end
 local function clock()
   local t = redis.call('TIME')
@@ -203,48 +220,56 @@ local function grant(last, now, value, ttl)
   return {1, token}
 end
 local function leave(value)
-  if redis.call('ZSCORE', KEYS[3], value) then
-    redis.call('ZREM', KEYS[3], value)
+  local r = redis.pcall('ZSCORE', KEYS[3], value)
+  if type(r) == 'table' and r.err then
+    return r
   end
-  if redis.call('HEXISTS', KEYS[4], value) == 1 then
-    redis.call('HDEL', KEYS[4], value)
+  if r then
+    redis.call('ZREM', KEYS[3], value)
+    redis.pcall('HDEL', KEYS[4], value)
   end
 end
-local function first(now)
-  local nowMs = math.floor(now / 1000)
+local function first()
+  local now
   while true do
-    local v = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not v then
-      return nil
+    local r = redis.pcall('ZRANGE', KEYS[3], 0, 0)
+    if r.err then
+      return nil, nil, nil, nil, r
     end
-    local raw = redis.call('HGET', KEYS[4], v)
+    local v = r[1]
+    if not v then
+      return nil, nil, nil, now
+    end
+    local raw = redis.pcall('HGET', KEYS[4], v)
+    if type(raw) == 'table' and raw.err then
+      return nil, nil, nil, nil, raw
+    end
+    now = now or clock()
     if raw then
       local lapse, claim, room = string.match(raw, '^(%d+) (%d+) (.+)$')
-      if lapse and tonumber(lapse) > nowMs then
-        return v, claim, room
+      if lapse and tonumber(lapse) > math.floor(now / 1000) then
+        return v, claim, room, now
       end
     end
-    leave(v)
+    redis.call('ZREM', KEYS[3], v)
+    redis.call('HDEL', KEYS[4], v)
   end
 end
-local function passOn(last, now)
-  local v, claim, room = first(now)
-  if not v then
-    return nil
-  end
+local function passTo(last, now, v, claim, room)
   local token, terr = nextToken(last, now)
   if terr then
-    return nil, nil, nil, terr
+    return nil, terr
   end
   redis.call('SET', KEYS[1], v, 'PX', claim)
   redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
-  leave(v)
+  redis.call('ZREM', KEYS[3], v)
+  redis.call('HDEL', KEYS[4], v)
   local ch, msg = KEYS[5] .. ':' .. room, string.format('%.0f', token) .. '\n' .. v
   local r = redis.pcall('SPUBLISH', ch, msg)
   if type(r) == 'table' and r.err then
     redis.pcall('PUBLISH', ch, msg)
   end
-  return v, token, room
+  return token
 end
 local function standInLine(now, value, claim, room, ticket)
   local have = redis.call('ZSCORE', KEYS[3], value)
