@@ -66,9 +66,11 @@
 // the key stays until it expires, one TTL after the last renewal. That
 // serves a job that must run at most once per period even though its
 // replicas start seconds apart (cron on every machine): each replica calls
-// [Mutex.TryLock] with a TTL as long as the period, the one that gets the
-// lock does the work and calls Leave, and the others, including those that
-// start after the work is done, find the lock held and skip:
+// [Mutex.TryLock] with a TTL a little shorter than the period (the key
+// expires before the next period begins, if the work takes less than the
+// rest), the one that gets the lock does the work and calls Leave, and the
+// others, including those that start after the work is done, find the lock
+// held and skip:
 //
 //	m, err := distlock.NewMutex(client, "hourly-digest", distlock.WithTTL(50*time.Minute))
 //	...

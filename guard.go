@@ -297,10 +297,11 @@ func (g *Guard) Release(ctx context.Context) (State, error) {
 // process, or elsewhere, acquires it once the key has expired.
 //
 // Leave is for work that must run at most once per period even when its
-// replicas start seconds apart: take the lock with TryLock and a TTL as
-// long as the period, do the work, and Leave. Replicas that start later in
-// the period find the lock held and skip. A process that crashes keeps the
-// lock just as long; one that calls Release frees it at once.
+// replicas start seconds apart: take the lock with TryLock and a TTL a
+// little shorter than the period, do the work, and Leave. Replicas that
+// start later in the period find the lock held and skip. A process that
+// crashes keeps the lock just as long; one that calls Release frees it at
+// once.
 //
 // From the moment Leave is called the guard reports Released (State,
 // Deadline, events) and its context is cancelled with cause
