@@ -300,11 +300,12 @@ func (s *abandonedValues) take(value string) bool {
 }
 
 // ctxError wraps ctx's error, and its cause when that differs, so that the
-// result matches both under errors.Is.
+// result matches both under errors.Is. It says "acquiring", which fits a
+// Lock that was waiting as well as a TryLock that never got to ask Redis.
 func (m *Mutex) ctxError(ctx context.Context) error {
 	err, cause := ctx.Err(), context.Cause(ctx)
 	if cause != nil && !errors.Is(cause, err) {
-		return fmt.Errorf("distlock: waiting for %s: %w: %w", m.keys.Lease, err, cause)
+		return fmt.Errorf("distlock: acquiring %s: %w: %w", m.keys.Lease, err, cause)
 	}
-	return fmt.Errorf("distlock: waiting for %s: %w", m.keys.Lease, err)
+	return fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
 }

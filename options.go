@@ -130,11 +130,13 @@ func WithMaxWait(d time.Duration) Option {
 
 // WithRetryInterval makes [Mutex.Lock] wait by plain polling: it tries, and
 // while the lock is held tries again every d (0: at once, a spin), the way
-// distkit and redsync wait. By default, without this option, Lock does not
-// poll: it waits in a local queue for the holder's release to be announced,
-// or for the holder's lease to run out (see the package documentation,
-// "Waiting"). Polling is for servers or proxies without pub/sub, or to bound
-// the wait between attempts explicitly.
+// most Redis locks wait (such as the Go library redsync, or distkit, the Rust
+// library whose Mutex this package's API follows). By default, without this
+// option, Lock does not poll: it waits in a local queue for the holder's
+// release to be announced, or for the holder's lease to run out (see the
+// section "Waiting" of the package documentation). Polling is for servers
+// or proxies without pub/sub, or to bound the wait between attempts
+// explicitly.
 func WithRetryInterval(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.retryInterval, o.polling = d, true })
 }
@@ -183,8 +185,9 @@ func WithObserver(o Observer) Option {
 // in time does not count: the lease deadline is not extended and the guard
 // becomes [Lost] at once, as after a failed renewal, with a [*LostError]
 // that unwraps to the *ReplicaAckError. It regains the lock at the next
-// renewal that is acknowledged. See the Topologies section of the package
-// documentation for what this does and does not protect against.
+// renewal that is acknowledged. The section "Redis Cluster and Sentinel"
+// of the package documentation, and TOPOLOGIES.md in the repository, say
+// what this does and does not protect against.
 //
 // Each acquisition and renewal then borrows a connection from rueidis's
 // pool for blocking commands (rueidis.ClientOption.BlockingPoolSize) for one

@@ -438,7 +438,7 @@ func TestWaitersSurviveARestart(t *testing.T) {
 	waitInLine(t, srv, g.Key(), 2)
 
 	srv.Restart()
-	o := await(t, first, promptly+distlock.DefaultClaimWindow, "the first waiter after the restart")
+	o := await(t, first, 2*eventually, "the first waiter after the restart")
 	require.NoError(t, o.err, "the first waiter")
 	select {
 	case o2 := <-second:
