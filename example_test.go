@@ -65,7 +65,7 @@ func ExampleGuard_Subscribe() {
 	defer srv.Close()
 	client := srv.Client()
 
-	m, err := distlock.NewMutex(client, "reindex", distlock.WithTTL(300*time.Millisecond))
+	m, err := distlock.NewMutex(client, "reindex", distlock.WithTTL(time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -22,8 +22,9 @@ func ExampleServer_ForceLoss() {
 	defer srv.Close()
 	ctx := context.Background()
 
-	// A short TTL: the guard renews every 100 ms and notices the loss then.
-	m, err := distlock.NewMutex(srv.Client(), "nightly-report", distlock.WithTTL(300*time.Millisecond))
+	// A short TTL: the guard renews every third of a second and notices the
+	// loss then.
+	m, err := distlock.NewMutex(srv.Client(), "nightly-report", distlock.WithTTL(time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func ExampleServer_OverwriteLease() {
 	defer srv.Close()
 	ctx := context.Background()
 
-	m, err := distlock.NewMutex(srv.Client(), "reindex", distlock.WithTTL(300*time.Millisecond))
+	m, err := distlock.NewMutex(srv.Client(), "reindex", distlock.WithTTL(time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
