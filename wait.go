@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"hash/maphash"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
@@ -134,11 +136,22 @@ func enterRoom(m *Mutex) *room {
 	return r
 }
 
-// newRoomID returns a random room id: 16 hex digits.
+// newRoomID returns a room id unique among the rooms of all processes: a
+// random prefix drawn once per process (16 hex digits) and a counter.
 func newRoomID() string {
+	return roomPrefix + strconv.FormatUint(roomCounter.Add(1), 36)
+}
+
+// The parts of newRoomID's ids.
+var (
+	roomPrefix  = randomHex()
+	roomCounter atomic.Uint64
+)
+
+func randomHex() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported systems
-	return hex.EncodeToString(b[:])
+	return hex.EncodeToString(b[:]) + "-"
 }
 
 // lookupRoom returns k's room, if there is one.
