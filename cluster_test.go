@@ -405,6 +405,16 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 	keys := keysOf(hs)
 	base, _, _ := w.snapshot()
 	w.waitRenewals(t, keys, base, 1)
+	// A waiter of another process stands in line for the lock released
+	// half-way, and waits across the migration: its refreshes get TRYAGAIN
+	// and its room's subscription is moved off the old primary.
+	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
+	defer cancelWaiter()
+	waiter := lockAsync(t, waiterCtx, newMutex(t, cl.Client(), hs[2].name))
+	require.Eventually(t, func() bool {
+		n, err := cl.PrimaryOf(keys[2]).MustDo("ZCARD", keys[2]+":queue").ToInt64()
+		return err == nil && n == 1
+	}, eventually, pollEvery, "the waiter never stood in line")
 
 	var migs []*redistest.Migration
 	for i, k := range keys {
@@ -468,7 +478,7 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 		if i < 2 {
 			m.Move(keys[i] + ":fence")
 		} else {
-			m.Move(keys[i], keys[i]+":fence")
+			m.Move(keys[i], keys[i]+":fence", keys[i]+":queue", keys[i]+":waiters")
 		}
 		m.Finish()
 	}
@@ -485,6 +495,10 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 	case <-time.After(eventually):
 		t.Fatal("the release is still waiting after the migration")
 	}
+	o := await(t, waiter, 2*eventually, "the waiter after the migration")
+	require.NoError(t, o.err, "the waiter across the migration")
+	assert.Equal(t, migs[2].To(), cl.PrimaryOf(keys[2]))
+	assert.Equal(t, distlock.Released, release(t, o.g))
 	assert.Empty(t, keysOn(t, migs[2].To(), keys[2]), "the released lease is still there")
 
 	base, _, _ = w.snapshot()
