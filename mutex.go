@@ -172,13 +172,14 @@ func (m *Mutex) Owner() string { return m.owner }
 
 // Lock acquires the lock, waiting while someone else holds it.
 //
-// It tries at once. While the lock is held it waits without polling: callers
-// in this process queue up, first come first served, and only the first of
-// them asks Redis again, when the holder releases the lock (a release is
-// announced through Redis pub/sub, and a release by a guard of this process
-// hands the lock straight to the first in line) or when the holder's lease
-// would have run out, in case the holder died. [WithRetryInterval] selects
-// plain polling instead. Lock waits until it acquires the lock, the max wait
+// It tries at once. While the lock is held it waits without polling: it
+// stands in the lock's line in Redis, first come first served across
+// processes, and the holder's release passes the lock straight to the first
+// waiter in line and wakes it (through Redis pub/sub, or from the release's
+// reply when the holder is in the same process). The first in line also
+// takes over when the holder's lease runs out, in case the holder died; a
+// waiter refreshes its place every half claim window ([WithClaimWindow]).
+// [WithRetryInterval] selects plain polling instead. Lock waits until it acquires the lock, the max wait
 // ([WithMaxWait]) runs out, or ctx is done. On success it returns a [Guard]
 // whose lease is renewed in the background.
 //

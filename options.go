@@ -132,9 +132,10 @@ func WithMaxWait(d time.Duration) Option {
 // while the lock is held tries again every d (0: at once, a spin), the way
 // most Redis locks wait (such as the Go library redsync, or distkit, the Rust
 // library whose Mutex this package's API follows). By default, without this
-// option, Lock does not poll: it waits in a local queue for the holder's
-// release to be announced, or for the holder's lease to run out (see the
-// section "Waiting" of the package documentation). Polling is for servers
+// option, Lock does not poll: it stands in the lock's line in Redis until
+// a release passes the lock to it, or the holder's lease runs out (see the
+// section "Waiting" of the package documentation). A poller never stands in
+// line, and does not take a free lock from a waiter first in line. Polling is for servers
 // or proxies without pub/sub, or to bound the wait between attempts
 // explicitly.
 func WithRetryInterval(d time.Duration) Option {
@@ -191,10 +192,10 @@ func WithObserver(o Observer) Option {
 //
 // Each acquisition and renewal then borrows a connection from rueidis's
 // pool for blocking commands (rueidis.ClientOption.BlockingPoolSize) for one
-// round trip plus the wait. A Lock that waits is never handed the lock
-// directly by a guard of the same process that releases it (that hand-off
-// writes the new lease without waiting for replicas): it acquires on its own
-// once the release is done. replicas 0 turns the wait off. A negative count,
+// round trip plus the wait. A waiting Lock that a release passes the lock
+// to (a write the replicas were not asked to acknowledge) claims it with an
+// acquisition of its own, which waits for them, before it returns.
+// replicas 0 turns the wait off. A negative count,
 // a timeout under one millisecond (WAIT's unit), or one longer than a third
 // of the TTL (a renewal and its wait must end before the next renewal is
 // due) is refused by [NewMutex] with [ErrInvalidOption].
