@@ -358,6 +358,15 @@ func failoverKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
 	require.NotEmpty(t, onOld, "no lock on the primary that fails over")
 	base, _, _ := w.snapshot()
 	w.waitRenewals(t, keys, base, 1)
+	// A waiter of another process stands in line, across the failover, for
+	// a lock on the primary that fails over.
+	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
+	defer cancelWaiter()
+	waiter := lockAsync(t, waiterCtx, newMutex(t, cl.Client(), onOld[0].name))
+	require.Eventually(t, func() bool {
+		n, err := old.MustDo("ZCARD", onOld[0].g.Key()+":queue").ToInt64()
+		return err == nil && n == 1
+	}, eventually, pollEvery, "the waiter never stood in line")
 
 	base, _, _ = w.snapshot()
 	cl.Failover(replica[0])
@@ -388,6 +397,9 @@ func failoverKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
 	for _, h := range hs {
 		assert.Equal(t, distlock.Released, release(t, h.g))
 	}
+	o := await(t, waiter, 2*eventually, "the waiter after the failover")
+	require.NoError(t, o.err, "the waiter across the failover")
+	assert.Equal(t, distlock.Released, release(t, o.g))
 }
 
 // reshardingKeepsLocks moves the slots of held locks to other primaries,
