@@ -109,8 +109,8 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 `)
 
 // releaseScript deletes the lease if it still holds the caller's value and
-// passes it to the first live waiter in line, if there is one. It also takes
-// the caller out of line, and for [Client.Cancel] marks the value void.
+// passes it to the first live waiter in line, if there is one. For
+// [Client.Cancel] it also marks the value void and takes it out of line.
 //
 // ARGV[1] the acquisition's value, and for Cancel ARGV[2] how long the void
 // key lasts, in ms.
@@ -127,7 +127,12 @@ if KEYS[6] then
 end
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
-local err = leave(value)
+local err
+if KEYS[6] then
+  -- Only Cancel can find its value in line: a holder's value left the
+  -- line when it was granted.
+  err = leave(value)
+end
 local deleted = 0
 if cur == value then
   redis.call('DEL', KEYS[1])
@@ -591,7 +596,7 @@ const releaseTries = 8
 
 // Release deletes the lease if it still holds value and, in the same step,
 // passes it to the first live waiter in line, if any (see
-// [Client.AcquireOrQueue]); it also takes value out of line. It never
+// [Client.AcquireOrQueue]). It never
 // touches a lease held by another value.
 //
 // The delete is idempotent, so when a call fails without a reply from Redis
