@@ -82,7 +82,15 @@ const (
 const (
 	variantDistlock = "distlock"
 	variantSpin     = "spin"
+	// variantRing is no lock: the processes pass a token around a ring
+	// through Redis pub/sub (see runRing), the fastest a line of sleeping
+	// waiters, each woken by a push, can go on this machine.
+	variantRing = "ring"
 )
+
+// ringLead is added to the start lead of a ring phase: every process must
+// have subscribed before the token starts.
+const ringLead = 150 * time.Millisecond
 
 // benchCmd is a message from the test to a bench helper: either run a phase
 // (Variant set) or take the lock once (Lock set).
@@ -94,6 +102,9 @@ type benchCmd struct {
 	Workers int    `json:"workers,omitempty"`
 	Start   int64  `json:"start,omitempty"`
 	End     int64  `json:"end,omitempty"`
+	// The ring: this process's place in it and its size.
+	Index int `json:"index,omitempty"`
+	Size  int `json:"size,omitempty"`
 	// Lock the named lock with distlock's Lock, report when it is held,
 	// and release it.
 	Lock string `json:"lock,omitempty"`
@@ -124,6 +135,7 @@ type phaseResult struct {
 	Late    int64   `json:"late"` // how late its last worker started
 	// The scheduler's account of the process's threads during the phase
 	// (see schedStat).
+	CPU      int64    `json:"cpu"`    // ns spent on a CPU
 	RunDelay int64    `json:"rq"`     // ns spent runnable but waiting for a CPU
 	Slices   int64    `json:"slices"` // times a thread was put on a CPU
 	Errs     []string `json:"errs,omitempty"`
@@ -257,17 +269,18 @@ func runPhase(lock []locker, counter *redistest.CommandCounter, start, end time.
 	cmds, schedAfter := counter.Load()-before, schedStat()
 	wg.Wait()
 	res.Cmds = cmds
+	res.CPU = schedAfter.cpu - schedBefore.cpu
 	res.RunDelay = schedAfter.runDelay - schedBefore.runDelay
 	res.Slices = schedAfter.slices - schedBefore.slices
 	return res
 }
 
 // sched is the scheduler's account of this process's threads, from
-// /proc/self/task/*/schedstat: the time they spent waiting on a run queue
-// (runnable, but another thread had the CPU) and the number of times one
-// was put on a CPU. A thread that exits takes its share with it; the Go
+// /proc/self/task/*/schedstat: the time they spent on a CPU, the time they
+// spent waiting on a run queue (runnable, but another thread had the CPU)
+// and the number of times one was put on a CPU. A thread that exits takes its share with it; the Go
 // runtime seldom ends threads. Zero where /proc is not there.
-type sched struct{ runDelay, slices int64 }
+type sched struct{ cpu, runDelay, slices int64 }
 
 func schedStat() sched {
 	var s sched
@@ -279,6 +292,7 @@ func schedStat() sched {
 		}
 		var run, delay, slices int64
 		if _, err := fmt.Sscan(string(b), &run, &delay, &slices); err == nil {
+			s.cpu += run
 			s.runDelay += delay
 			s.slices += slices
 		}
@@ -288,11 +302,15 @@ func schedStat() sched {
 
 // machine is a sample of what the whole machine and the Redis server have
 // done so far: CPU time of the server (INFO cpu), and busy and total CPU
-// time of the machine (/proc/stat, in clock ticks).
+// time of the machine (/proc/stat, in clock ticks, 100 per second: the
+// kernel's USER_HZ on every Linux architecture Go supports).
 type machine struct {
 	redisCPU    float64 // s
 	busy, total int64
 }
+
+// ticksPerSecond is USER_HZ, the unit of /proc/stat.
+const ticksPerSecond = 100
 
 // sampleMachine samples srv and the machine; a figure it cannot read stays
 // zero.
@@ -327,7 +345,9 @@ func sampleMachine(srv *redistest.Server) machine {
 // usage is what srv and the machine did during a phase.
 type usage struct {
 	redisCPU time.Duration
-	busy     float64 // share of the machine's CPU time that was busy
+	busy     float64       // share of the machine's CPU time that was busy
+	busyCPU  time.Duration // the machine's busy CPU time
+	capacity time.Duration // the machine's CPU time: the phase times the CPUs
 }
 
 // watchMachine samples srv and the machine at start and end, in a goroutine
@@ -343,6 +363,8 @@ func watchMachine(srv *redistest.Server, start, end time.Time) <-chan usage {
 		u := usage{redisCPU: time.Duration((z.redisCPU - a.redisCPU) * float64(time.Second))}
 		if z.total > a.total {
 			u.busy = float64(z.busy-a.busy) / float64(z.total-a.total)
+			u.busyCPU = time.Duration(z.busy-a.busy) * time.Second / ticksPerSecond
+			u.capacity = time.Duration(z.total-a.total) * time.Second / ticksPerSecond
 		}
 		ch <- u
 	}()
@@ -420,12 +442,102 @@ func serveBench(rc rueidis.Client, counter *redistest.CommandCounter, cmd benchC
 		}
 		return benchReply{Held: held}
 	}
+	if cmd.Variant == variantRing {
+		res := runRing(rc, counter, cmd)
+		return benchReply{Result: &res}
+	}
 	lock, err := lockers(rc, cmd.Variant, cmd.Key, cmd.Workers)
 	if err != nil {
 		return benchReply{Err: err.Error()}
 	}
 	res := runPhase(lock, counter, localTime(cmd.Start), localTime(cmd.End))
 	return benchReply{Result: &res}
+}
+
+// runRing is one process's part in a ring: it waits for the token, holds it
+// holdFor with busy work and passes it on to the next process with SPUBLISH,
+// from start to end. The token arrives through lease.Client.Subscribe on the
+// process's own channel of key, as distlock's grants do, and the process
+// that holds it first is number 0. A turn is counted as an acquisition, and
+// its wait runs from passing the token on to getting it back.
+func runRing(rc rueidis.Client, counter *redistest.CommandCounter, cmd benchCmd) phaseResult {
+	start, end := localTime(cmd.Start), localTime(cmd.End)
+	res := phaseResult{Acq: make([]int, 1)}
+	keys, err := lease.NewKeys("distlock", cmd.Key)
+	if err != nil {
+		res.Errs = append(res.Errs, err.Error())
+		return res
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), end)
+	var (
+		wg     sync.WaitGroup
+		subErr error
+		once   sync.Once
+		ready  = make(chan struct{})
+		token  = make(chan struct{}, 1)
+	)
+	wg.Go(func() {
+		err := lease.New(rc).Subscribe(ctx, keys, strconv.Itoa(cmd.Index),
+			func() { once.Do(func() { close(ready) }) },
+			func(string, int64) {
+				select {
+				case token <- struct{}{}:
+				default:
+				}
+			})
+		if ctx.Err() == nil {
+			subErr = fmt.Errorf("ring subscription ended early: %v", err)
+		}
+	})
+	defer func() {
+		cancel()
+		wg.Wait()
+		if subErr != nil {
+			res.Errs = append(res.Errs, subErr.Error())
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(time.Until(start)):
+		res.Errs = append(res.Errs, "ring: not subscribed by the start")
+		return res
+	}
+	next := keys.WakeChannel(strconv.Itoa((cmd.Index + 1) % cmd.Size))
+	time.Sleep(time.Until(start))
+	before, schedBefore := counter.Load(), schedStat()
+	if cmd.Index == 0 {
+		token <- struct{}{}
+	}
+	asked := start
+	for {
+		select {
+		case <-token:
+		case <-ctx.Done():
+		}
+		got := time.Now()
+		if !got.Before(end) {
+			break
+		}
+		res.Acq[0]++
+		res.Waits = append(res.Waits, got.Sub(asked).Microseconds())
+		res.Held = append(res.Held, got.Sub(start).Microseconds())
+		work(holdFor)
+		res.Freed = append(res.Freed, time.Since(start).Microseconds())
+		msg := strconv.FormatInt(time.Now().UnixMicro(), 10) + "\nring"
+		if err := rc.Do(ctx, rc.B().Spublish().Channel(next).Message(msg).Build()).Error(); err != nil {
+			if !phaseOver(ctx, err, end) {
+				res.Errs = append(res.Errs, err.Error())
+			}
+			break
+		}
+		asked = time.Now()
+	}
+	schedAfter := schedStat()
+	res.Cmds = counter.Load() - before
+	res.CPU = schedAfter.cpu - schedBefore.cpu
+	res.RunDelay = schedAfter.runDelay - schedBefore.runDelay
+	res.Slices = schedAfter.slices - schedBefore.slices
+	return res
 }
 
 // startBenchProcs starts n bench helpers for srv and waits until each is
@@ -490,6 +602,9 @@ type phaseFigures struct {
 	slicesPerAcq              float64       // participants' times on a CPU
 	redisPerAcq               time.Duration // Redis CPU time
 	busy                      float64       // share of the machine's CPU busy
+	// others is the share of the machine's CPU that neither the
+	// participants nor Redis used: other work on the machine.
+	others float64
 }
 
 // figuresOf computes a phase's figures from its participants' results and
@@ -504,6 +619,7 @@ func figuresOf(b *testing.B, phase time.Duration, parts []phaseResult, u usage) 
 		spans    []span
 		cmds     int64
 		runDelay time.Duration
+		ourCPU   time.Duration
 		slices_  int64
 		f        phaseFigures
 	)
@@ -524,6 +640,7 @@ func figuresOf(b *testing.B, phase time.Duration, parts []phaseResult, u usage) 
 		}
 		cmds += p.Cmds
 		runDelay += time.Duration(p.RunDelay)
+		ourCPU += time.Duration(p.CPU)
 		slices_ += p.Slices
 		f.late = max(f.late, time.Duration(p.Late)*time.Microsecond)
 	}
@@ -581,6 +698,9 @@ func figuresOf(b *testing.B, phase time.Duration, parts []phaseResult, u usage) 
 	f.slicesPerAcq = float64(slices_) / float64(total)
 	f.redisPerAcq = u.redisCPU / time.Duration(total)
 	f.busy = u.busy
+	if u.capacity > 0 {
+		f.others = max(0, float64(u.busyCPU-ourCPU-u.redisCPU)/float64(u.capacity))
+	}
 	return f
 }
 
@@ -604,40 +724,38 @@ func benchRounds(b *testing.B) (int, time.Duration) {
 	return rounds, phase
 }
 
-// runRounds runs rounds of both variants through phase, alternating which
-// goes first, and returns the figures of each round. Each phase gets a key
-// of its own, base followed by the phase's number: a spinner whose SET NX
-// was cut short by the end of a phase may have taken the key without
+// runRounds runs rounds of the variants through phase, rotating which goes
+// first, and returns the figures of each round by variant. Each phase gets a
+// key of its own, base followed by the phase's number: a spinner whose SET
+// NX was cut short by the end of a phase may have taken the key without
 // knowing it, and nothing would delete it.
-func runRounds(b *testing.B, rounds int, base string, phase func(variant, key string) phaseFigures) (ours, spin []phaseFigures) {
+func runRounds(b *testing.B, rounds int, base string, variants []string, phase func(variant, key string) phaseFigures) map[string][]phaseFigures {
 	b.Helper()
+	out := make(map[string][]phaseFigures)
 	n := 0
 	for i := range rounds {
-		order := []string{variantDistlock, variantSpin}
-		if i%2 == 1 {
-			order = []string{variantSpin, variantDistlock}
-		}
-		for _, v := range order {
+		for j := range variants {
+			v := variants[(i+j)%len(variants)]
 			n++
-			f := phase(v, fmt.Sprint(base, ":", n))
-			if v == variantDistlock {
-				ours = append(ours, f)
-			} else {
-				spin = append(spin, f)
-			}
+			out[v] = append(out[v], phase(v, fmt.Sprint(base, ":", n)))
 		}
 	}
-	return ours, spin
+	return out
 }
 
 // procsPhase runs one phase of variant in every helper, each with workers
 // workers, for d, starting them at one instant, and returns its figures.
 func procsPhase(b *testing.B, srv *redistest.Server, procs []*helperproc.Proc, workers int, variant, key string, d time.Duration) phaseFigures {
 	b.Helper()
-	start := time.Now().Add(max(minLead, time.Duration(len(procs))*startLead))
+	lead := max(minLead, time.Duration(len(procs))*startLead)
+	if variant == variantRing {
+		lead += ringLead
+	}
+	start := time.Now().Add(lead)
 	end := start.Add(d)
-	cmd := benchCmd{Variant: variant, Key: key, Workers: workers, Start: start.UnixNano(), End: end.UnixNano()}
-	for _, p := range procs {
+	cmd := benchCmd{Variant: variant, Key: key, Workers: workers, Start: start.UnixNano(), End: end.UnixNano(), Size: len(procs)}
+	for i, p := range procs {
+		cmd.Index = i
 		if err := p.Send(cmd); err != nil {
 			b.Fatalf("bench helper %d: %v", p.Pid(), err)
 		}
@@ -668,12 +786,14 @@ func BenchmarkWaitProcesses(b *testing.B) {
 			rounds, d := benchRounds(b)
 			srv := redistest.Start(b)
 			procs := startBenchProcs(b, srv, n)
-			var ours, base []phaseFigures
+			figs := make(map[string][]phaseFigures)
 			for b.Loop() {
-				o, s := runRounds(b, rounds, "procs", func(v, key string) phaseFigures {
+				variants := []string{variantDistlock, variantSpin, variantRing}
+				for v, f := range runRounds(b, rounds, "procs", variants, func(v, key string) phaseFigures {
 					return procsPhase(b, srv, procs, 1, v, key, d)
-				})
-				ours, base = append(ours, o...), append(base, s...)
+				}) {
+					figs[v] = append(figs[v], f...)
+				}
 			}
 			stopBenchProcs(b, procs)
 			var targets []target
@@ -681,7 +801,7 @@ func BenchmarkWaitProcesses(b *testing.B) {
 				targets = append(targets, rateTarget(1.0), p99Target(3))
 			}
 			targets = append(targets, cmdsTarget(3), fairnessTarget(0.9))
-			reportRounds(b, fmt.Sprintf("%d processes × 1 worker", n), d, ours, base, targets)
+			reportRounds(b, fmt.Sprintf("%d processes × 1 worker", n), d, figs, targets)
 		})
 	}
 }
@@ -695,9 +815,10 @@ func BenchmarkWaitGoroutines(b *testing.B) {
 	rounds, d := benchRounds(b)
 	srv := redistest.Start(b)
 	c, counter := srv.CountingClient(b)
-	var ours, base []phaseFigures
+	figs := make(map[string][]phaseFigures)
 	for b.Loop() {
-		o, s := runRounds(b, rounds, "goroutines", func(v, key string) phaseFigures {
+		variants := []string{variantDistlock, variantSpin}
+		for v, f := range runRounds(b, rounds, "goroutines", variants, func(v, key string) phaseFigures {
 			lock, err := lockers(c, v, key, workers)
 			if err != nil {
 				b.Fatal(err)
@@ -706,10 +827,11 @@ func BenchmarkWaitGoroutines(b *testing.B) {
 			used := watchMachine(srv, start, start.Add(d))
 			res := runPhase(lock, counter, start, start.Add(d))
 			return figuresOf(b, d, []phaseResult{res}, <-used)
-		})
-		ours, base = append(ours, o...), append(base, s...)
+		}) {
+			figs[v] = append(figs[v], f...)
+		}
 	}
-	reportRounds(b, fmt.Sprintf("%d goroutines in one process", workers), d, ours, base,
+	reportRounds(b, fmt.Sprintf("%d goroutines in one process", workers), d, figs,
 		[]target{rateTarget(1.0), fairnessTarget(0.9), p99Target(3), cmdsTarget(3)})
 }
 
@@ -868,7 +990,7 @@ func (s spread) format(prec int, unit string) string {
 type stats struct {
 	rate, cmds, fairness, p50, p99, max, tail, late spread
 
-	handoffP50, handoffP99, handoffMean, releaseP50, releaseP99, wakeP50, wakeP99, holdP99, holdMax, evenTail, runDelay, slices, redis, busy spread
+	handoffP50, handoffP99, handoffMean, releaseP50, releaseP99, wakeP50, wakeP99, holdP99, holdMax, evenTail, runDelay, slices, redis, busy, others spread
 }
 
 func statsOf(fs []phaseFigures) stats {
@@ -903,6 +1025,7 @@ func statsOf(fs []phaseFigures) stats {
 		slices:      pick(func(f phaseFigures) float64 { return f.slicesPerAcq }),
 		redis:       pick(func(f phaseFigures) float64 { return µs(f.redisPerAcq) }),
 		busy:        pick(func(f phaseFigures) float64 { return 100 * f.busy }),
+		others:      pick(func(f phaseFigures) float64 { return 100 * f.others }),
 	}
 }
 
@@ -910,8 +1033,9 @@ func statsOf(fs []phaseFigures) stats {
 // medians and spreads, and whether each target is met. The table goes to
 // stdout: the testing package keeps only the first ten lines of a
 // benchmark's log.
-func reportRounds(b *testing.B, title string, d time.Duration, ours, base []phaseFigures, targets []target) {
+func reportRounds(b *testing.B, title string, d time.Duration, figs map[string][]phaseFigures, targets []target) {
 	b.Helper()
+	ours, base := figs[variantDistlock], figs[variantSpin]
 	o, s := statsOf(ours), statsOf(base)
 	ratios := make([]float64, len(ours))
 	for i := range ours {
@@ -930,34 +1054,64 @@ func reportRounds(b *testing.B, title string, d time.Duration, ours, base []phas
 	b.ReportMetric(o.p99.median, "p99-wait-ms")
 	b.ReportMetric(o.max.median, "max-wait-ms")
 
+	cols := []stats{o, s}
+	head := []string{"distlock Lock", "spinning SET NX + DEL"}
+	var ringRatio spread
+	if ring := figs[variantRing]; len(ring) > 0 {
+		cols = append(cols, statsOf(ring))
+		head = append(head, "pub/sub ring (no lock)")
+		rr := make([]float64, len(ours))
+		for i := range ours {
+			rr[i] = ours[i].rate / ring[i].rate
+		}
+		ringRatio = spreadOf(rr)
+		b.ReportMetric(ringRatio.median, "ring-ratio")
+	}
 	var t strings.Builder
 	fmt.Fprintf(&t, "%s: %s, hold %v of busy work, %d rounds × %v per variant; median (min..max) over rounds\n",
 		b.Name(), title, holdFor, len(ours), d)
-	row := func(name, a, c string) { fmt.Fprintf(&t, "  %-20s %-30s %s\n", name, a, c) }
-	row("", "distlock Lock", "spinning SET NX + DEL")
-	row("acq/s", o.rate.format(0, ""), s.rate.format(0, ""))
-	row("ratio to spinning", r.format(2, ""), "")
-	row("commands/acq", o.cmds.format(2, ""), s.cmds.format(2, ""))
-	row("wait p50", o.p50.format(2, " ms"), s.p50.format(2, " ms"))
-	row("wait p99", o.p99.format(2, " ms"), s.p99.format(2, " ms"))
-	row("wait max", o.max.format(1, " ms"), s.max.format(1, " ms"))
-	row("p99 / p50", o.tail.format(1, ""), s.tail.format(1, ""))
-	row("fairness", o.fairness.format(2, ""), s.fairness.format(2, ""))
-	row("latest start", o.late.format(1, " ms"), s.late.format(1, " ms"))
-	row("hand-off p50", o.handoffP50.format(0, " µs"), s.handoffP50.format(0, " µs"))
-	row("hand-off p99", o.handoffP99.format(0, " µs"), s.handoffP99.format(0, " µs"))
-	row("hand-off mean", o.handoffMean.format(0, " µs"), s.handoffMean.format(0, " µs"))
-	row("  release→grant p50", o.releaseP50.format(0, " µs"), "")
-	row("  release→grant p99", o.releaseP99.format(0, " µs"), "")
-	row("  grant→held p50", o.wakeP50.format(0, " µs"), "")
-	row("  grant→held p99", o.wakeP99.format(0, " µs"), "")
-	row("hold p99", o.holdP99.format(2, " ms"), s.holdP99.format(2, " ms"))
-	row("hold max", o.holdMax.format(1, " ms"), s.holdMax.format(1, " ms"))
-	row("p99 / p50, even", o.evenTail.format(1, ""), s.evenTail.format(1, ""))
-	row("run-queue wait/acq", o.runDelay.format(0, " µs"), s.runDelay.format(0, " µs"))
-	row("on-CPU slices/acq", o.slices.format(1, ""), s.slices.format(1, ""))
-	row("Redis CPU/acq", o.redis.format(1, " µs"), s.redis.format(1, " µs"))
-	row("machine busy", o.busy.format(0, " %"), s.busy.format(0, " %"))
+	line := func(name string, cells ...string) {
+		fmt.Fprintf(&t, "  %-20s", name)
+		for _, c := range cells {
+			fmt.Fprintf(&t, " %-30s", c)
+		}
+		t.WriteString("\n")
+	}
+	row := func(name string, f func(stats) spread, prec int, unit string) {
+		cells := make([]string, len(cols))
+		for i, c := range cols {
+			cells[i] = f(c).format(prec, unit)
+		}
+		line(name, cells...)
+	}
+	line("", head...)
+	row("acq/s", func(x stats) spread { return x.rate }, 0, "")
+	line("ratio to spinning", r.format(2, ""))
+	if len(cols) > 2 {
+		line("ratio to the ring", ringRatio.format(2, ""))
+	}
+	row("commands/acq", func(x stats) spread { return x.cmds }, 2, "")
+	row("wait p50", func(x stats) spread { return x.p50 }, 2, " ms")
+	row("wait p99", func(x stats) spread { return x.p99 }, 2, " ms")
+	row("wait max", func(x stats) spread { return x.max }, 1, " ms")
+	row("p99 / p50", func(x stats) spread { return x.tail }, 1, "")
+	row("fairness", func(x stats) spread { return x.fairness }, 2, "")
+	row("latest start", func(x stats) spread { return x.late }, 1, " ms")
+	row("hand-off p50", func(x stats) spread { return x.handoffP50 }, 0, " µs")
+	row("hand-off p99", func(x stats) spread { return x.handoffP99 }, 0, " µs")
+	row("hand-off mean", func(x stats) spread { return x.handoffMean }, 0, " µs")
+	line("  release→grant p50", o.releaseP50.format(0, " µs"))
+	line("  release→grant p99", o.releaseP99.format(0, " µs"))
+	line("  grant→held p50", o.wakeP50.format(0, " µs"))
+	line("  grant→held p99", o.wakeP99.format(0, " µs"))
+	row("hold p99", func(x stats) spread { return x.holdP99 }, 2, " ms")
+	row("hold max", func(x stats) spread { return x.holdMax }, 1, " ms")
+	row("p99 / p50, even", func(x stats) spread { return x.evenTail }, 1, "")
+	row("run-queue wait/acq", func(x stats) spread { return x.runDelay }, 0, " µs")
+	row("on-CPU slices/acq", func(x stats) spread { return x.slices }, 1, "")
+	row("Redis CPU/acq", func(x stats) spread { return x.redis }, 1, " µs")
+	row("machine busy", func(x stats) spread { return x.busy }, 0, " %")
+	row("  of it, other work", func(x stats) spread { return x.others }, 0, " %")
 	for _, tg := range targets {
 		ok, why := tg.met(o, s, r)
 		fmt.Fprintf(&t, "  target %s: %s (%s)\n", tg.what, metOrNot(ok), why)
