@@ -620,7 +620,7 @@ func figuresOf(b *testing.B, phase time.Duration, parts []phaseResult, u usage) 
 		cmds     int64
 		runDelay time.Duration
 		ourCPU   time.Duration
-		slices_  int64
+		onCPU    int64
 		f        phaseFigures
 	)
 	for _, p := range parts {
@@ -641,7 +641,7 @@ func figuresOf(b *testing.B, phase time.Duration, parts []phaseResult, u usage) 
 		cmds += p.Cmds
 		runDelay += time.Duration(p.RunDelay)
 		ourCPU += time.Duration(p.CPU)
-		slices_ += p.Slices
+		onCPU += p.Slices
 		f.late = max(f.late, time.Duration(p.Late)*time.Microsecond)
 	}
 	total := len(waits)
@@ -695,7 +695,7 @@ func figuresOf(b *testing.B, phase time.Duration, parts []phaseResult, u usage) 
 	_, f.holdP99, f.holdMax = percentiles(holds)
 	_, f.evenP99, _ = percentiles(even)
 	f.runDelayPerAcq = runDelay / time.Duration(total)
-	f.slicesPerAcq = float64(slices_) / float64(total)
+	f.slicesPerAcq = float64(onCPU) / float64(total)
 	f.redisPerAcq = u.redisCPU / time.Duration(total)
 	f.busy = u.busy
 	if u.capacity > 0 {
