@@ -894,7 +894,7 @@ func killWaiter(b *testing.B, srv *redistest.Server, c rueidis.Client, m *distlo
 		if err := p.Send(benchCmd{Lock: key}); err != nil {
 			b.Fatal(err)
 		}
-		waitInLine(b, c, keys, int64(i+1))
+		benchWaitInLine(b, c, keys, int64(i+1))
 	}
 	k.Kill()
 	kValue, err := c.Do(ctx, c.B().Zrange().Key(keys.Queue).Min("0").Max("0").Build()).AsStrSlice()
@@ -918,8 +918,8 @@ func killWaiter(b *testing.B, srv *redistest.Server, c rueidis.Client, m *distlo
 	return took, holder == kValue[0]
 }
 
-// waitInLine waits until want waiters stand in the line of keys.
-func waitInLine(b *testing.B, c rueidis.Client, keys lease.Keys, want int64) {
+// benchWaitInLine waits until want waiters stand in the line of keys.
+func benchWaitInLine(b *testing.B, c rueidis.Client, keys lease.Keys, want int64) {
 	b.Helper()
 	deadline := time.Now().Add(queueTimeout)
 	for {
