@@ -35,7 +35,8 @@ const (
 const inspectUsage = `Usage: distlock inspect [flags] KEY
 
 Shows who holds the lock KEY (the owner id from the lock's value), how long
-its lease has left, and the last fencing token issued for it. It only reads:
+its lease has left, the last fencing token issued for it, and who waits for
+it (the owners of the first 10 in line, first in line first). It only reads:
 it never changes the lock.
 
 With --watch it prints the state, then one line for each change (a new
@@ -43,7 +44,8 @@ holder, a release, a new token, an error) until interrupted; it polls every
 --interval. With --json each state is one JSON object per line:
 
   {"time":"...","key":"distlock:{backup}","state":"held","owner":"db-2:4711",
-   "value":"db-2:4711#<uuid>","expires_in_ms":8734,"last_token":1760086512345678}
+   "value":"db-2:4711#<uuid>","expires_in_ms":8734,"last_token":1760086512345678,
+   "waiting":2,"waiters":["db-1:812","db-3:77"]}
 
 state is "held", "free" or "error"; expires_in_ms is -1 for a key without
 expiry (not written by distlock); last_token is missing if the lock was never
@@ -119,15 +121,22 @@ func parseInspect(args []string) (inspectConfig, error) {
 	return c, nil
 }
 
-// inspectScript reads a lock's state in one step, so that the value, its TTL
-// and the token belong together.
+// inspectScript reads a lock's state in one step, so that the value, its TTL,
+// the token and the line belong together.
 //
-// KEYS[1] lease key, KEYS[2] fencing key.
-// Reply: {value or nil, pttl, last token or nil}. pttl is -2 when the lease
-// key does not exist and -1 when it has no expiry.
+// KEYS[1] lease key, KEYS[2] fencing key, KEYS[3] the line of waiters.
+// ARGV[1] how many waiters to name.
+// Reply: {value or nil, pttl, last token or nil, waiters in line, the first
+// ARGV[1] of their values}. pttl is -2 when the lease key does not exist and
+// -1 when it has no expiry.
 var inspectScript = rueidis.NewLuaScriptReadOnly(`
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+local n = redis.call('ZCARD', KEYS[3])
+local first = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[1]) - 1)
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), n, first}
 `)
+
+// maxNamedWaiters is how many waiters inspect names, first in line first.
+const maxNamedWaiters = 10
 
 // lockState is what inspect reports about a lock at one moment. Its JSON
 // form is the --json output.
@@ -141,7 +150,11 @@ type lockState struct {
 	// no expiry.
 	ExpiresInMS *int64 `json:"expires_in_ms,omitempty"`
 	LastToken   int64  `json:"last_token,omitempty"`
-	Error       string `json:"error,omitempty"`
+	// Waiting is how many Lock calls stand in the lock's line; Waiters
+	// names the owners of the first ones, first in line first.
+	Waiting int      `json:"waiting"`
+	Waiters []string `json:"waiters,omitempty"`
+	Error   string   `json:"error,omitempty"`
 }
 
 // differs reports whether s and o describe different states, ignoring the
@@ -149,7 +162,7 @@ type lockState struct {
 func (s lockState) differs(o lockState) bool {
 	noExpiry := func(l lockState) bool { return l.ExpiresInMS != nil && *l.ExpiresInMS < 0 }
 	return s.State != o.State || s.Value != o.Value || s.LastToken != o.LastToken ||
-		s.Error != o.Error || noExpiry(s) != noExpiry(o)
+		s.Waiting != o.Waiting || s.Error != o.Error || noExpiry(s) != noExpiry(o)
 }
 
 // runInspect implements "distlock inspect". Without --watch it returns nil
@@ -239,12 +252,21 @@ func inspect(ctx context.Context, client rueidis.Client, keys lease.Keys) (lockS
 	ctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
 	s := lockState{Time: time.Now(), Key: keys.Lease, State: "free"}
-	arr, err := inspectScript.Exec(ctx, client, []string{keys.Lease, keys.Fence}, nil).ToArray()
+	arr, err := inspectScript.Exec(ctx, client, []string{keys.Lease, keys.Fence, keys.Queue},
+		[]string{strconv.Itoa(maxNamedWaiters)}).ToArray()
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
 	}
-	if len(arr) != 3 {
-		return s, fmt.Errorf("reading %s: %d replies instead of 3", keys.Lease, len(arr))
+	if len(arr) != 5 {
+		return s, fmt.Errorf("reading %s: %d replies instead of 5", keys.Lease, len(arr))
+	}
+	if n, err := arr[3].AsInt64(); err == nil {
+		s.Waiting = int(n)
+	}
+	if values, err := arr[4].AsStrSlice(); err == nil {
+		for _, v := range values {
+			s.Waiters = append(s.Waiters, lease.Owner(v))
+		}
 	}
 	pttl, err := arr[1].AsInt64()
 	if err != nil {
@@ -291,6 +313,12 @@ func (s lockState) text(withTime bool) string {
 		fmt.Fprintf(&b, "  last token %d", s.LastToken)
 	} else {
 		b.WriteString("  no token issued")
+	}
+	if s.Waiting > 0 {
+		fmt.Fprintf(&b, "  %d waiting: %s", s.Waiting, strings.Join(s.Waiters, ", "))
+		if s.Waiting > len(s.Waiters) {
+			b.WriteString(", ...")
+		}
 	}
 	return b.String()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -97,6 +98,24 @@ func TestInspect(t *testing.T) {
 	assert.Greater(t, *s.ExpiresInMS, int64(0))
 	assert.LessOrEqual(t, *s.ExpiresInMS, ttl.Milliseconds())
 	assert.Equal(t, g.Token(), s.LastToken)
+	assert.Zero(t, s.Waiting)
+
+	// Two waiters in line, named first in line first.
+	ctx, cancel := context.WithCancel(t.Context())
+	var waiters sync.WaitGroup
+	for i, owner := range []string{"first:1", "second:2"} {
+		m, err := distlock.NewMutex(srv.Client(), "job", distlock.WithOwner(owner))
+		require.NoError(t, err)
+		waiters.Go(func() { _, _ = m.Lock(ctx) })
+		require.Eventually(t, func() bool { return inspectJSON(t, srv, "job").Waiting == i+1 }, eventually, 10*time.Millisecond)
+	}
+	s = inspectJSON(t, srv, "job")
+	assert.Equal(t, 2, s.Waiting)
+	assert.Equal(t, []string{"first:1", "second:2"}, s.Waiters)
+	assert.Contains(t, inspectText(t, srv, "job"), "  2 waiting: first:1, second:2\n")
+	cancel()
+	waiters.Wait()
+	require.Eventually(t, func() bool { return inspectJSON(t, srv, "job").Waiting == 0 }, eventually, 10*time.Millisecond)
 
 	// Another namespace is another lock.
 	assert.Equal(t, "jobs:{job}  free  no token issued\n", inspectText(t, srv, "--namespace", "jobs", "job"))
