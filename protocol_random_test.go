@@ -1137,3 +1137,133 @@ func (r *round) faultsNear(from, to time.Time) []string {
 	}
 	return out
 }
+
+// TestLockGivesUpWhileItsCallHangs checks W3 for a Lock call whose request
+// to Redis hangs (here behind a partition) when its ctx is cancelled: Lock
+// must return at once, not when the request fails. The randomized test
+// found two ways it did not, with rueidis v1.0.79:
+//
+//   - On a connection without a background reader, rueidis sends a command
+//     whose ctx has a deadline as a synchronous write and read bounded by
+//     that deadline alone: it does not watch the ctx's cancellation. A
+//     connection gets its background reader from a subscription or from a
+//     command sent without a deadline, and Lock sends every call with one;
+//     so the connections that the room's subscription does not use stay
+//     that way from the moment they are opened (a client's start, or any
+//     reconnect). rueidis picks one of its connections at random for each
+//     call, so the case makes several waits, each on fresh connections, with
+//     four connections: with the bug, every call avoids it with a chance of
+//     4^-randomHangingCalls.
+//   - A call that finds its connection closed (after a reset) opens a new
+//     one and sends its handshake first, bounded by rueidis's own timeouts
+//     and not by the ctx at all.
+func TestLockGivesUpWhileItsCallHangs(t *testing.T) {
+	t.Parallel()
+	t.Run("idle connection", func(t *testing.T) {
+		t.Parallel()
+		w, p, rc, wr, m := hangWorld(t)
+		var worst time.Duration
+		for i := range randomHangingCalls {
+			// The place of the previous wait lapses within the claim window
+			// (its cancel could not reach Redis).
+			waitFor(t, randomClaim+slack, "the line to empty", func() bool { return queued(t, w) == 0 })
+			// Replace the connections that the last heal closed, with
+			// commands sent with a deadline, as Lock's, so that they stay
+			// without a background reader. (A command on a dead connection
+			// fails before rueidis opens a new one, and Lock's first call
+			// would fail with it.)
+			for i := range 64 {
+				ctx, cancel := context.WithTimeout(t.Context(), eventually)
+				_ = rc.Do(ctx, rc.B().Exists().Key(fmt.Sprint("warm-up:", i)).Build()).Error()
+				cancel()
+			}
+			worst = max(worst, giveUpWhileHanging(t, w, wr, m, func() { p.SetBoth(faultproxy.Blackhole) }))
+			p.Heal()
+			t.Logf("wait %d: the worst give-up so far took %v", i, worst)
+		}
+		assert.LessOrEqual(t, worst, randomGiveUp, "W3: Lock must return at once when its ctx is cancelled")
+	})
+	t.Run("reconnecting", func(t *testing.T) {
+		t.Parallel()
+		w, p, rc, wr, m := hangWorld(t)
+		openConnections(t, rc)
+		took := giveUpWhileHanging(t, w, wr, m, func() {
+			p.Reset()
+			p.SetBoth(faultproxy.Blackhole)
+		})
+		p.Heal()
+		t.Logf("the give-up took %v", took)
+		assert.LessOrEqual(t, took, randomGiveUp, "W3: Lock must return at once when its ctx is cancelled")
+	})
+}
+
+// How TestLockGivesUpWhileItsCallHangs waits: how many waits on idle
+// connections it makes, and how long a call must have been in flight to
+// count as hanging.
+const (
+	randomHangingCalls = 5
+	hangingFor         = 50 * time.Millisecond
+)
+
+// hangWorld returns a world whose lock is held (and released when the test
+// ends), and a waiting client with four connections behind proxy p.
+func hangWorld(t *testing.T) (*world, *faultproxy.Proxy, rueidis.Client, *wire, *distlock.Mutex) {
+	w := newWorld(t, safetyTTL)
+	holder := w.newClient("holder")
+	h, err := holder.lock(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { h.mustRelease(t, distlock.Released) })
+	p := faultproxy.New(t, w.srv.Addr())
+	rc := redistest.NewClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: true, PipelineMultiplex: 2})
+	wr := newWire(rc, w.rec, w.tokens)
+	m, err := distlock.NewMutex(wr, w.lock, distlock.WithTTL(w.ttl), distlock.WithOwner("waiter"))
+	require.NoError(t, err)
+	return w, p, rc, wr, m
+}
+
+// queued returns how many waiters stand in the world's line.
+func queued(t *testing.T, w *world) int64 {
+	n, err := w.srv.MustDo("ZCARD", "distlock:{safety}:queue").AsInt64()
+	require.NoError(t, err)
+	return n
+}
+
+// giveUpWhileHanging starts a Lock call of m, waits until it stands in line,
+// cuts it off with cut, waits until a call of m hangs, cancels the Lock
+// call and returns how long it took to return.
+func giveUpWhileHanging(t *testing.T, w *world, wr *wire, m *distlock.Mutex, cut func()) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type result struct {
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		g, err := m.Lock(ctx)
+		if g != nil {
+			_, _ = g.Release(context.Background())
+		}
+		done <- result{err, time.Now()}
+	}()
+	waitFor(t, eventually, "the waiter to stand in line", func() bool { return queued(t, w) == 1 })
+	cut()
+	// A call that has not returned for a while hangs; one that has just
+	// been sent may still fail at once on a closed connection.
+	waitFor(t, eventually, "a call of the waiter to hang", func() bool {
+		return len(wr.find(func(c wireCall) bool {
+			return c.kind == acquireCall && !c.done && time.Since(c.start) > hangingFor
+		})) > 0
+	})
+	cancelled := time.Now()
+	cancel()
+	select {
+	case r := <-done:
+		require.ErrorIs(t, r.err, context.Canceled)
+		return r.at.Sub(cancelled)
+	case <-time.After(2 * eventually):
+		t.Fatalf("Lock did not return within %v of its ctx being cancelled", 2*eventually)
+	}
+	return 0
+}
