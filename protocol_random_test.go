@@ -29,8 +29,10 @@ package distlock_test
 //   - W5: once everyone had left, no lease, queue keys, void keys or wake
 //     subscriptions remained (checkLeftovers; goroutines: TestMain).
 //
-// The seed is logged; DISTLOCK_RANDOM_SEED=s replays the same moves (not
-// the same timing, which the machine decides). DISTLOCK_RANDOM_OPS sets the
+// The seed is logged; DISTLOCK_RANDOM_SEED=s replays the same random draws,
+// and so the same moves as far as they do not depend on timing (a move
+// that picks a waiting call sees which calls still wait); the timing is the
+// machine's. DISTLOCK_RANDOM_OPS sets the
 // number of moves per round, and DISTLOCK_SOAK=n runs n rounds, with the
 // seeds s, s+1, ...
 
