@@ -11,6 +11,12 @@ import (
 	"github.com/distkit-go/distlock/lease"
 )
 
+// brokenConnTries bounds how many times in a row a waiting Lock sends its
+// call again at once after it failed without a reply. It is more than the
+// number of connections rueidis keeps to one node by default (two, or four
+// with four or more CPUs), since each dead one can fail one call.
+const brokenConnTries = 8
+
 // expiryGrace is added to the holder's remaining TTL (which Redis rounds
 // down to the millisecond) before the first waiter in line asks again, so
 // that it asks just after a holder that died without releasing has expired.
@@ -95,6 +101,7 @@ type acquirer struct {
 // connection, a deadline), which a waiter may ride out.
 func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry bool, err error) {
 	m := a.m
+	broken := 0 // calls that failed on a broken connection
 	for {
 		sent := time.Now()
 		a.attempts++
@@ -117,9 +124,19 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 			if a.ctx.Err() != nil {
 				return nil, grant, false, m.ctxError(a.ctx)
 			}
+			retry := !replied && !notAcked
+			if retry && p != nil && !errors.Is(err, context.DeadlineExceeded) && broken < brokenConnTries {
+				// A pooled connection that broke while idle fails the first
+				// call sent on it although Redis is reachable. A waiter
+				// sends its call again at once (it carries the same value,
+				// so a repeat is harmless), as Release does; TryLock, a
+				// single attempt, reports the error.
+				broken++
+				continue
+			}
 			// A grant that replicas did not acknowledge was undone and
 			// ends the call; so does any error Redis answered with.
-			return nil, grant, !replied && !notAcked, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
+			return nil, grant, retry, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
 		}
 		if !grant.Acquired {
 			if grant.Holder != "" && m.abandoned.take(grant.Holder) && m.cleanup(a.ctx, grant.Holder) {

@@ -843,7 +843,7 @@ func (r *round) waiterCalls() (calls map[string][]wireCall, passes map[string][]
 }
 
 // inLine reports whether c is a call that left its waiter standing in line.
-func inLine(c wireCall) bool {
+func leftInLine(c wireCall) bool {
 	return c.kind == acquireCall && c.claim > 0 && c.done && c.err == nil && !c.ok
 }
 
@@ -856,7 +856,7 @@ func placeHeld(calls []wireCall, claim time.Duration, from, to time.Time) bool {
 	type span struct{ lo, hi time.Time }
 	var spans []span
 	for _, c := range calls {
-		if inLine(c) {
+		if leftInLine(c) {
 			spans = append(spans, span{c.end, c.start.Add(claim - clockSlop)})
 		}
 	}
@@ -898,7 +898,7 @@ func (r *round) checkOrder() {
 		if !slices.ContainsFunc(passes[b.name], func(p pass) bool { return p.token == b.token }) {
 			lo = b.start
 			for _, c := range calls[b.name] {
-				if inLine(c) && c.end.Before(g) {
+				if leftInLine(c) && c.end.Before(g) {
 					lo = later(lo, c.start)
 				}
 			}

@@ -507,6 +507,18 @@ func (b *tokenBook) get(value string) (int64, bool) {
 	return t, ok
 }
 
+// issued reports whether token is known to belong to some value.
+func (b *tokenBook) issued(token int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, t := range b.m {
+		if t == token {
+			return true
+		}
+	}
+	return false
+}
+
 func (b *tokenBook) setQueued(value string, q queuedCall) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -544,7 +556,7 @@ type wireCall struct {
 	err        error // a Redis or transport error
 	token      int64 // acquire: the token of value
 	passed     string
-	passToken  int64 // release: the waiter the lease was passed to, and the grant's token
+	passToken  int64 // release or acquire: the waiter the lease was passed to, and the grant's token
 }
 
 func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
@@ -609,6 +621,22 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 			case c.kind == releaseCall && len(arr) == 4:
 				c.passToken, _ = arr[1].AsInt64()
 				c.passed, _ = arr[2].ToString()
+			case c.kind == acquireCall && !c.ok && len(arr) >= 6:
+				// An acquire that found the lease free and a live waiter
+				// first in line passed the lease to it: the reply names that
+				// waiter as the holder, with the grant's token as the last
+				// token. A holder unknown to the book got the lease that way
+				// (or through a client of another process: then the bound
+				// below is shorter than its real lease, never longer, since
+				// a claim window is at most the TTL).
+				// The token must be new too: a value an operator wrote holds
+				// the lease with the last token of someone else.
+				holder, _ := arr[2].ToString()
+				token, _ := arr[5].AsInt64()
+				if _, known := w.tokens.get(holder); holder != "" && holder != c.value && !known &&
+					token > 0 && !w.tokens.issued(token) {
+					c.passed, c.passToken = holder, token
+				}
 			}
 		}
 	}

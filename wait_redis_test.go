@@ -599,3 +599,27 @@ func TestTryLockAndPollingDoNotQueueOrBarge(t *testing.T) {
 	proxy.Heal()
 	requireNothingLeft(t, srv, g.Key())
 }
+
+// A waiting Lock whose first call goes out on a pooled connection that died
+// while idle sends it again, rather than fail with the connection's error.
+func TestLockAfterIdleConnectionsDied(t *testing.T) {
+	srv := redistest.Start(t)
+	g, err := newMutex(t, srv.Client(), "res", distlock.WithTTL(longTTL)).Lock(t.Context())
+	require.NoError(t, err)
+	proxy := faultproxy.New(t, srv.Addr())
+	opt := srv.ClientOption()
+	opt.InitAddress = []string{proxy.Addr()}
+	opt.PipelineMultiplex = 2 // four connections, chosen at random per command
+	c := redistest.NewClient(t, opt)
+	for i := range 64 { // open every pooled connection
+		require.NoError(t, c.Do(t.Context(), c.B().Exists().Key(strconv.Itoa(i)).Build()).Error())
+	}
+	proxy.Reset()
+	result := lockAsync(t, t.Context(), newMutex(t, c, "res", distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, g.Key(), 1)
+	release(t, g)
+	o := await(t, result, promptly, "the waiter")
+	require.NoError(t, o.err)
+	release(t, o.g)
+	requireNothingLeft(t, srv, g.Key())
+}
