@@ -112,6 +112,25 @@ func requireNothingLeft(t *testing.T, srv *redistest.Server, key string) {
 		exists(t, srv, key+":queue"), exists(t, srv, key+":waiters"), wakeChannels(t, srv, key), distlock.Rooms())
 }
 
+// throughProxy returns a fault proxy in front of srv and the options of a
+// client that reaches srv through it.
+func throughProxy(t *testing.T, srv *redistest.Server) (*faultproxy.Proxy, rueidis.ClientOption) {
+	t.Helper()
+	proxy := faultproxy.New(t, srv.Addr())
+	opt := srv.ClientOption()
+	opt.InitAddress = []string{proxy.Addr()}
+	return proxy, opt
+}
+
+// openAllConnections makes c open every pooled connection (keyed commands
+// pick one at random), so that a reset breaks them all while idle.
+func openAllConnections(t *testing.T, c rueidis.Client) {
+	t.Helper()
+	for i := range 64 {
+		require.NoError(t, c.Do(t.Context(), c.B().Exists().Key(strconv.Itoa(i)).Build()).Error())
+	}
+}
+
 // cpuTime returns the CPU time this process has used.
 func cpuTime(t *testing.T) time.Duration {
 	t.Helper()
@@ -213,9 +232,7 @@ func TestDeadWaiterCostsAtMostTheClaimWindow(t *testing.T) {
 	g, err := holder.Lock(t.Context())
 	require.NoError(t, err)
 
-	proxy := faultproxy.New(t, srv.Addr())
-	opt := srv.ClientOption()
-	opt.InitAddress = []string{proxy.Addr()}
+	proxy, opt := throughProxy(t, srv)
 	dead := newMutex(t, redistest.NewClient(t, opt), "res", distlock.WithTTL(longTTL), distlock.WithClaimWindow(claim))
 	deadCtx, cancelDead := context.WithCancel(t.Context())
 	deadResult := lockAsync(t, deadCtx, dead)
@@ -316,18 +333,14 @@ func TestPassWithinAProcessThenToAnother(t *testing.T) {
 // is retried, and the waiter gets the lock at once, not after the TTL.
 func TestPassAfterIdleConnectionsDied(t *testing.T) {
 	srv := redistest.Start(t)
-	proxy := faultproxy.New(t, srv.Addr())
-	opt := srv.ClientOption()
-	opt.InitAddress = []string{proxy.Addr()}
+	proxy, opt := throughProxy(t, srv)
 	opt.PipelineMultiplex = 2 // four connections, chosen at random per command
 	c := redistest.NewClient(t, opt)
 	g, err := newMutex(t, c, "res", distlock.WithTTL(longTTL)).Lock(t.Context())
 	require.NoError(t, err)
 	result := lockAsync(t, t.Context(), newMutex(t, c, "res", distlock.WithTTL(longTTL)))
 	waitInLine(t, srv, g.Key(), 1)
-	for i := range 64 { // open every pooled connection
-		require.NoError(t, c.Do(t.Context(), c.B().Exists().Key(strconv.Itoa(i)).Build()).Error())
-	}
+	openAllConnections(t, c)
 
 	proxy.Reset()
 	released := time.Now()
@@ -464,9 +477,7 @@ func TestPassedLeaseDeadlinePrecedesItsExpiry(t *testing.T) {
 	const claim = 300 * time.Millisecond
 	g, err := newMutex(t, srv.Client(), "res", distlock.WithTTL(longTTL)).Lock(t.Context())
 	require.NoError(t, err)
-	proxy := faultproxy.New(t, srv.Addr())
-	opt := srv.ClientOption()
-	opt.InitAddress = []string{proxy.Addr()}
+	proxy, opt := throughProxy(t, srv)
 	waiter := newMutex(t, redistest.NewClient(t, opt), "res", distlock.WithTTL(longTTL), distlock.WithClaimWindow(claim))
 	result := lockAsync(t, t.Context(), waiter)
 	waitInLine(t, srv, g.Key(), 1)
@@ -576,9 +587,7 @@ func TestTryLockAndPollingDoNotQueueOrBarge(t *testing.T) {
 
 	// A waiter in line whose process was cut off: the lock passed to it
 	// lapses, and then a poller may take it, but not before.
-	proxy := faultproxy.New(t, srv.Addr())
-	opt := srv.ClientOption()
-	opt.InitAddress = []string{proxy.Addr()}
+	proxy, opt := throughProxy(t, srv)
 	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
 	waiter := lockAsync(t, waiterCtx, newMutex(t, redistest.NewClient(t, opt), "res", distlock.WithClaimWindow(claim)))
 	waitInLine(t, srv, g.Key(), 1)
@@ -606,14 +615,10 @@ func TestLockAfterIdleConnectionsDied(t *testing.T) {
 	srv := redistest.Start(t)
 	g, err := newMutex(t, srv.Client(), "res", distlock.WithTTL(longTTL)).Lock(t.Context())
 	require.NoError(t, err)
-	proxy := faultproxy.New(t, srv.Addr())
-	opt := srv.ClientOption()
-	opt.InitAddress = []string{proxy.Addr()}
+	proxy, opt := throughProxy(t, srv)
 	opt.PipelineMultiplex = 2 // four connections, chosen at random per command
 	c := redistest.NewClient(t, opt)
-	for i := range 64 { // open every pooled connection
-		require.NoError(t, c.Do(t.Context(), c.B().Exists().Key(strconv.Itoa(i)).Build()).Error())
-	}
+	openAllConnections(t, c)
 	proxy.Reset()
 	result := lockAsync(t, t.Context(), newMutex(t, c, "res", distlock.WithTTL(longTTL)))
 	waitInLine(t, srv, g.Key(), 1)
