@@ -104,7 +104,10 @@ end
 if ARGV[3] == '0' then
   return {0, redis.call('PTTL', KEYS[1]), cur, -1, 0, last}
 end
-local rank, ticket = standInLine(now or clock(), value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local rank, ticket, serr = standInLine(now or clock(), value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
+if serr then
+  return serr
+end
 return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 `)
 
@@ -122,9 +125,6 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // A fencing or queue key of the wrong type or content does not stop the
 // delete: the lease is deleted and not passed on.
 var releaseScript = newScript(protocolLua + `
-if KEYS[6] then
-  redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
-end
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
 local err
@@ -137,6 +137,11 @@ local deleted = 0
 if cur == value then
   redis.call('DEL', KEYS[1])
   deleted, cur = 1, false
+end
+if KEYS[6] then
+  -- After the delete: at maxmemory Redis refuses a script's first write
+  -- unless it frees memory, and the delete must not depend on the marker.
+  redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
 end
 if cur or err then
   return {deleted}
@@ -157,10 +162,12 @@ return {deleted, token, v, room}
 `)
 
 // protocolLua defines the helpers of acquireScript and releaseScript. They
-// read the queue keys with pcall and hand back the error of a key of the
-// wrong type, so that acquire fails before it writes anything and release
-// still deletes the lease; and they call TIME only when they need the
-// clock, to keep the uncontended path short.
+// read the queue keys with pcall and hand back an error (foreign) for a key
+// of the wrong type, so that acquire fails before it writes anything and
+// release still deletes the lease. They read only what a call needs: the
+// waiters hash only when someone is in line, TIME only when the clock
+// matters. So the uncontended path stays short, and a foreign waiters key
+// is noticed when the line is used, not by every acquisition.
 //
 // fence reads the fencing key and returns the last token, or the error
 // reply to return: the key must hold digits only, since Lua's tonumber would
@@ -192,7 +199,10 @@ return {deleted, token, v, room}
 // disappears. It returns the value's rank and ticket.
 var protocolLua = `
 local function fence()
-  local raw = redis.call('GET', KEYS[2])
+  local raw = redis.pcall('GET', KEYS[2])
+  if type(raw) == 'table' then
+    return nil, raw
+  end
   if not raw then
     return 0
   end
@@ -224,10 +234,13 @@ local function grant(last, now, value, ttl)
   redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
   return {1, token}
 end
+local function foreign()
+  return redis.error_reply('ERR distlock: queue keys ' .. KEYS[3] .. ' and ' .. KEYS[4] .. ' hold something else')
+end
 local function leave(value)
   local r = redis.pcall('ZSCORE', KEYS[3], value)
   if type(r) == 'table' and r.err then
-    return r
+    return foreign()
   end
   if r then
     redis.call('ZREM', KEYS[3], value)
@@ -239,7 +252,7 @@ local function first()
   while true do
     local r = redis.pcall('ZRANGE', KEYS[3], 0, 0)
     if r.err then
-      return nil, nil, nil, nil, r
+      return nil, nil, nil, nil, foreign()
     end
     local v = r[1]
     if not v then
@@ -247,7 +260,7 @@ local function first()
     end
     local raw = redis.pcall('HGET', KEYS[4], v)
     if type(raw) == 'table' and raw.err then
-      return nil, nil, nil, nil, raw
+      return nil, nil, nil, nil, foreign()
     end
     now = now or clock()
     if raw then
@@ -277,7 +290,11 @@ local function passTo(last, now, v, claim, room)
   return token
 end
 local function standInLine(now, value, claim, room, ticket)
-  local have = redis.call('ZSCORE', KEYS[3], value)
+  local have = redis.pcall('ZSCORE', KEYS[3], value)
+  local entry = redis.pcall('HEXISTS', KEYS[4], value)
+  if type(have) == 'table' and have.err or type(entry) == 'table' then
+    return nil, nil, foreign()
+  end
   if have then
     ticket = tonumber(have)
   else
