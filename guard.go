@@ -127,11 +127,11 @@ func (g *Guard) Key() string { return g.key }
 // holder that was paused past its lease from doing damage.
 func (g *Guard) Token() int64 { return g.token }
 
-// Attempt returns how many calls to Redis the acquisition made before the
-// one that won the lock: 0 if the first try succeeded. For a Lock that
-// waited in line, it counts the call that put it in line and each refresh
-// of its place; a lock passed to it by a release needs no call of its own,
-// so Attempt is then the number of calls it made while waiting.
+// Attempt returns how many calls to Redis the acquisition made before its
+// last one: 0 if the first try succeeded. For a Lock that waited in line,
+// the calls are the one that put it in line and each refresh of its place;
+// when a release passed it the lock, its last call is the last refresh
+// before the pass.
 func (g *Guard) Attempt() int { return g.attempt }
 
 // State reports the guard's state now. It does not call Redis: it reads the
