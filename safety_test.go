@@ -8,6 +8,7 @@ package distlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"runtime"
@@ -24,6 +25,7 @@ import (
 	"github.com/distkit-go/distlock/internal/faultproxy"
 	"github.com/distkit-go/distlock/internal/history"
 	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/lease"
 )
 
 // TestSafety01Contention: many clients acquire, increment the fenced counter
@@ -146,19 +148,26 @@ func TestSafety02PartitionLongerThanTTL(t *testing.T) {
 	})
 }
 
-// lostBeforeExpiry checks the loss against L1: reported before t_s + T as
-// the library counts it, and before t_s + T as the wire saw the send of the
-// last confirmed write (so a deadline counted from the reply, or from any
-// time after the send, fails here).
+// lostBeforeExpiry checks the loss against L1: its deadline is counted
+// from no later than the send of the last confirmed write as the wire saw
+// it (so a deadline counted from the reply, or from any time after the
+// send, fails here), and the Lost event came at the deadline D, before
+// t_s + T, as the library counts it and as the wire does. The event comes
+// from the guard's actor, which may run late on a busy machine: it may come
+// later by what the scheduling delay then explains. (State does not wait
+// for the actor: it reports Lost from D on, which the history checks.)
 func lostBeforeExpiry(t *testing.T, h *holding, l loss) {
 	t.Helper()
-	assert.True(t, l.at.Before(h.expiry(l)), "Lost %v after t_s+T", l.at.Sub(h.expiry(l)))
 	sent, ok := h.c.wire.lastConfirmBefore(h.token, l.at)
 	require.True(t, ok, "no confirmed write of %s before its loss", h.c.name)
 	assert.False(t, h.expiry(l).After(sent.Add(h.c.w.ttl)),
 		"the guard's deadline is counted from %v after the send of its last confirmed write",
 		h.expiry(l).Sub(sent.Add(h.c.w.ttl)))
-	assert.True(t, l.at.Before(sent.Add(h.c.w.ttl)), "Lost %v after the wire's t_s+T", l.at.Sub(sent.Add(h.c.w.ttl)))
+	late := h.c.w.delayed(l.deadline, l.at)
+	assert.True(t, l.at.Before(h.expiry(l).Add(late)), "Lost %v after t_s+T, of which %v is explained by scheduling",
+		l.at.Sub(h.expiry(l)), late)
+	assert.True(t, l.at.Before(sent.Add(h.c.w.ttl).Add(late)),
+		"Lost %v after the wire's t_s+T, of which %v is explained by scheduling", l.at.Sub(sent.Add(h.c.w.ttl)), late)
 }
 
 // wireLead returns how long before t_s + T, with t_s as the wire saw it,
@@ -210,7 +219,7 @@ func TestSafety03ShortPartition(t *testing.T) {
 			var l loss
 			if tc.hold > 0 {
 				time.Sleep(tc.hold)
-				tc.heal(a.proxy)
+				tc.heal(a.proxy) // resets the connections
 				l = ha.waitLost(t, eventually)
 			} else {
 				l = ha.waitLost(t, ttl+slack)
@@ -220,7 +229,10 @@ func TestSafety03ShortPartition(t *testing.T) {
 			assert.Equal(t, tc.reason, l.reason, "reason: %v", l.err)
 			lostBeforeExpiry(t, ha, l)
 			if tc.reason == distlock.LostRenewFailed {
-				assert.True(t, l.at.Before(l.deadline), "a broken connection must be reported before the deadline")
+				late := w.delayed(cut, l.at)
+				assert.True(t, l.at.Before(l.deadline.Add(late)),
+					"a broken connection must be reported before the deadline, not %v after it (%v explained by scheduling)",
+					l.at.Sub(l.deadline), late)
 			}
 			waitFor(t, ttl, "a regains its lease", func() bool {
 				return ha.regainCount() > 0 && ha.g.State() == distlock.Acquired
@@ -261,7 +273,9 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 		a.proxy.Heal() // resets every connection
 		l := ha.waitLost(t, eventually)
 		assert.Equal(t, distlock.LostRenewFailed, l.reason, "reason: %v", l.err)
-		assert.True(t, l.at.Before(l.deadline), "Lost at its deadline, not at the reset")
+		late := w.delayed(reset, l.at)
+		assert.True(t, l.at.Before(l.deadline.Add(late)),
+			"Lost %v after its deadline (%v explained by scheduling), not at the reset", l.at.Sub(l.deadline), late)
 		waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
 		ha.mustRelease(t, distlock.Released)
 		w.requireClean(label("4", "reset"))
@@ -271,12 +285,15 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 		w, a, b, ha := pair(t, ttl)
 		bw := b.lockInBackground(t.Context())
 		ha.waitRenewals(t, 1)
+		refused := time.Now()
 		a.proxy.Refuse()
 		l := ha.waitLost(t, ttl)
 		assert.Equal(t, distlock.LostRenewFailed, l.reason, "reason: %v", l.err)
 		// The next renewal, due a third of the TTL after the last one,
 		// fails as soon as it is tried.
-		assert.Greater(t, ha.lead(l), ttl/3, "Lost too close to the expiry for a refused connection")
+		late := w.delayed(refused, l.at)
+		assert.Greater(t, ha.lead(l)+late, ttl/3,
+			"Lost too close to the expiry for a refused connection (%v explained by scheduling)", late)
 		lostBeforeExpiry(t, ha, l)
 		a.proxy.Heal()
 		waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
@@ -327,8 +344,10 @@ func TestSafety05RedisStopped(t *testing.T) {
 		assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
 		lostBeforeExpiry(t, ha, l)
 		time.Sleep(time.Until(paused.Add(2 * w.ttl)))
-		w.srv.Resume()
+		// Read before the signal: Redis may answer b before this goroutine
+		// runs again.
 		resumed := time.Now()
+		w.srv.Resume()
 		// b's own attempts made while Redis was stopped may have left an
 		// orphan (their clean-up is best effort): it is seen here.
 		v, _ := w.leaseValue()
@@ -453,7 +472,9 @@ func TestSafety07HolderPaused(t *testing.T) {
 		require.NotNil(t, hb, "b never acquired")
 		expiry := child.lastExpiry()
 		assert.GreaterOrEqual(t, history.At(hb.granted), expiry, "b acquired before the dead holder's lease could expire")
-		assert.Less(t, history.At(hb.granted).Sub(expiry), slack, "b acquired long after the lease expired")
+		late := w.delayed(monoTime(expiry), hb.granted)
+		assert.Less(t, history.At(hb.granted).Sub(expiry), slack+late,
+			"b acquired long after the lease expired (%v explained by scheduling)", late)
 		hb.mustRelease(t, distlock.Released)
 		w.requireClean(label("7", "killed"))
 		figure(t, label("7", "killed"), "b_after_kill_ms", history.At(hb.granted).Sub(killed),
@@ -508,7 +529,9 @@ func TestSafety08RedisRestarted(t *testing.T) {
 
 			l := ha.waitLost(t, ttl)
 			if !delayed {
-				assert.Less(t, l.at.Sub(restarted), ttl/3+slack, "Lost long after the restart")
+				late := w.delayed(restarted, l.at)
+				assert.Less(t, l.at.Sub(restarted), ttl/3+slack+late,
+					"Lost long after the restart (%v explained by scheduling)", late)
 			}
 			lostBeforeExpiry(t, ha, l)
 			hb := <-bw.got
@@ -573,7 +596,9 @@ func TestSafety09OperatorTouchesKey(t *testing.T) {
 
 			l := ha.waitLost(t, ttl)
 			assert.Equal(t, distlock.LostRefused, l.reason, "reason: %v", l.err)
-			assert.Less(t, l.at.Sub(acted), ttl/3+slack, "Lost long after the key was touched")
+			late := w.delayed(acted, l.at)
+			assert.Less(t, l.at.Sub(acted), ttl/3+slack+late,
+				"Lost long after the key was touched (%v explained by scheduling)", late)
 			var hb *holding
 			if tc.name == "overwritten" {
 				time.Sleep(ttl / 2) // more renewals: none may touch the intruder's key
@@ -722,7 +747,8 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 		sent := calls[len(calls)-1].start
 		blocked := hb.granted.Sub(sent)
 		assert.GreaterOrEqual(t, blocked, ttl, "the orphan expired before its TTL")
-		assert.Less(t, blocked, ttl+slack, "the orphan blocked b for longer than its TTL")
+		late := w.delayed(sent, hb.granted)
+		assert.Less(t, blocked, ttl+slack+late, "the orphan blocked b for longer than its TTL (%v explained by scheduling)", late)
 		hb.mustRelease(t, distlock.Released)
 		w.requireClean(label("11", "path-down"))
 		figure(t, label("11", "path-down"), "orphan_blocked_ms", blocked, "lock_error", strings.ReplaceAll(err.Error(), " ", "_"))
@@ -738,7 +764,8 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 		require.Error(t, <-errc, "TryLock whose connection was reset")
 		hb, err := b.lock(t.Context())
 		require.NoError(t, err)
-		assert.Less(t, hb.granted.Sub(healed), ttl/2, "the orphan was not cleaned up")
+		late := w.delayed(healed, hb.granted)
+		assert.Less(t, hb.granted.Sub(healed), ttl/2+late, "the orphan was not cleaned up (%v explained by scheduling)", late)
 		cleanups := a.wire.find(func(c wireCall) bool { return c.kind == releaseCall && c.ok })
 		assert.Len(t, cleanups, 2, "deletes: the warm-up's release and the clean-up")
 		hb.mustRelease(t, distlock.Released)
@@ -782,7 +809,9 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 			// The clean-up is best effort: if it is lost with its
 			// connection while Redis is stopped, the orphan still expires
 			// within the TTL.
-			assert.Less(t, blocked, ttl+slack, "the attempt left an orphan that blocked b beyond its TTL")
+			late := w.delayed(resumed, hb.granted)
+			assert.Less(t, blocked, ttl+slack+late,
+				"the attempt left an orphan that blocked b beyond its TTL (%v explained by scheduling)", late)
 		})
 	})
 	subtest(t, "request held while the caller gives up", 1, func(t *testing.T) {
@@ -803,7 +832,8 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 		hb, err := b.lock(t.Context())
 		require.NoError(t, err)
 		blocked := hb.granted.Sub(passed)
-		assert.Less(t, blocked, ttl/2, "the attempt left an orphan after its clean-up")
+		late := w.delayed(passed, hb.granted)
+		assert.Less(t, blocked, ttl/2+late, "the attempt left an orphan after its clean-up (%v explained by scheduling)", late)
 		hb.mustRelease(t, distlock.Released)
 		w.requireClean(label("11", "request-held"))
 		figure(t, label("11", "request-held"), "orphan_blocked_ms", blocked)
@@ -968,7 +998,8 @@ func TestSafety13Eviction(t *testing.T) {
 		evicted := time.Now()
 		l := ha.waitLost(t, ttl)
 		assert.Equal(t, distlock.LostRefused, l.reason, "reason: %v", l.err)
-		assert.Less(t, l.at.Sub(evicted), ttl/3+slack, "Lost long after the eviction")
+		late := w.delayed(evicted, l.at)
+		assert.Less(t, l.at.Sub(evicted), ttl/3+slack+late, "Lost long after the eviction (%v explained by scheduling)", late)
 		w.srv.MustDo("FLUSHDB") // the pressure is over (and the fencing key gone too)
 		hb, err := b.lock(t.Context())
 		require.NoError(t, err)
@@ -1128,12 +1159,19 @@ func TestSafety14BadInput(t *testing.T) {
 
 // starveObserver counts what a thousand guards report.
 type starveObserver struct {
-	mu        sync.Mutex
-	renewals  int
-	failed    int
-	worst     time.Duration // slowest confirmed renewal
-	lost      int
-	lostCause error
+	mu       sync.Mutex
+	renewals int
+	failed   int
+	lost     []starveLoss // every Lost transition, when it was observed
+	cause    error        // of the last Lost
+}
+
+// starveLoss is a guard seen without its lease: by a Lost transition
+// (observed at once: from = to), or by the first of a run of State calls
+// that did not return Acquired (from before the call to after it).
+type starveLoss struct {
+	token    int64
+	from, to time.Time
 }
 
 func (o *starveObserver) ObserveAcquire(distlock.AcquireInfo) {}
@@ -1144,26 +1182,55 @@ func (o *starveObserver) ObserveRenew(i distlock.RenewInfo) {
 	o.renewals++
 	if i.Err != nil {
 		o.failed++
-		return
 	}
-	o.worst = max(o.worst, i.Latency)
 }
 
 func (o *starveObserver) ObserveTransition(i distlock.TransitionInfo) {
+	now := time.Now()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if i.To == distlock.Lost {
-		o.lost++
-		o.lostCause = i.Err
+		o.lost = append(o.lost, starveLoss{token: i.Token, from: now, to: now})
+		o.cause = i.Err
 	}
 }
 
+// starveHops is how many of the worst scheduling delays a probe sees a
+// renewal can add up, from when it is due to when its guard has taken in
+// the answer. The path has more steps than that (the guard's timer, its
+// renewal goroutine, the client's writer and reader, Redis, the result
+// back to the guard), but they do not all wait the worst: on a loaded
+// 2-core machine the slowest renewal took two to three times the worst
+// delay the probe saw around it.
+const starveHops = 3
+
+// worstRenewal returns the slowest renewal round trip the wire saw.
+func worstRenewal(wr *wire) time.Duration {
+	var worst time.Duration
+	for _, c := range wr.find(func(c wireCall) bool { return c.kind == renewCall && c.done }) {
+		worst = max(worst, c.end.Sub(c.start))
+	}
+	return worst
+}
+
 // TestSafety15StarvedCPU: a thousand locks are held while busy goroutines
-// (twice GOMAXPROCS) keep every CPU of the process busy. No guard reports a
-// false Lost: renewals are sent a third of the TTL after the last one, and
-// the rest of the lease is ample slack for a starved scheduler. The test
-// does not run in parallel with the others in this package, since it
-// starves them as well.
+// (twice GOMAXPROCS) keep every CPU of the process busy. No guard reports
+// Acquired past its deadline (L1, checked on every State sample against the
+// writes Redis confirmed), and no guard reports a false Lost: renewals are
+// sent a third of the TTL after the last one, and the rest of the lease is
+// ample slack for a starved scheduler.
+//
+// Ample, that is, when the process has the machine's CPUs to itself. On a
+// 2-core machine that other work keeps busy, a renewal can take longer than
+// the whole budget, and then Lost is the right answer. So a probe measures
+// the scheduling delay throughout (see probe), and a loss counts as false
+// only if, from a TTL before it (which holds the renewal that came back too
+// late) to a renewal period after it, the probe never saw a delay of a
+// starveHops-th of the renewal budget: below that, the renewal would have
+// come back in time. The test skips, saying why, when the delay stayed
+// above that for most of the run, since then it cannot tell a false Lost
+// from a true one (L1 is still checked). The test does not run in parallel
+// with the others in this package, since it starves them as well.
 func TestSafety15StarvedCPU(t *testing.T) {
 	for i := range runs(t, 1) {
 		t.Run(fmt.Sprintf("run%d", i), func(t *testing.T) { starveOnce(t) })
@@ -1178,7 +1245,13 @@ func starveOnce(t *testing.T) {
 	)
 	srv := redistest.Start(t)
 	rc := srv.Client()
+	rec := &history.Recorder{}
+	wr := newWire(rc, rec, newTokenBook())
 	obs := &starveObserver{}
+	// The probe's round trip goes through the guards' client, as their
+	// renewals do: a Redis or a client slowed by the machine delays it too.
+	timers := startProbe(t, func(ctx context.Context) error { return rc.Do(ctx, rc.B().Ping().Build()).Error() })
+
 	guards := make([]*distlock.Guard, 0, locks)
 	defer func() {
 		var wg sync.WaitGroup
@@ -1187,12 +1260,27 @@ func starveOnce(t *testing.T) {
 		}
 		wg.Wait()
 	}()
+	owner := func(i int) string { return fmt.Sprintf("s%d", i) }
 	for i := range locks {
-		m, err := distlock.NewMutex(rc, fmt.Sprintf("starved-%d", i), distlock.WithTTL(ttl), distlock.WithObserver(obs))
+		m, err := distlock.NewMutex(wr, fmt.Sprintf("starved-%d", i), distlock.WithTTL(ttl),
+			distlock.WithObserver(obs), distlock.WithOwner(owner(i)))
 		require.NoError(t, err)
+		start := time.Now()
 		g, err := m.TryLock(t.Context())
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Skipf("the machine is too busy for a thousand leases of %v: acquire %d took %v and ran out of "+
+				"its lease (the probe saw goroutines wake up to %v late)", ttl, i, time.Since(start), timers.worst())
+		}
 		require.NoError(t, err)
+		rec.Add(history.Op{Kind: history.Granted, At: history.Now(), Key: g.Key(), Client: owner(i), Token: g.Token()})
 		guards = append(guards, g)
+	}
+	sample := func(g *distlock.Guard, i int) distlock.State {
+		at := history.Now()
+		s := g.State()
+		rec.Add(history.Op{Kind: history.Sample, At: at, End: history.Now(), Key: g.Key(), Client: owner(i),
+			Token: g.Token(), Held: s == distlock.Acquired})
+		return s
 	}
 
 	var (
@@ -1211,31 +1299,88 @@ func starveOnce(t *testing.T) {
 		})
 	}
 	start := time.Now()
-	var falseLost int
+	var (
+		found   []starveLoss // losses found by State
+		notHeld int          // State calls that did not return Acquired
+		inLoss  = make([]bool, locks)
+	)
 	for time.Since(start) < hold {
 		time.Sleep(ttl / 10)
-		for _, g := range guards {
-			if g.State() != distlock.Acquired {
-				falseLost++
+		for i, g := range guards {
+			from := time.Now()
+			if sample(g, i) == distlock.Acquired {
+				inLoss[i] = false
+				continue
+			}
+			notHeld++
+			if !inLoss[i] {
+				found = append(found, starveLoss{token: g.Token(), from: from, to: time.Now()})
+				inLoss[i] = true
 			}
 		}
 	}
 	stop.Store(true)
 	wg.Wait()
 
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	assert.Zero(t, falseLost, "guards not Acquired while starved")
-	assert.Zero(t, obs.lost, "Lost transitions; last cause: %v", obs.lostCause)
-	assert.Zero(t, obs.failed, "failed renewals")
-	assert.GreaterOrEqual(t, obs.renewals, locks*int(hold/(ttl/3))*3/4, "too few renewals")
+	// The contract first: L1 on every sample, and no more in Redis than
+	// a fencing key per lock and the leases of the guards that hold them.
+	r := history.Check(rec.Ops())
+	t.Logf("SAFETY scenario=15 %s", r.Summary())
+	require.NoError(t, r.Err())
+	assert.Zero(t, r.Unchecked, "held samples without a confirmed write to check L1 against")
+	leases := 0
+	for i, g := range guards {
+		held := sample(g, i) == distlock.Acquired
+		v, ok := get(t, srv, g.Key())
+		if ok && lease.Owner(v) == owner(i) {
+			leases++
+		} else if held {
+			t.Errorf("guard %d reports Acquired, but its lease holds %q (present: %v)", i, v, ok)
+		}
+	}
 	n, err := srv.MustDo("DBSIZE").ToInt64()
 	require.NoError(t, err)
-	assert.Equal(t, int64(2*locks), n, "leases and fencing keys in Redis")
+	assert.Equal(t, int64(locks+leases), n, "keys in Redis: a fencing key per lock and %d live leases", leases)
+
+	// Then the false Losts, judged by what the probe saw.
 	budget := ttl - ttl/3 - distlock.Margin(ttl)
+	limit := budget / starveHops
+	starved := func(from, to time.Time) bool { return timers.delay(from.Add(-ttl), to.Add(ttl/3)) >= limit }
+	obs.mu.Lock()
+	lost := append([]starveLoss(nil), obs.lost...)
+	renewals, failed, cause := obs.renewals, obs.failed, obs.cause
+	obs.mu.Unlock()
+	falseLost, excused := 0, 0
+	for _, l := range append(found, lost...) {
+		if starved(l.from, l.to) {
+			excused++
+			continue
+		}
+		falseLost++
+		if falseLost <= 5 {
+			t.Errorf("token %d lost its lease %v into the hold, although the worst scheduling delay around it was %v",
+				l.token, l.from.Sub(start), timers.delay(l.from.Add(-ttl), l.to.Add(ttl/3)))
+		}
+	}
+	assert.Zero(t, falseLost, "losses that the scheduling delay does not explain; the last Lost's cause: %v", cause)
+	judged := 0
+	for at := start; at.Before(start.Add(hold)); at = at.Add(ttl / 10) {
+		if !starved(at, at) {
+			judged++
+		}
+	}
+	late, wait := timers.parts(time.Time{}, time.Now())
 	figure(t, "15", "locks", locks, "busy_goroutines", busy, "gomaxprocs", runtime.GOMAXPROCS(0),
-		"renewals", obs.renewals, "failed_renewals", obs.failed, "false_lost", obs.lost+falseLost,
-		"worst_renewal_ms", obs.worst, "renewal_budget_ms", budget)
+		"renewals", renewals, "failed_renewals", failed,
+		"lost_transitions", len(lost), "losses_found_by_state", len(found), "not_held_samples", notHeld,
+		"excused", excused, "false_lost", falseLost, "worst_renewal_round_trip_ms", worstRenewal(wr),
+		"renewal_budget_ms", budget, "worst_timer_late_ms", late, "worst_sched_wait_ms", wait,
+		"judged_moments", judged, "moments", int(hold/(ttl/10)))
+	if judged < int(hold/(ttl/10))/2 {
+		t.Skipf("too starved to tell a false Lost from a true one: at %d of %d moments of the hold, a scheduling "+
+			"delay of %v or more (a %d-th of the renewal budget) was seen within a TTL; L1 held on all %d samples",
+			int(hold/(ttl/10))-judged, int(hold/(ttl/10)), limit, starveHops, r.Samples)
+	}
 }
 
 // failoverRig is a primary, a replica that reaches it through a fault
