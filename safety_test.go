@@ -591,8 +591,11 @@ func TestSafety09OperatorTouchesKey(t *testing.T) {
 			require.True(t, ha.increment())
 			ha.waitRenewals(t, 1)
 			bw := b.lockInBackground(t.Context())
-			acted := time.Now()
 			w.srv.MustDo(tc.args...)
+			// Read once the command is done, not before: MustDo first
+			// connects a client of its own, which takes a while on a busy
+			// machine.
+			acted := time.Now()
 
 			l := ha.waitLost(t, ttl)
 			assert.Equal(t, distlock.LostRefused, l.reason, "reason: %v", l.err)
@@ -1227,9 +1230,9 @@ func worstRenewal(wr *wire) time.Duration {
 // only if, from a TTL before it (which holds the renewal that came back too
 // late) to a renewal period after it, the probe never saw a delay of a
 // starveHops-th of the renewal budget: below that, the renewal would have
-// come back in time. The test skips, saying why, when the delay stayed
-// above that for most of the run, since then it cannot tell a false Lost
-// from a true one (L1 is still checked). The test does not run in parallel
+// come back in time. When guards lost their leases and the delay explains
+// every loss, the test skips, saying why: it cannot tell a false Lost from
+// a true one then (L1 is still checked). The test does not run in parallel
 // with the others in this package, since it starves them as well.
 func TestSafety15StarvedCPU(t *testing.T) {
 	for i := range runs(t, 1) {
@@ -1363,23 +1366,16 @@ func starveOnce(t *testing.T) {
 		}
 	}
 	assert.Zero(t, falseLost, "losses that the scheduling delay does not explain; the last Lost's cause: %v", cause)
-	judged := 0
-	for at := start; at.Before(start.Add(hold)); at = at.Add(ttl / 10) {
-		if !starved(at, at) {
-			judged++
-		}
-	}
 	late, wait := timers.parts(time.Time{}, time.Now())
 	figure(t, "15", "locks", locks, "busy_goroutines", busy, "gomaxprocs", runtime.GOMAXPROCS(0),
 		"renewals", renewals, "failed_renewals", failed,
 		"lost_transitions", len(lost), "losses_found_by_state", len(found), "not_held_samples", notHeld,
 		"excused", excused, "false_lost", falseLost, "worst_renewal_round_trip_ms", worstRenewal(wr),
-		"renewal_budget_ms", budget, "worst_timer_late_ms", late, "worst_sched_wait_ms", wait,
-		"judged_moments", judged, "moments", int(hold/(ttl/10)))
-	if judged < int(hold/(ttl/10))/2 {
-		t.Skipf("too starved to tell a false Lost from a true one: at %d of %d moments of the hold, a scheduling "+
-			"delay of %v or more (a %d-th of the renewal budget) was seen within a TTL; L1 held on all %d samples",
-			int(hold/(ttl/10))-judged, int(hold/(ttl/10)), limit, starveHops, r.Samples)
+		"renewal_budget_ms", budget, "worst_timer_late_ms", late, "worst_sched_wait_ms", wait)
+	if falseLost == 0 && excused > 0 {
+		t.Skipf("too starved to tell a false Lost from a true one: all %d losses came while the scheduling delay "+
+			"reached %v or more (a %d-th of the renewal budget; worst %v); L1 held on all %d samples",
+			excused, limit, starveHops, max(late, wait), r.Samples)
 	}
 }
 
