@@ -1231,9 +1231,10 @@ func worstRenewal(wr *wire) time.Duration {
 // only if, from a TTL before it (which holds the renewal that came back too
 // late) to a renewal period after it, the probe never saw a delay of a
 // starveHops-th of the renewal budget: below that, the renewal would have
-// come back in time. When guards lost their leases and the delay explains
-// every loss, the test skips, saying why: it cannot tell a false Lost from
-// a true one then (L1 is still checked). The test does not run in parallel
+// come back in time. Losses found after the busy goroutines have stopped
+// are counted, not judged. When guards lost their leases and the delay
+// explains every loss, the test skips, saying why: it cannot tell a false
+// Lost from a true one then (L1 is still checked). The test does not run in parallel
 // with the others in this package, since it starves them as well.
 func TestSafety15StarvedCPU(t *testing.T) {
 	for i := range runs(t, 1) {
@@ -1325,6 +1326,7 @@ func starveOnce(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
+	starvedUntil := time.Now()
 
 	// The contract first: L1 on every sample; no guard that says Acquired
 	// after its lease is gone from Redis (read first: a lease can only go,
@@ -1374,8 +1376,15 @@ func starveOnce(t *testing.T) {
 	lost := append([]starveLoss(nil), obs.lost...)
 	renewals, failed, cause := obs.renewals, obs.failed, obs.cause
 	obs.mu.Unlock()
-	falseLost, excused := 0, 0
+	falseLost, excused, after := 0, 0, 0
 	for _, l := range append(found, lost...) {
+		if l.from.After(starvedUntil) {
+			// Once the busy goroutines have stopped, what is left is the
+			// machine's own load, and the guards that lost their leases
+			// retrying: not what this scenario is about.
+			after++
+			continue
+		}
 		if starved(l.from, l.to) {
 			excused++
 			continue
@@ -1391,7 +1400,7 @@ func starveOnce(t *testing.T) {
 	figure(t, "15", "locks", locks, "busy_goroutines", busy, "gomaxprocs", runtime.GOMAXPROCS(0),
 		"renewals", renewals, "failed_renewals", failed,
 		"lost_transitions", len(lost), "losses_found_by_state", len(found), "not_held_samples", notHeld,
-		"excused", excused, "false_lost", falseLost, "worst_renewal_round_trip_ms", worstRenewal(wr),
+		"excused", excused, "false_lost", falseLost, "losses_after_the_hold", after, "worst_renewal_round_trip_ms", worstRenewal(wr),
 		"renewal_budget_ms", budget, "worst_timer_late_ms", late, "worst_sched_wait_ms", wait)
 	if falseLost == 0 && excused > 0 {
 		t.Skipf("too starved to tell a false Lost from a true one: all %d losses came while the scheduling delay "+
