@@ -740,6 +740,25 @@ func (w *world) waitFor(t *testing.T, within time.Duration, what string, cond fu
 	}
 }
 
+// renewalBudget is how long a renewal of a lease of ttl has from when it is
+// due (a third of the TTL after the last confirmed send) to the deadline.
+func renewalBudget(ttl time.Duration) time.Duration { return ttl - ttl/3 - distlock.Margin(ttl) }
+
+// skipIfStarved is for a scenario whose holder should have kept its lease:
+// a renewal had spare time (its budget, less what the scenario's fault
+// took) for scheduling. If the scheduling delay seen since from used that
+// up, the machine, not the library, may have taken the lease, and the test
+// skips, saying so, once the history so far has passed its check (safety
+// is never excused); otherwise it returns, and the test goes on to fail.
+func (w *world) skipIfStarved(t *testing.T, from time.Time, spare time.Duration, what string) {
+	t.Helper()
+	if late := w.delayed(from, time.Now()); late >= spare {
+		require.NoError(t, history.Check(w.rec.Ops()).Err())
+		t.Skipf("%s; but a renewal had %v to spare for scheduling, and the scheduling delay reached %v "+
+			"(%d times the probe's worst): the machine may have taken the lease", what, spare, late, stepHops)
+	}
+}
+
 // monoTime converts a reading of the monotonic clock to a time.Time of
 // this process.
 func monoTime(m history.Mono) time.Time {

@@ -381,6 +381,7 @@ func TestSafety06RedisStoppedBriefly(t *testing.T) {
 	repeat(t, runs(t, 1), func(t *testing.T) {
 		ttl := safetyTTL
 		w, a, b, ha := pair(t, ttl)
+		started := time.Now()
 		bw := b.lockInBackground(t.Context())
 		for i, phase := range []time.Duration{ttl / 10, ttl * 3 / 10, ttl * 6 / 10} {
 			ha.waitRenewals(t, i+1)
@@ -390,9 +391,15 @@ func TestSafety06RedisStoppedBriefly(t *testing.T) {
 			w.srv.Resume()
 		}
 		ha.waitRenewals(t, 4)
-		assert.Equal(t, distlock.Acquired, ha.g.State())
+		if st := ha.g.State(); st != distlock.Acquired {
+			w.skipIfStarved(t, started, renewalBudget(ttl)-ttl/4, fmt.Sprintf("a was %v after the stops", st))
+			t.Errorf("a was %v after the stops, want %v", st, distlock.Acquired)
+		}
 		assert.True(t, ha.increment())
-		assert.Nil(t, bw.stop(), "b acquired while a's lease was alive")
+		if bw.stop() != nil {
+			w.skipIfStarved(t, started, renewalBudget(ttl)-ttl/4, "b acquired")
+			t.Error("b acquired while a's lease was alive")
+		}
 		ha.mustRelease(t, distlock.Released)
 		w.requireClean("6")
 		var worst time.Duration
@@ -651,7 +658,10 @@ func TestSafety10SlowReplies(t *testing.T) {
 		a.proxy.Set(faultproxy.Down, faultproxy.Delay)
 		slowFrom := time.Now()
 		ha.waitRenewals(t, 3)
-		assert.Equal(t, distlock.Acquired, ha.g.State(), "slow but timely replies must keep the lease")
+		if st := ha.g.State(); st != distlock.Acquired {
+			w.skipIfStarved(t, slowFrom, renewalBudget(ttl)-delay, fmt.Sprintf("a was %v after slow replies", st))
+			t.Fatalf("slow but timely replies must keep the lease: a was %v", st)
+		}
 		for _, c := range a.wire.renewals(ha.token) {
 			if c.start.After(slowFrom) {
 				assert.GreaterOrEqual(t, c.end.Sub(c.start), delay, "renewal answered faster than the delay")
@@ -1028,8 +1038,10 @@ func TestSafety13Eviction(t *testing.T) {
 		require.ErrorContains(t, err, "OOM", "filling memory under noeviction")
 		full := time.Now()
 		ha.waitRenewals(t, ha.c.wire.confirmedRenewals(ha.token)+3)
-		assert.Equal(t, distlock.Acquired, ha.g.State(), "renewals must work at maxmemory")
-		assert.Zero(t, ha.lossCount())
+		if st, losses := ha.g.State(), ha.lossCount(); st != distlock.Acquired || losses > 0 {
+			w.skipIfStarved(t, full, renewalBudget(ttl), fmt.Sprintf("at maxmemory, a was %v after %d losses", st, losses))
+			t.Errorf("renewals must work at maxmemory: a was %v after %d losses", st, losses)
+		}
 		ha.mustRelease(t, distlock.Released)
 		// The delete freed a little memory; make sure the server is over
 		// its limit for the next write.
@@ -1369,7 +1381,7 @@ func starveOnce(t *testing.T) {
 	assert.Equal(t, locks, fences, "fencing keys in Redis")
 
 	// Then the false Losts, judged by what the probe saw.
-	budget := ttl - ttl/3 - distlock.Margin(ttl)
+	budget := renewalBudget(ttl)
 	limit := budget / starveHops
 	starved := func(from, to time.Time) bool { return timers.delay(from.Add(-ttl), to.Add(ttl/3)) >= limit }
 	obs.mu.Lock()
