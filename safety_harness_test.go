@@ -718,8 +718,18 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // returns when the last of them was answered.
 func (h *holding) waitRenewals(t *testing.T, n int) {
 	t.Helper()
-	h.c.w.waitFor(t, time.Duration(n+1)*h.c.w.ttl+eventually, fmt.Sprintf("%d renewals of %s", n, h.c.name),
-		func() bool { return h.c.wire.confirmedRenewals(h.token) >= n })
+	start := time.Now()
+	ok := h.c.w.poll(time.Duration(n+1)*h.c.w.ttl+eventually, func() bool { return h.c.wire.confirmedRenewals(h.token) >= n })
+	if ok {
+		return
+	}
+	var calls []string
+	for _, c := range h.c.wire.callsSince(h.token, start.Add(-h.c.w.ttl)) {
+		calls = append(calls, fmt.Sprintf("%v at %v took %v ok=%v err=%v", c.kind, c.start.Sub(start), c.end.Sub(c.start), c.ok, c.err))
+	}
+	t.Fatalf("%s: %d renewals not confirmed within %v (scheduling delay meanwhile: %v); state %v, losses %d; "+
+		"its calls since a TTL before the wait: %q", h.c.name, n, time.Since(start), h.c.w.probe.delay(start, time.Now()),
+		h.g.State(), h.lossCount(), calls)
 }
 
 // waitFor polls cond until it holds, failing the test after within plus
@@ -727,17 +737,25 @@ func (h *holding) waitRenewals(t *testing.T, n int) {
 func (w *world) waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	start := time.Now()
+	if !w.poll(within, cond) {
+		t.Fatalf("waiting for %s: not done within %v (and %v for the scheduling delay)", what, within,
+			w.delayed(start, time.Now()))
+	}
+}
+
+// poll polls cond until it holds, for within plus what the scheduling delay
+// meanwhile explains, and reports whether it held.
+func (w *world) poll(within time.Duration, cond func() bool) bool {
+	start := time.Now()
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for !cond() {
 		now := <-tick.C
-		if now.Sub(start) < within {
-			continue
-		}
-		if extra := w.delayed(start, now); time.Since(start) > within+extra {
-			t.Fatalf("waiting for %s: not done within %v (and %v for the scheduling delay)", what, within, extra)
+		if now.Sub(start) >= within && time.Since(start) > within+w.delayed(start, now) {
+			return cond()
 		}
 	}
+	return true
 }
 
 // renewalBudget is how long a renewal of a lease of ttl has from when it is

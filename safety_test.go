@@ -123,7 +123,7 @@ func TestSafety02PartitionLongerThanTTL(t *testing.T) {
 
 		a.proxy.Heal()
 		healed := time.Now()
-		waitFor(t, w.ttl+eventually, "a refused renewal of a after the heal", func() bool {
+		w.waitFor(t, w.ttl+eventually, "a refused renewal of a after the heal", func() bool {
 			for _, c := range a.wire.callsSince(ha.token, healed) {
 				if c.kind == renewCall && c.done && c.err == nil && !c.ok {
 					return true
@@ -216,7 +216,7 @@ func TestSafety03ShortPartition(t *testing.T) {
 
 			tc.cut(a.proxy)
 			cut := time.Now()
-			waitFor(t, ttl, "a renewal caught in the cut", a.wire.renewalInFlight)
+			w.waitFor(t, ttl, "a renewal caught in the cut", a.wire.renewalInFlight)
 			var l loss
 			if tc.hold > 0 {
 				time.Sleep(tc.hold)
@@ -235,7 +235,7 @@ func TestSafety03ShortPartition(t *testing.T) {
 					"a broken connection must be reported before the deadline, not %v after it (%v explained by scheduling)",
 					l.at.Sub(l.deadline), late)
 			}
-			waitFor(t, ttl, "a regains its lease", func() bool {
+			w.waitFor(t, ttl, "a regains its lease", func() bool {
 				return ha.regainCount() > 0 && ha.g.State() == distlock.Acquired
 			})
 			regained := time.Now()
@@ -269,7 +269,7 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 		require.NoError(t, err)
 		ha.waitRenewals(t, 1)
 		a.proxy.Set(faultproxy.Up, faultproxy.Pause) // hold the next renewal in the proxy
-		waitFor(t, ttl, "a renewal in flight", a.wire.renewalInFlight)
+		w.waitFor(t, ttl, "a renewal in flight", a.wire.renewalInFlight)
 		reset := time.Now()
 		a.proxy.Heal() // resets every connection
 		l := ha.waitLost(t, eventually)
@@ -277,7 +277,7 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 		late := w.delayed(reset, l.at)
 		assert.True(t, l.at.Before(l.deadline.Add(late)),
 			"Lost %v after its deadline (%v explained by scheduling), not at the reset", l.at.Sub(l.deadline), late)
-		waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
+		w.waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
 		ha.mustRelease(t, distlock.Released)
 		w.requireClean(label("4", "reset"))
 		figure(t, label("4", "reset"), "lost_after_reset_ms", l.at.Sub(reset), "lost_lead_ms", ha.lead(l))
@@ -297,7 +297,7 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 			"Lost too close to the expiry for a refused connection (%v explained by scheduling)", late)
 		lostBeforeExpiry(t, ha, l)
 		a.proxy.Heal()
-		waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
+		w.waitFor(t, ttl, "a regains", func() bool { return ha.g.State() == distlock.Acquired })
 		assert.Nil(t, bw.stop(), "b acquired while a's lease was alive")
 		ha.mustRelease(t, distlock.Released)
 		w.requireClean(label("4", "port-closed"))
@@ -419,7 +419,7 @@ func heldByHelper(t *testing.T) (*world, *helperHolder, history.Op, *waiter) {
 	child := w.startHolder()
 	granted := child.waitOp("the helper's grant", false, func(op history.Op) bool { return op.Kind == history.Granted })
 	child.waitOp("a write by the helper", true, func(op history.Op) bool { return op.Kind == history.Write && op.OK })
-	waitFor(t, 2*w.ttl, "a renewal by the helper", func() bool { return child.confirmations() >= 2 })
+	w.waitFor(t, 2*w.ttl, "a renewal by the helper", func() bool { return child.confirmations() >= 2 })
 	return w, child, granted, w.newClient("b").lockInBackground(t.Context())
 }
 
@@ -547,7 +547,7 @@ func TestSafety08RedisRestarted(t *testing.T) {
 			assert.Greater(t, hb.token, ha.token, "token went back after the restart")
 			require.True(t, hb.increment())
 			assert.False(t, ha.increment(), "a's stale write was accepted")
-			waitFor(t, ttl, "a refused renewal", func() bool {
+			w.waitFor(t, ttl, "a refused renewal", func() bool {
 				for _, c := range a.wire.renewals(ha.token) {
 					if c.err == nil && !c.ok {
 						return true
@@ -739,7 +739,7 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 		h.mustRelease(t, distlock.Released)
 	}
 	appliedThen := func(t *testing.T, w *world, fault func()) time.Time {
-		waitFor(t, ttl, "a's acquire applied", func() bool { _, ok := w.leaseValue(); return ok })
+		w.waitFor(t, ttl, "a's acquire applied", func() bool { _, ok := w.leaseValue(); return ok })
 		fault()
 		return time.Now()
 	}
@@ -802,7 +802,7 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 			errc := make(chan error, 1)
 			go func() { _, err := a.m.Lock(t.Context()); errc <- err }()
 			var attempt []wireCall
-			waitFor(t, ttl, "a's attempt sent", func() bool {
+			w.waitFor(t, ttl, "a's attempt sent", func() bool {
 				attempt = a.wire.find(func(c wireCall) bool { return c.kind == acquireCall && !c.done })
 				return len(attempt) > 0
 			})
@@ -866,7 +866,7 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		w, a, b, ha := pair(t, ttl)
 		a.proxy.SetDelay(faultproxy.Down, ttl/5)
 		a.proxy.Set(faultproxy.Down, faultproxy.Delay)
-		waitFor(t, ttl, "a renewal in flight", a.wire.renewalInFlight)
+		w.waitFor(t, ttl, "a renewal in flight", a.wire.renewalInFlight)
 		start := time.Now()
 		ha.mustRelease(t, distlock.Released)
 		returned := time.Now()
