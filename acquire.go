@@ -2,6 +2,7 @@ package distlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,17 +11,16 @@ import (
 	"github.com/distkit-go/distlock/lease"
 )
 
-// How a waiter wakes up when it does not hear of a release.
-const (
-	// expiryGrace is added to the holder's remaining TTL (which Redis rounds
-	// down to the millisecond) before a waiter tries again, so that it tries
-	// just after a holder that died without releasing has expired.
-	expiryGrace = time.Millisecond
-	// noExpiryRecheck is how often a waiter re-checks a lock whose key has no
-	// expiry (someone set it by hand), in case the announcement of its
-	// deletion is missed.
-	noExpiryRecheck = time.Second
-)
+// brokenConnTries bounds how many times in a row a waiting Lock sends its
+// call again at once after it failed without a reply. It is more than the
+// number of connections rueidis keeps to one node by default (two, or four
+// with four or more CPUs), since each dead one can fail one call.
+const brokenConnTries = 8
+
+// expiryGrace is added to the holder's remaining TTL (which Redis rounds
+// down to the millisecond) before the first waiter in line asks again, so
+// that it asks just after a holder that died without releasing has expired.
+const expiryGrace = time.Millisecond
 
 // acquire runs one Lock, TryLock or TryLockFor call and reports it to the
 // Observer. wait is the longest it may wait (0: no limit); interval > 0 or
@@ -44,6 +44,8 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 	if wait > 0 {
 		a.limit = a.start.Add(wait)
 	}
+	a.room = enterRoom(m)
+	defer a.room.exit()
 	var g *Guard
 	var err error
 	switch {
@@ -57,6 +59,13 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 	if a.timer != nil {
 		a.timer.Stop()
 	}
+	if g == nil && a.dirty {
+		// The call gives up with something of its value possibly in Redis:
+		// a place in line, a lease passed to it, or a call whose reply it
+		// did not see. Cancel it in the background: the caller does not
+		// wait on the network to give up.
+		a.room.goClean(func() { m.cleanup(context.Background(), a.value) })
+	}
 	info := AcquireInfo{Key: m.keys.Lease, Owner: m.owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
 		info.Token = g.token
@@ -68,36 +77,66 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 // acquirer is the state of one acquire call. It is used by one goroutine.
 type acquirer struct {
 	m        *Mutex
+	room     *room // the lock's waiting room, which owns the call's goroutines
 	ctx      context.Context
 	value    string
 	start    time.Time
 	limit    time.Time // when waiting must end; zero for no limit
 	attempts int
 	timer    *time.Timer
+	// dirty: something of value may be in Redis (a place in line, a lease,
+	// or a call whose reply was lost) that must be cancelled if the call
+	// gives up.
+	dirty bool
+	// uncertain: a call with value may still reach Redis, after any later
+	// one; the guard then voids value when it releases, so that such a call
+	// cannot put it back in line.
+	uncertain bool
 }
 
-// try makes one attempt. It returns the guard when the lock was acquired,
-// otherwise the grant that says who holds it, or an error that ends the
-// call.
-func (a *acquirer) try() (*Guard, lease.Grant, error) {
+// attempt sends one acquire call: Acquire when p is nil, AcquireOrQueue with
+// *p otherwise. It returns the guard when the lock was acquired, otherwise
+// the grant that says who holds it and where the caller stands, or an error.
+// retry reports whether the error came without a reply from Redis (a lost
+// connection, a deadline), which a waiter may ride out.
+func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry bool, err error) {
 	m := a.m
+	broken := 0 // calls that failed on a broken connection
 	for {
 		sent := time.Now()
 		a.attempts++
-		actx, cancel := context.WithDeadline(a.ctx, m.leaseDeadline(sent))
-		grant, err := m.store.Acquire(actx, m.keys, a.value, m.ttl)
-		cancel()
+		var stop error
+		grant, err, stop = a.call(leaseDeadline(sent, m.ttl), p)
+		if stop != nil {
+			a.dirty, a.uncertain = true, true
+			return nil, grant, false, stop
+		}
 		if err != nil {
 			// A reply from Redis means the script did not run to a write (it
 			// reads before it writes); anything else (a lost connection, a
 			// deadline, a cancelled ctx) leaves its outcome unknown.
-			if _, replied := rueidis.IsRedisErr(err); !replied {
-				m.cleanup(a.ctx, a.value)
+			_, replied := rueidis.IsRedisErr(err)
+			var ackErr *lease.AckError
+			notAcked := errors.As(err, &ackErr)
+			if !replied {
+				a.dirty, a.uncertain = true, true
 			}
 			if a.ctx.Err() != nil {
-				return nil, grant, m.ctxError(a.ctx)
+				return nil, grant, false, m.ctxError(a.ctx)
 			}
-			return nil, grant, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
+			retry := !replied && !notAcked
+			if retry && p != nil && !errors.Is(err, context.DeadlineExceeded) && broken < brokenConnTries {
+				// A pooled connection that broke while idle fails the first
+				// call sent on it although Redis is reachable. A waiter
+				// sends its call again at once (it carries the same value,
+				// so a repeat is harmless), as Release does; TryLock, a
+				// single attempt, reports the error.
+				broken++
+				continue
+			}
+			// A grant that replicas did not acknowledge was undone and
+			// ends the call; so does any error Redis answered with.
+			return nil, grant, retry, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
 		}
 		if !grant.Acquired {
 			if grant.Holder != "" && m.abandoned.take(grant.Holder) && m.cleanup(a.ctx, grant.Holder) {
@@ -105,36 +144,172 @@ func (a *acquirer) try() (*Guard, lease.Grant, error) {
 				// clean-up failed; now it is gone, so try again at once.
 				continue
 			}
-			return nil, grant, nil
+			return nil, grant, false, nil
 		}
-		if g, err := a.granted(grant.Token, sent); g != nil || err != nil {
-			return g, grant, err
+		if g, err := a.granted(grant.Token, sent, m.ttl); g != nil || err != nil {
+			return g, grant, false, err
 		}
 		// The reply came too late to trust the lease; the next attempt
 		// finds our value and renews it with a fresh send time.
 	}
 }
 
-// granted turns a grant of a.value with token, written by a command sent at
-// sent (an attempt, or a hand-off made for us), into a guard. If the caller
-// has given up meanwhile, it deletes the lease again and returns ctx's
-// error. If the grant came too late to trust (the lease deadline counted
-// from sent has passed), it returns neither, and the caller tries again: the
-// next attempt finds its own value and renews it with a fresh send time.
-func (a *acquirer) granted(token int64, sent time.Time) (*Guard, error) {
+// call sends one acquire call with deadline dl: Acquire when p is nil,
+// AcquireOrQueue with *p otherwise. The call runs in a goroutine owned by
+// the lock's room, and the caller waits for it, for ctx and for the wait
+// limit: when one of those ends first, call returns the error that ends the
+// acquire (stop) at once and leaves the call to finish in the background.
+// rueidis watches ctx while a command waits for its reply, but not while it
+// (re)establishes a connection, which can take its dial timeout.
+func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
+	m := a.m
+	var place lease.Place
+	if p != nil {
+		place = *p
+	}
+	type result struct {
+		grant lease.Grant
+		err   error
+	}
+	done := make(chan result, 1)
+	a.room.goClean(func() {
+		ctx, cancel := context.WithDeadline(a.ctx, dl)
+		defer cancel()
+		var r result
+		if p == nil {
+			r.grant, r.err = m.store.Acquire(ctx, m.keys, a.value, m.ttl)
+		} else {
+			r.grant, r.err = m.store.AcquireOrQueue(ctx, m.keys, a.value, m.ttl, place)
+		}
+		done <- r
+	})
+	var limit <-chan time.Time
+	if !a.limit.IsZero() {
+		t := time.NewTimer(time.Until(a.limit))
+		defer t.Stop()
+		limit = t.C
+	}
+	select {
+	case r := <-done:
+		return r.grant, r.err, nil
+	case <-a.ctx.Done():
+		return lease.Grant{}, nil, m.ctxError(a.ctx)
+	case <-limit:
+		return lease.Grant{}, nil, &TimeoutError{Key: m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
+	}
+}
+
+// granted turns a grant of a.value with token, for ttl, made by a command
+// sent at sent (or after it), into a guard. If the caller has given up
+// meanwhile, it returns ctx's error (the lease is cancelled on the way out).
+// If the grant came too late to trust (the lease deadline counted from sent
+// has passed), it returns neither, and the caller asks again: the lease
+// still holds its value, so the next call grants it anew with a fresh send
+// time.
+func (a *acquirer) granted(token int64, sent time.Time, ttl time.Duration) (*Guard, error) {
 	if a.ctx.Err() != nil {
-		a.m.cleanup(a.ctx, a.value)
+		a.dirty = true
 		return nil, a.m.ctxError(a.ctx)
 	}
-	if !time.Now().Before(a.m.leaseDeadline(sent)) {
+	if !time.Now().Before(leaseDeadline(sent, ttl)) {
 		return nil, nil
 	}
-	return a.m.startGuard(a.ctx, a.value, token, a.attempts-1, sent), nil
+	return a.m.startGuard(a.ctx, a.value, token, a.attempts-1, sent, ttl, a.uncertain), nil
+}
+
+// queue is the default way to wait: stand in the lock's line in Redis and
+// sleep until the lease is passed to us.
+//
+// Each call to Redis (AcquireOrQueue) acquires the lock if it is free and
+// nobody is ahead, and otherwise puts us in line or refreshes our place. In
+// between, the waiter sleeps until its room wakes it with a grant, until it
+// is time to refresh its place (every half claim window; at the polling
+// interval while announcements do not arrive), or, when it is first in
+// line, until the holder's lease would end, in case the holder died.
+//
+// A grant passes the lease to us for the claim window, counted from the
+// release that made it. We did not send that release, so the lease deadline
+// counts from the send time of a call known to precede the grant: our last
+// call that found us in line (if the grant's token is above the last token
+// that call saw, the grant came after it), or the release itself when a
+// guard of this process made it. While the first renewal of that short
+// lease is not due yet (a third of the window), the guard starts at once,
+// and renews it to the full TTL if it is held that long. Otherwise (a late
+// wake-up, or WithReplicaAck, which must see an acknowledged write first) we
+// claim it by calling AcquireOrQueue again: the lease holds our value, so
+// Redis grants it to us for the full TTL, with a new token.
+func (a *acquirer) queue() (*Guard, error) {
+	m := a.m
+	r := a.room
+	w := r.join(a.value)
+	defer r.leave(w)
+
+	place := lease.Place{Claim: m.claim, Room: r.id}
+	var (
+		queued      time.Time // send time of our last call that left us in line
+		queuedFence int64     // the last token issued when that call ran
+		failures    int       // calls in a row that failed without a reply
+	)
+	for {
+		sent := time.Now()
+		g, grant, retry, err := a.attempt(&place)
+		switch {
+		case g != nil:
+			return g, nil
+		case err != nil && (!retry || queued.IsZero()):
+			return nil, err
+		case err != nil:
+			// We stand in line already: keep the place and ask again soon.
+			failures++
+			m.log.Debug("distlock: asking for the lock failed; trying again", "err", err)
+		default:
+			failures = 0
+			a.dirty = true
+			queued, queuedFence, place.Ticket = sent, grant.Fence, grant.Ticket
+		}
+
+		wait := m.claim / 2
+		if !r.listen() {
+			wait = min(wait, DefaultRetryInterval)
+		}
+		if failures > 0 {
+			wait = min(wait, DefaultRetryInterval<<min(failures-1, 4))
+		} else if grant.Rank == 0 && grant.HolderTTL >= 0 {
+			wait = min(wait, grant.HolderTTL+expiryGrace)
+		}
+		until := sent.Add(wait)
+	sleep:
+		for {
+			why, note, err := a.wait(max(time.Until(until), 0), w)
+			if err != nil {
+				return nil, err
+			}
+			switch why {
+			case wokeByPoke:
+				break sleep
+			case wokeByTimer:
+				break sleep
+			}
+			from := note.sent
+			if note.token > queuedFence && queued.After(from) {
+				from = queued
+			}
+			if from.IsZero() {
+				continue // an announcement of a grant older than our last call
+			}
+			if m.ack.Replicas == 0 && time.Now().Before(from.Add(m.claim/3)) {
+				if g, err := a.granted(note.token, from, m.claim); g != nil || err != nil {
+					return g, err
+				}
+			}
+			break // claim it
+		}
+	}
 }
 
 // once makes a single attempt.
 func (a *acquirer) once() (*Guard, error) {
-	g, grant, err := a.try()
+	g, grant, _, err := a.attempt(nil)
 	if g != nil || err != nil {
 		return g, err
 	}
@@ -142,10 +317,12 @@ func (a *acquirer) once() (*Guard, error) {
 }
 
 // poll tries, then tries again every interval (0: at once) until it
-// acquires the lock, the limit passes or ctx ends.
+// acquires the lock, the limit passes or ctx ends. It never stands in line,
+// and while others do, it does not get ahead of them: a free lock goes to
+// the first in line.
 func (a *acquirer) poll(interval time.Duration) (*Guard, error) {
 	for {
-		g, _, err := a.try()
+		g, _, _, err := a.attempt(nil)
 		if g != nil || err != nil {
 			return g, err
 		}
@@ -159,9 +336,9 @@ func (a *acquirer) poll(interval time.Duration) (*Guard, error) {
 // wait limit or for ctx. It reports whether wake ended it; it returns an
 // error when the limit has passed or ctx is done, which ends the call. With
 // d == 0 it only checks the limit and ctx.
-func (a *acquirer) pause(d time.Duration, wake <-chan struct{}) (bool, error) {
-	why, _, err := a.wait(d, wake, nil)
-	return why == wokeByChannel, err
+func (a *acquirer) pause(d time.Duration, w *waiter) (bool, error) {
+	why, _, err := a.wait(d, w)
+	return why != wokeByTimer, err
 }
 
 // wakeReason says what ended a wait.
@@ -169,29 +346,42 @@ type wakeReason int
 
 const (
 	wokeByTimer wakeReason = iota
-	wokeByChannel
-	wokeByHandoff
+	wokeByPoke
+	wokeByGrant
 )
 
-// wait is pause that also ends when a hand-off result arrives on handoff.
-func (a *acquirer) wait(d time.Duration, wake <-chan struct{}, handoff <-chan handoffResult) (wakeReason, handoffResult, error) {
+// wait waits for d to pass (d < 0: no timer), for a poke or a grant to w (w
+// may be nil), for the wait limit or for ctx. It returns an error when the
+// limit has passed or ctx is done, which ends the call. With d <= 0 it
+// only checks the limit, ctx, and a grant already there.
+func (a *acquirer) wait(d time.Duration, w *waiter) (wakeReason, grantNote, error) {
 	if !a.limit.IsZero() {
 		left := time.Until(a.limit)
 		if left <= 0 {
-			return wokeByTimer, handoffResult{}, &TimeoutError{Key: a.m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
+			return wokeByTimer, grantNote{}, &TimeoutError{Key: a.m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 		}
 		if d < 0 || d > left {
 			d = left
 		}
 	}
-	if d == 0 {
-		if a.ctx.Err() != nil {
-			return wokeByTimer, handoffResult{}, a.m.ctxError(a.ctx)
-		}
-		return wokeByTimer, handoffResult{}, nil
+	var grant <-chan grantNote
+	var poke <-chan struct{}
+	if w != nil {
+		grant, poke = w.grant, w.poke
 	}
 	var timerC <-chan time.Time
-	if d > 0 {
+	switch {
+	case d == 0:
+		select {
+		case n := <-grant:
+			return wokeByGrant, n, nil
+		default:
+		}
+		if a.ctx.Err() != nil {
+			return wokeByTimer, grantNote{}, a.m.ctxError(a.ctx)
+		}
+		return wokeByTimer, grantNote{}, nil
+	case d > 0:
 		if a.timer == nil {
 			a.timer = time.NewTimer(d)
 		} else {
@@ -200,13 +390,13 @@ func (a *acquirer) wait(d time.Duration, wake <-chan struct{}, handoff <-chan ha
 		timerC = a.timer.C
 	}
 	select {
-	case <-wake:
-		return wokeByChannel, handoffResult{}, nil
-	case r := <-handoff:
-		return wokeByHandoff, r, nil
+	case n := <-grant:
+		return wokeByGrant, n, nil
+	case <-poke:
+		return wokeByPoke, grantNote{}, nil
 	case <-timerC:
-		return wokeByTimer, handoffResult{}, nil
+		return wokeByTimer, grantNote{}, nil
 	case <-a.ctx.Done():
-		return wokeByTimer, handoffResult{}, a.m.ctxError(a.ctx)
+		return wokeByTimer, grantNote{}, a.m.ctxError(a.ctx)
 	}
 }

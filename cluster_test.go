@@ -30,7 +30,9 @@ func TestCluster(t *testing.T) {
 			require.NoError(t, err)
 			slot := cl.Slot(k.Lease)
 			assert.Equal(t, slot, cl.Slot(k.Fence), "slot of %s", k.Fence)
-			assert.Equal(t, slot, cl.Slot(k.Channel), "slot of %s", k.Channel)
+			for _, key := range []string{k.Queue, k.Waiters, k.WakeChannel("0123456789abcdef")} {
+				assert.Equal(t, slot, cl.Slot(key), "slot of %s", key)
+			}
 		}
 	})
 
@@ -77,11 +79,11 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("WaiterHearsReleaseOnTheShard", func(t *testing.T) {
-		// A waiter in another process (another client) subscribes to the
-		// lock's release channel with SSUBSCRIBE, on the primary that
-		// serves the lock's slot, and the release script publishes there.
-		// While subscribed, the waiter does not poll: it makes the same few
-		// attempts however long the hold.
+		// A waiter in another process (another client) subscribes to its
+		// room's wake channel with SSUBSCRIBE, on the primary that serves
+		// the lock's slot, and the release script publishes the grant there.
+		// While subscribed, the waiter does not poll: besides its first
+		// call, it only refreshes its place every half claim window.
 		obs := &acquireWatch{}
 		ma := newMutex(t, cl.Client(), "notify", distlock.WithTTL(30*time.Second))
 		mb := newMutex(t, cl.Client(), "notify", distlock.WithObserver(obs))
@@ -101,11 +103,14 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, err)
 		owner := cl.PrimaryOf(k.Lease)
 		require.Eventually(t, func() bool {
-			n, err := owner.MustDo("PUBSUB", "SHARDNUMSUB", k.Channel).AsIntMap()
-			return err == nil && n[k.Channel] == 1
+			chans, err := owner.MustDo("PUBSUB", "SHARDCHANNELS", k.Wake+":*").AsStrSlice()
+			return err == nil && len(chans) == 1
 		}, eventually, pollEvery, "the waiter never subscribed on the lock's primary")
 
 		const hold = 300 * time.Millisecond // six polls' worth at the default interval
+		// The first call, one after the subscription is confirmed, the
+		// refreshes of the hold, and one to spare for a slow machine.
+		maxAttempts := 3 + int(hold/(distlock.DefaultClaimWindow/2))
 		time.Sleep(hold)
 		start := time.Now()
 		release(t, ga)
@@ -117,9 +122,8 @@ func TestCluster(t *testing.T) {
 		}
 		require.NotNil(t, gb)
 		assert.Less(t, time.Since(start), 10*time.Second, "the waiter took as long as the holder's lease")
-		// On arrival, as the head of its queue, after the release; polling
-		// would have added one every 50ms.
-		assert.LessOrEqual(t, obs.attempts(), 3, "attempts of the waiter")
+		// Polling would have made one every 50ms.
+		assert.LessOrEqual(t, obs.attempts(), maxAttempts, "attempts of the waiter")
 		release(t, gb)
 	})
 
@@ -354,6 +358,15 @@ func failoverKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
 	require.NotEmpty(t, onOld, "no lock on the primary that fails over")
 	base, _, _ := w.snapshot()
 	w.waitRenewals(t, keys, base, 1)
+	// A waiter of another process stands in line, across the failover, for
+	// a lock on the primary that fails over.
+	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
+	defer cancelWaiter()
+	waiter := lockAsync(t, waiterCtx, newMutex(t, cl.Client(), onOld[0].name))
+	require.Eventually(t, func() bool {
+		n, err := old.MustDo("ZCARD", onOld[0].g.Key()+":queue").ToInt64()
+		return err == nil && n == 1
+	}, eventually, pollEvery, "the waiter never stood in line")
 
 	base, _, _ = w.snapshot()
 	cl.Failover(replica[0])
@@ -370,9 +383,9 @@ func failoverKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
 	r, err = plain.Renew(ctx, sk, "s#1", time.Minute)
 	require.NoError(t, err, "plain renewal through a stale slot map")
 	assert.True(t, r.OK)
-	ok, err := plain.Release(ctx, sk, "s#1")
+	rel, err := plain.Release(ctx, sk, "s#1")
 	require.NoError(t, err)
-	assert.True(t, ok)
+	assert.True(t, rel.Deleted)
 
 	// Every guard renews twice more, without a single failure, and the
 	// moved leases are on the new primary.
@@ -384,6 +397,9 @@ func failoverKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client) {
 	for _, h := range hs {
 		assert.Equal(t, distlock.Released, release(t, h.g))
 	}
+	o := await(t, waiter, 2*eventually, "the waiter after the failover")
+	require.NoError(t, o.err, "the waiter across the failover")
+	assert.Equal(t, distlock.Released, release(t, o.g))
 }
 
 // reshardingKeepsLocks moves the slots of held locks to other primaries,
@@ -401,6 +417,16 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 	keys := keysOf(hs)
 	base, _, _ := w.snapshot()
 	w.waitRenewals(t, keys, base, 1)
+	// A waiter of another process stands in line for the lock released
+	// half-way, and waits across the migration: its refreshes get TRYAGAIN
+	// and its room's subscription is moved off the old primary.
+	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
+	defer cancelWaiter()
+	waiter := lockAsync(t, waiterCtx, newMutex(t, cl.Client(), hs[2].name))
+	require.Eventually(t, func() bool {
+		n, err := cl.PrimaryOf(keys[2]).MustDo("ZCARD", keys[2]+":queue").ToInt64()
+		return err == nil && n == 1
+	}, eventually, pollEvery, "the waiter never stood in line")
 
 	var migs []*redistest.Migration
 	for i, k := range keys {
@@ -464,7 +490,7 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 		if i < 2 {
 			m.Move(keys[i] + ":fence")
 		} else {
-			m.Move(keys[i], keys[i]+":fence")
+			m.Move(keys[i], keys[i]+":fence", keys[i]+":queue", keys[i]+":waiters")
 		}
 		m.Finish()
 	}
@@ -481,6 +507,10 @@ func reshardingKeepsLocks(t *testing.T, cl *redistest.Cluster, c rueidis.Client)
 	case <-time.After(eventually):
 		t.Fatal("the release is still waiting after the migration")
 	}
+	o := await(t, waiter, 2*eventually, "the waiter after the migration")
+	require.NoError(t, o.err, "the waiter across the migration")
+	assert.Equal(t, migs[2].To(), cl.PrimaryOf(keys[2]))
+	assert.Equal(t, distlock.Released, release(t, o.g))
 	assert.Empty(t, keysOn(t, migs[2].To(), keys[2]), "the released lease is still there")
 
 	base, _, _ = w.snapshot()

@@ -21,7 +21,7 @@
 //	if err != nil {
 //		return err // ctx ended, max wait ran out, or Redis failed
 //	}
-//	defer g.Release(context.WithoutCancel(ctx))
+//	defer g.Release(context.WithoutCancel(ctx)) // returns within ReleaseTimeout, even with Redis down
 //	return buildReport(g.Context(), g.Token())
 //
 // [Mutex.Lock] waits; [Mutex.TryLock] tries once and returns an error
@@ -36,6 +36,68 @@
 //
 // Because of that, do not pass Lock a context with a short timeout meant for
 // the wait alone; use [WithMaxWait] or [Mutex.TryLockFor] to bound the wait.
+//
+// # Ending: Release and Leave
+//
+// [Guard.Release] deletes the lease (only if it still holds this
+// acquisition's value), so the next waiter gets the lock at once. From the
+// moment it is called the guard reports [Released] and its context is
+// cancelled; it never reports [Acquired] again. Its ctx bounds only the
+// wait: when ctx has no deadline, Release waits at most [ReleaseTimeout]
+// (2 s), and the delete itself never outlives the lease. If the wait ends
+// first, Release returns an error while the delete goes on in the
+// background, and [Guard.Done] is closed when it is over. The idiom to
+// copy is
+//
+//	defer g.Release(context.WithoutCancel(ctx))
+//
+// which keeps ctx's values (for tracing), ignores its cancellation (a
+// cancelled ctx would make Release return before the delete had its
+// answer) and returns within ReleaseTimeout whatever Redis does. To see how
+// it ended, check the result:
+//
+//	defer func() {
+//		if st, err := g.Release(context.WithoutCancel(ctx)); err != nil || st != distlock.Released {
+//			log.Printf("release of %s: %v, %v (the lease expires on its own within the TTL)", g.Key(), st, err)
+//		}
+//	}()
+//
+// [Guard.Leave] ends the guard without deleting the lease: renewals stop and
+// the key stays until it expires, one TTL after the last renewal. That
+// serves a job that must run at most once per period even though its
+// replicas start seconds apart (cron on every machine): each replica calls
+// [Mutex.TryLock] with a TTL a little shorter than the period (the key
+// expires before the next period begins, if the work takes less than the
+// rest), the one that gets the lock does the work and calls Leave, and the
+// others, including those that start after the work is done, find the lock
+// held and skip:
+//
+//	m, err := distlock.NewMutex(client, "hourly-digest", distlock.WithTTL(50*time.Minute))
+//	...
+//	g, err := m.TryLock(ctx)
+//	if errors.Is(err, distlock.ErrNotAcquired) {
+//		return nil // another replica has it, or had it this period
+//	} else if err != nil {
+//		return err
+//	}
+//	if err := sendDigest(g.Context()); err != nil {
+//		g.Release(context.WithoutCancel(ctx)) // failed: free the lock for a later try
+//		return err
+//	}
+//	_, err = g.Leave(context.WithoutCancel(ctx)) // done: hold the key until it expires
+//	return err
+//
+// For "exactly one of the replicas that start together runs it, the others
+// skip" TryLock and Release are enough; Lock would make the others wait
+// and then run the job again, one after the other.
+//
+// [Guard.Deadline] says until when the guard vouches for the lease: the
+// time up to which State reports Acquired unless a renewal moves it on.
+// Before a step that must finish under the lock, check that it fits:
+//
+//	if time.Until(g.Deadline()) < step {
+//		return errNoTimeLeft // or wait for the next renewal
+//	}
 //
 // # What the lock guarantees, and what it cannot
 //
@@ -117,32 +179,38 @@
 //
 // # Waiting
 //
-// [Mutex.Lock] does not poll. Callers in one process that wait for the same
-// lock (through the same rueidis client, whatever Mutex they use) stand in a
-// local first-come, first-served queue, and only the first of them talks to
-// Redis. It sleeps until one of these happens:
+// [Mutex.Lock] does not poll, and waiters are served first come, first
+// served across processes. Every lock has one line in Redis. A Lock call that
+// finds the lock held stands in that line, and the release script itself, in
+// the same atomic step that deletes the holder's value, passes the lock to
+// the first waiter in line (with a new fencing token) and tells it: on the
+// sharded pub/sub channel of the waiter's process, or, when the releasing
+// guard is in the same process, straight from the release's reply. So a
+// release wakes exactly one waiter, wherever it is, and the lock is never
+// raced for.
 //
-//   - a guard of this process releases the lock: the release hands it to the
-//     first waiter in the same round trip (a release and an acquisition in one
-//     script), up to 8 times in a row, after which the lock is released for
-//     everyone so that waiters elsewhere get their turn;
-//   - a holder elsewhere releases it: the release is announced on the lock's
-//     pub/sub channel (sharded pub/sub, SSUBSCRIBE, on Redis 7), to which the
-//     queue subscribes while it has waiters;
-//   - the holder's lease would have run out: the attempt that found the lock
-//     held learned how long the holder's lease had left, so a waiter takes
-//     over a crashed holder's lock a moment after Redis expires it, not a
-//     polling interval later.
+// A waiter that is passed the lock may have died meanwhile. The lease it is
+// handed therefore lasts only the claim window ([WithClaimWindow], half a
+// second by default) until the new holder renews it to the full TTL, and a
+// waiter that has not refreshed its place for a claim window (it refreshes
+// every half window) is skipped. A dead waiter thus costs the others at most
+// a claim window. The first waiter in line also watches the holder's lease,
+// so a holder that died without releasing is replaced the moment Redis
+// expires it.
 //
-// Waiting costs one subscription per lock and process, no CPU, and about one
-// round trip per lease period of the holder. A cancelled waiter leaves the
-// queue at once, and an idle queue unsubscribes after a quarter of a second.
-// When the server refuses pub/sub, the first waiter polls every
-// [DefaultRetryInterval] instead. [WithRetryInterval] and [Mutex.TryLockFor]
-// give plain polling for those who want it.
+// Waiting costs one subscription per lock and process, no CPU, the first
+// call and a refresh every half claim window (four commands a second). A
+// contended acquisition takes two commands in all: the call that stands in
+// line and the release that passes the lock on. A waiter whose ctx ends
+// returns at once; its place (and a lock passed to it meanwhile) is
+// cancelled in the background, and the next waiter gets the lock at once.
+// When the server refuses pub/sub, waiters poll every [DefaultRetryInterval]
+// instead. [WithRetryInterval] and [Mutex.TryLockFor] give plain polling, and
+// [Mutex.TryLock] a single attempt; none of them stands in line, and none of
+// them takes a free lock from the waiter first in line.
 //
-// Fairness across processes is not guaranteed: each process's first waiter
-// competes for the lock, and the fastest wins.
+// The protocol, its invariants and what happens on each fault are written
+// down in the documentation of the lease package.
 //
 // # Events
 //
@@ -151,27 +219,36 @@
 //   - [Guard.Context] is cancelled at the first loss, with a cause matching
 //     [ErrLost] (read it with [context.Cause]). Run the critical section under
 //     it and it stops when the lock is in doubt.
-//   - [Guard.State] answers "do I hold it right now?" without a round trip.
+//   - [Guard.State] answers "do I hold it right now?" without a round trip,
+//     and [Guard.Deadline] says until when that answer holds.
 //   - [Guard.Subscribe] delivers every transition, with its time and reason,
 //     for logging, metrics or code that wants to pause and resume.
 //
-// [Guard.Done] is closed once the guard has been released.
+// [Guard.Done] is closed once the guard has been released. None of these
+// waits on Redis: they answer at once even while a renewal or the final
+// delete is in flight.
 //
 // # Goroutines
 //
 // A held lock costs one goroutine, plus one short-lived goroutine per renewal
-// in flight. The actor exits when the guard is released, and nothing it
-// started outlives it. A lock that has waiters in this process also has one
-// goroutine that keeps its release subscription; it ends a quarter of a
-// second after the last waiter leaves. Subscribers never slow it down: their channels are
-// buffered and drop their oldest event rather than block. A guard that is
+// in flight and one for the final delete. The actor exits when the guard is
+// released, and nothing it started outlives it. A lock that has waiters in this process also has one
+// goroutine that keeps its room's subscription; it ends a quarter of a
+// second after the last waiter leaves. A waiter that gives up leaves a
+// short-lived goroutine that cancels its place in line. Subscribers never
+// slow the actor down: their channels are buffered and drop their oldest
+// event rather than block. A guard that is
 // neither released nor cancelled keeps its lock, and its goroutine, until the
 // process exits, just as a forgotten Unlock would.
 //
 // # Keys
 //
 // A lock named "job" in the default namespace lives at "distlock:{job}", with
-// its fencing counter at "distlock:{job}:fence". When Lock gives up on an
+// its fencing counter at "distlock:{job}:fence", which is kept for 24 hours
+// after the last acquisition (so that tokens keep increasing even if the
+// server's clock steps back) and then expires; while anyone waits, its line
+// is at "distlock:{job}:queue" and "distlock:{job}:waiters", and waiting rooms
+// listen on the channels "distlock:{job}:wake:<room>". When Lock gives up on an
 // attempt whose reply it did not see, it also writes
 // "distlock:{job}:void:<value>" for one TTL, which makes that attempt
 // harmless if it reaches Redis late. The braces are a Redis Cluster hash

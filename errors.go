@@ -3,6 +3,7 @@ package distlock
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
@@ -10,7 +11,7 @@ import (
 
 // Errors reported by distlock. Test for them with [errors.Is]; the concrete
 // errors returned wrap them and carry details ([*OptionError],
-// [*TimeoutError], [*NotAcquiredError], [*LostError]).
+// [*ArgumentError], [*TimeoutError], [*NotAcquiredError], [*LostError]).
 var (
 	// ErrNotAcquired means a single attempt found the lock held by someone
 	// else.
@@ -22,11 +23,22 @@ var (
 	// by the cause of [Guard.Context].
 	ErrLost = errors.New("distlock: lock lost")
 	// ErrReleased is the cause of [Guard.Context] once the guard has been
-	// released.
+	// released (or left, see [Guard.Leave]).
 	ErrReleased = errors.New("distlock: lock released")
-	// ErrInvalidOption means an argument or option was rejected before
-	// anything was sent to Redis.
+	// ErrInvalidOption means that distlock refused its input before it sent
+	// anything to Redis: the configuration of a lock (the client, key or an
+	// option given to [NewMutex], or the timeout and retry interval given to
+	// [Mutex.TryLockFor], which are per-call versions of [WithMaxWait] and
+	// [WithRetryInterval]), reported as an [*OptionError], or an argument
+	// of a call, reported as an [*ArgumentError]. One errors.Is check with
+	// it therefore catches every refused input.
 	ErrInvalidOption = errors.New("distlock: invalid option")
+	// ErrInvalidArgument means an argument of a call that is not part of
+	// the lock's configuration was refused, such as a nil context given to
+	// Lock or Release; nothing was sent to Redis, and the guard, if any, is
+	// unchanged. It is reported as an [*ArgumentError], which also matches
+	// [ErrInvalidOption], as it did before ErrInvalidArgument existed.
+	ErrInvalidArgument = errors.New("distlock: invalid argument")
 	// ErrNotReplicated means fewer replicas than [WithReplicaAck] asks for
 	// acknowledged an acquisition or a renewal in time. Lock returns it
 	// (wrapped) after deleting the unacknowledged lease; a renewal that
@@ -41,22 +53,66 @@ var (
 // the wait itself failed. It matches [ErrNotReplicated].
 type ReplicaAckError = lease.AckError
 
-// OptionError reports an argument or option that distlock refused. It
-// matches [ErrInvalidOption].
+// OptionError reports a part of a lock's configuration that distlock
+// refused: the client, key or an option given to [NewMutex], or the timeout
+// or retry interval given to [Mutex.TryLockFor]. It matches
+// [ErrInvalidOption].
 type OptionError struct {
-	Field  string // the option or argument, e.g. "ttl" or "key"
+	Field  string // what was refused, e.g. "ttl", "key" or "client"
 	Reason string // what is wrong with it
 }
 
-func (e *OptionError) Error() string {
-	return fmt.Sprintf("distlock: invalid option %s: %s", e.Field, e.Reason)
-}
+func (e *OptionError) Error() string { return inputMessage(e.Field, e.Reason) }
 
 // Is reports whether target is [ErrInvalidOption].
 func (e *OptionError) Is(target error) bool { return target == ErrInvalidOption }
 
+// ArgumentError reports an argument of a call that distlock refused, such
+// as a nil context. It matches [ErrInvalidArgument] and, for compatibility,
+// [ErrInvalidOption].
+type ArgumentError struct {
+	Arg    string // the argument, e.g. "ctx"
+	Reason string // what is wrong with it, e.g. "is nil"
+}
+
+func (e *ArgumentError) Error() string { return inputMessage(e.Arg, e.Reason) }
+
+// Is reports whether target is [ErrInvalidArgument] or [ErrInvalidOption].
+func (e *ArgumentError) Is(target error) bool {
+	return target == ErrInvalidArgument || target == ErrInvalidOption
+}
+
+// inputMessage words the refusal of name for reason: "distlock: ctx is
+// nil", "distlock: key is empty", "distlock: invalid ttl: 0s is not
+// positive".
+func inputMessage(name, reason string) string {
+	switch {
+	case strings.HasPrefix(reason, name+" "): // it names what it is about
+		return "distlock: " + reason
+	case strings.HasPrefix(reason, "is "): // a predicate
+		return "distlock: " + name + " " + reason
+	}
+	return fmt.Sprintf("distlock: invalid %s: %s", name, reason)
+}
+
+// argumentNames are the names that invalid reports as an [*ArgumentError]
+// rather than an [*OptionError]: arguments that are not part of a lock's
+// configuration.
+var argumentNames = map[string]bool{"ctx": true}
+
+// invalid returns the error for the refused input field: an
+// [*ArgumentError] for a name in argumentNames, an [*OptionError]
+// otherwise.
 func invalid(field, format string, args ...any) error {
+	if argumentNames[field] {
+		return badArgument(field, format, args...)
+	}
 	return &OptionError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// badArgument returns an [*ArgumentError] for arg.
+func badArgument(arg, format string, args ...any) error {
+	return &ArgumentError{Arg: arg, Reason: fmt.Sprintf(format, args...)}
 }
 
 // TimeoutError reports that waiting for a lock ran out of time. It matches

@@ -17,9 +17,9 @@ const (
 	// renewing and may return to Acquired if a renewal proves the key still
 	// holds this acquisition's value.
 	Lost
-	// Released: the guard was released (by [Guard.Release] or by the
-	// cancellation of the context given to Lock). It is final. State
-	// reports it from the moment the release begins; the Released event
+	// Released: the guard has ended, by [Guard.Release], by [Guard.Leave]
+	// or by the cancellation of the context given to Lock. It is final.
+	// State reports it from the moment the end begins; the Released event
 	// comes once the release has finished.
 	Released
 )
@@ -71,10 +71,12 @@ type subscriber struct {
 // goroutine and never touched by anyone else.
 type subscribers map[chan Event]subscriber
 
-// add registers ch, whose context is ctx, and sends it the current state.
-// unsubscribe is called once ctx is done.
-func (s subscribers) add(ctx context.Context, ch chan Event, current Event, unsubscribe func()) {
-	offer(ch, current)
+// add registers ch, whose context is ctx, and sends it the current state,
+// if there is one to send. unsubscribe is called once ctx is done.
+func (s subscribers) add(ctx context.Context, ch chan Event, current *Event, unsubscribe func()) {
+	if current != nil {
+		offer(ch, *current)
+	}
 	s[ch] = subscriber{ch: ch, stop: context.AfterFunc(ctx, unsubscribe)}
 }
 

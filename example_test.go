@@ -11,25 +11,27 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/distkit-go/distlock"
-	"github.com/distkit-go/distlock/internal/embedredis"
+	"github.com/distkit-go/distlock/distlocktest"
 )
 
-// exampleRedis starts an embedded Redis for the examples. In your code, the
+// exampleRedis starts an in-process Redis for the examples, with the
+// distlocktest package that your own tests can use too. In your code, the
 // client comes from rueidis.NewClient with your server's address.
-func exampleRedis() (rueidis.Client, func()) {
-	srv, err := embedredis.Start()
+func exampleRedis() *distlocktest.Server {
+	srv, err := distlocktest.Start()
 	if err != nil {
 		log.Fatal(err)
 	}
-	return srv.Client(), srv.Close
+	return srv
 }
 
 // Lock, do the work under the guard's context, release.
 func Example() {
-	client, closeRedis := exampleRedis()
-	defer closeRedis()
+	srv := exampleRedis()
+	defer srv.Close()
+	client := srv.Client()
 
-	m, err := distlock.NewMutex(client, "nightly-report", distlock.WithTTL(5*time.Second))
+	m, err := distlock.NewMutex(client, "customer-42", distlock.WithTTL(5*time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -52,17 +54,18 @@ func Example() {
 	}
 	fmt.Println("release:", st)
 	// Output:
-	// holding distlock:{nightly-report} state acquired
+	// holding distlock:{customer-42} state acquired
 	// release: released
 }
 
 // Watch the guard's events while working, and stop as soon as the lease is
 // lost. Here an operator deletes the key half-way.
 func ExampleGuard_Subscribe() {
-	client, closeRedis := exampleRedis()
-	defer closeRedis()
+	srv := exampleRedis()
+	defer srv.Close()
+	client := srv.Client()
 
-	m, err := distlock.NewMutex(client, "reindex", distlock.WithTTL(300*time.Millisecond))
+	m, err := distlock.NewMutex(client, "reindex", distlock.WithTTL(time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -76,7 +79,9 @@ func ExampleGuard_Subscribe() {
 	fmt.Println("first event:", (<-events).State)
 
 	// Somebody deletes the lease; the next renewal finds out.
-	client.Do(context.Background(), client.B().Del().Key(m.Key()).Build())
+	if err := srv.ForceLoss(m); err != nil {
+		log.Fatal(err)
+	}
 
 	work := time.NewTicker(10 * time.Millisecond)
 	defer work.Stop()
@@ -102,8 +107,9 @@ func ExampleGuard_Subscribe() {
 // Cancelling the context given to Lock releases the lock: no explicit
 // Release is needed.
 func ExampleMutex_Lock_cancel() {
-	client, closeRedis := exampleRedis()
-	defer closeRedis()
+	srv := exampleRedis()
+	defer srv.Close()
+	client := srv.Client()
 
 	m, err := distlock.NewMutex(client, "leader")
 	if err != nil {
@@ -153,8 +159,9 @@ func (s *fencedStore) Write(token int64, v string) error {
 // Pass the fencing token with every write. A holder that was paused past its
 // lease comes back with an old token, and the store turns it away.
 func ExampleGuard_Token() {
-	client, closeRedis := exampleRedis()
-	defer closeRedis()
+	srv := exampleRedis()
+	defer srv.Close()
+	client := srv.Client()
 	ctx := context.Background()
 	store := &fencedStore{}
 
@@ -168,7 +175,9 @@ func ExampleGuard_Token() {
 	}
 	// The slow holder stalls; its lease runs out (simulated here by
 	// deleting the key) and another process takes the lock.
-	client.Do(ctx, client.B().Del().Key(m.Key()).Build())
+	if err := srv.ForceLoss(m); err != nil {
+		log.Fatal(err)
+	}
 	fast, err := m.Lock(ctx)
 	if err != nil {
 		log.Fatal(err)
@@ -189,10 +198,12 @@ func ExampleGuard_Token() {
 	// value: fast
 }
 
-// TryLock reports who holds the lock when it cannot take it.
+// TryLock reports who holds the lock when it cannot take it. For a job that
+// one replica of many should run, see the run-once example.
 func ExampleMutex_TryLock() {
-	client, closeRedis := exampleRedis()
-	defer closeRedis()
+	srv := exampleRedis()
+	defer srv.Close()
+	client := srv.Client()
 	ctx := context.Background()
 
 	a, _ := distlock.NewMutex(client, "import", distlock.WithOwner("host-a"))
@@ -210,4 +221,80 @@ func ExampleMutex_TryLock() {
 	}
 	// Output:
 	// busy, held by host-a
+}
+
+// runNightlyReport is what every replica of a service runs when its
+// scheduler fires. Exactly one replica runs the report; the others find the
+// lock held and skip it. It reports whether this replica ran it.
+func runNightlyReport(ctx context.Context, client rueidis.Client, replica string,
+	report func(ctx context.Context, token int64) error) (bool, error) {
+	m, err := distlock.NewMutex(client, "nightly-report", distlock.WithOwner(replica))
+	if err != nil {
+		return false, err
+	}
+	g, err := m.TryLock(ctx) // one attempt: never wait for the lock
+	if errors.Is(err, distlock.ErrNotAcquired) {
+		return false, nil // another replica is running it: skip
+	}
+	if err != nil {
+		return false, err // Redis failed: nobody may run it this time, so say so
+	}
+	defer g.Release(context.WithoutCancel(ctx))
+	return true, report(g.Context(), g.Token())
+}
+
+// A scheduled job that must run once, although all replicas are scheduled to
+// run it: TryLock, and skip when it reports ErrNotAcquired. Lock would be
+// wrong here: each replica would wait for the lock and then run the job
+// again, one after another.
+//
+// TryLock keeps the other replicas out while the job runs. A replica whose
+// scheduler fires after the job has finished and released the lock would run
+// it again; if replicas can start that far apart, keep the lease until the
+// period ends instead of releasing it (see the README, "Jobs that must run
+// once").
+func ExampleMutex_TryLock_runOnce() {
+	srv := exampleRedis()
+	defer srv.Close()
+	ctx := context.Background()
+
+	const replicas = 5
+	// A real report takes a while; this one lasts until the other replicas
+	// have tried (or 5 s at most).
+	othersTried := make(chan struct{})
+	report := func(ctx context.Context, token int64) error {
+		select {
+		case <-othersTried:
+		case <-time.After(5 * time.Second):
+		}
+		return nil
+	}
+	results := make(chan bool, replicas)
+	var wg sync.WaitGroup
+	for i := range replicas {
+		wg.Go(func() {
+			ran, err := runNightlyReport(ctx, srv.Client(), fmt.Sprintf("replica-%d", i), report)
+			if err != nil {
+				log.Fatal(err)
+			}
+			results <- ran
+		})
+	}
+	ran, skipped := 0, 0
+	for n := 1; n <= replicas; n++ {
+		if <-results {
+			ran++
+		} else {
+			skipped++
+		}
+		if n == replicas-1 {
+			close(othersTried)
+		}
+	}
+	wg.Wait()
+	fmt.Println("ran the report:", ran)
+	fmt.Println("skipped it:", skipped)
+	// Output:
+	// ran the report: 1
+	// skipped it: 4
 }

@@ -13,3 +13,15 @@ func LeaseDeadline(g *Guard) time.Time { return g.snap.Load().deadline }
 // Margin returns how long before the earliest server-side expiry a guard
 // with this TTL stops reporting Acquired.
 func Margin(ttl time.Duration) time.Duration { return margin(ttl) }
+
+// Rooms returns how many waiting rooms the process has.
+func Rooms() int {
+	n := 0
+	for i := range roomShards {
+		s := &roomShards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}

@@ -18,11 +18,11 @@ import (
 // timing logic deterministically.
 type store interface {
 	Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error)
+	AcquireOrQueue(ctx context.Context, k lease.Keys, value string, ttl time.Duration, p lease.Place) (lease.Grant, error)
 	Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error)
-	Release(ctx context.Context, k lease.Keys, value string) (bool, error)
-	Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (bool, error)
-	Handoff(ctx context.Context, k lease.Keys, value, next string, ttl time.Duration) (bool, int64, error)
-	Subscribe(ctx context.Context, k lease.Keys, ready func(), released func(value string)) error
+	Release(ctx context.Context, k lease.Keys, value string) (lease.Release, error)
+	Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Release, error)
+	Subscribe(ctx context.Context, k lease.Keys, room string, ready func(), granted func(value string, token int64)) error
 }
 
 // cleanupTimeout bounds the conditional delete that Lock sends when it gives
@@ -41,6 +41,7 @@ type Mutex struct {
 	keys          lease.Keys
 	owner         string
 	ttl           time.Duration
+	claim         time.Duration // the claim window of a waiter's grant
 	maxWait       time.Duration
 	retryInterval time.Duration
 	polling       bool // WithRetryInterval was given: wait by polling
@@ -106,6 +107,15 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 		return nil, invalid("ttl", "%v is below the minimum of %v, too short to renew in time", o.ttl, MinTTL)
 	case o.ttl > MaxTTL:
 		return nil, invalid("ttl", "%v is above the maximum of %v", o.ttl, MaxTTL)
+	}
+	if !o.claimSet {
+		o.claim = min(o.claim, o.ttl)
+	}
+	switch {
+	case o.claim < MinClaimWindow:
+		return nil, invalid("claim window", "%v is below the minimum of %v", o.claim, MinClaimWindow)
+	case o.claim > o.ttl:
+		return nil, invalid("claim window", "%v is longer than the TTL (%v)", o.claim, o.ttl)
 	case o.maxWait < 0:
 		return nil, invalid("max wait", "%v is negative", o.maxWait)
 	case o.retryInterval < 0:
@@ -122,6 +132,7 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 		keys:          keys,
 		owner:         o.owner,
 		ttl:           o.ttl.Truncate(time.Millisecond),
+		claim:         o.claim.Truncate(time.Millisecond),
 		maxWait:       o.maxWait,
 		retryInterval: o.retryInterval,
 		polling:       o.polling,
@@ -142,13 +153,14 @@ func unwrapName(err error) string {
 	return msg
 }
 
-// leaseDeadline returns the deadline D of a lease whose last confirmed write
-// was sent at sent: the guard vouches for the lease only before it.
-func (m *Mutex) leaseDeadline(sent time.Time) time.Time {
-	return sent.Add(m.ttl - margin(m.ttl))
+// leaseDeadline returns the deadline D of a lease of ttl whose last
+// confirmed write was sent at sent: the guard vouches for the lease only
+// before it.
+func leaseDeadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - margin(ttl))
 }
 
-// queueKey names the local wait queue of this lock on this client.
+// queueKey names the waiting room of this lock on this client.
 func (m *Mutex) queueKey() queueKey { return queueKey{client: m.client, lease: m.keys.Lease} }
 
 // Key returns the Redis key that holds the lease, such as "distlock:{job}".
@@ -160,13 +172,14 @@ func (m *Mutex) Owner() string { return m.owner }
 
 // Lock acquires the lock, waiting while someone else holds it.
 //
-// It tries at once. While the lock is held it waits without polling: callers
-// in this process queue up, first come first served, and only the first of
-// them asks Redis again, when the holder releases the lock (a release is
-// announced through Redis pub/sub, and a release by a guard of this process
-// hands the lock straight to the first in line) or when the holder's lease
-// would have run out, in case the holder died. [WithRetryInterval] selects
-// plain polling instead. Lock waits until it acquires the lock, the max wait
+// It tries at once. While the lock is held it waits without polling: it
+// stands in the lock's line in Redis, first come first served across
+// processes, and the holder's release passes the lock straight to the first
+// waiter in line and wakes it (through Redis pub/sub, or from the release's
+// reply when the holder is in the same process). The first in line also
+// takes over when the holder's lease runs out, in case the holder died; a
+// waiter refreshes its place every half claim window ([WithClaimWindow]).
+// [WithRetryInterval] selects plain polling instead. Lock waits until it acquires the lock, the max wait
 // ([WithMaxWait]) runs out, or ctx is done. On success it returns a [Guard]
 // whose lease is renewed in the background.
 //
@@ -214,12 +227,16 @@ func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Dura
 	return m.acquire(ctx, timeout, retryInterval, true, false)
 }
 
-// cleanup deletes value from the lease, if it is there, after Lock gave up
-// following an attempt whose outcome it did not see, and voids value so that
-// the attempt, if it reaches Redis after the clean-up (rueidis may send the
-// two on different connections), is refused. It is bounded by
-// cleanupTimeout and ignores ctx's cancellation (ctx is usually why Lock gave
-// up). Failing is harmless: the orphan expires within the TTL.
+// cleanup cancels value (see lease.Client.Cancel) after an acquire call
+// gave up with something of value possibly in Redis: a lease written by an
+// attempt whose reply it did not see, a lease passed to it while it waited,
+// or its place in line. A lease it deletes goes to the next in line at once.
+// The cancel also voids value, so that an attempt that reaches Redis after
+// it (rueidis may send the two on different connections) is refused. It is
+// bounded by cleanupTimeout and ignores ctx's cancellation (ctx is usually
+// why the call gave up). Failing is harmless: the orphan expires within the
+// TTL, a passed lease within the claim window, a place in line within the
+// claim window.
 //
 // If the clean-up itself fails, the value is remembered for one TTL: should
 // a later attempt of this Mutex find the lock held by it, that attempt
@@ -229,15 +246,17 @@ func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Dura
 func (m *Mutex) cleanup(ctx context.Context, value string) bool {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, m.ttl))
 	defer cancel()
-	ok, err := m.store.Cancel(cctx, m.keys, value, m.ttl)
+	sent := time.Now()
+	r, err := m.store.Cancel(cctx, m.keys, value, m.ttl)
 	switch {
 	case err != nil:
 		m.abandoned.add(value, time.Now().Add(m.ttl))
-		m.log.Warn("distlock: could not clean up after an unconfirmed attempt", "err", err)
+		m.log.Warn("distlock: could not clean up after giving up; it expires on its own", "err", err)
 		return false
-	case ok:
-		m.log.Info("distlock: deleted the lease of an attempt whose reply was lost")
+	case r.Deleted:
+		m.log.Info("distlock: deleted a lease that a call gave up on")
 	}
+	deliverPass(m.queueKey(), r.Passed, sent)
 	return true
 }
 
@@ -282,11 +301,12 @@ func (s *abandonedValues) take(value string) bool {
 }
 
 // ctxError wraps ctx's error, and its cause when that differs, so that the
-// result matches both under errors.Is.
+// result matches both under errors.Is. It says "acquiring", which fits a
+// Lock that was waiting as well as a TryLock that never got to ask Redis.
 func (m *Mutex) ctxError(ctx context.Context) error {
 	err, cause := ctx.Err(), context.Cause(ctx)
 	if cause != nil && !errors.Is(cause, err) {
-		return fmt.Errorf("distlock: waiting for %s: %w: %w", m.keys.Lease, err, cause)
+		return fmt.Errorf("distlock: acquiring %s: %w: %w", m.keys.Lease, err, cause)
 	}
-	return fmt.Errorf("distlock: waiting for %s: %w", m.keys.Lease, err)
+	return fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
 }

@@ -22,6 +22,17 @@ const (
 	// [WithRetryInterval] to make Lock poll at an interval of your choice
 	// instead of waiting for announcements.
 	DefaultRetryInterval = 50 * time.Millisecond
+	// DefaultClaimWindow is the claim window unless [WithClaimWindow] says
+	// otherwise: how long a lock passed to a waiter that died stays out of
+	// reach before the next waiter gets it. A live waiter answers within a
+	// round trip and a scheduling delay (tens of milliseconds on a loaded
+	// machine); half a second leaves ten times that, and waiters refresh
+	// their place in line every half window, four commands a second.
+	DefaultClaimWindow = 500 * time.Millisecond
+	// MinClaimWindow is the shortest claim window distlock accepts: the
+	// lease a waiter is handed must outlast the safety margin (1% plus
+	// 30ms) with room for a renewal.
+	MinClaimWindow = 100 * time.Millisecond
 
 	// MinTTL is the shortest lease distlock accepts. A lease is renewed every
 	// TTL/3 and given up at TTL minus the safety margin (TTL/100 + 30ms), so
@@ -65,6 +76,8 @@ type options struct {
 	ttl           time.Duration
 	owner         string
 	maxWait       time.Duration
+	claim         time.Duration
+	claimSet      bool // WithClaimWindow was given
 	retryInterval time.Duration
 	polling       bool
 	logger        *slog.Logger
@@ -78,6 +91,7 @@ func defaultOptions() options {
 		namespace:     DefaultNamespace,
 		ttl:           DefaultTTL,
 		retryInterval: DefaultRetryInterval,
+		claim:         DefaultClaimWindow,
 		owner:         uuid.NewString(),
 		logger:        slog.New(slog.DiscardHandler),
 		observer:      nopObserver{},
@@ -116,13 +130,34 @@ func WithMaxWait(d time.Duration) Option {
 
 // WithRetryInterval makes [Mutex.Lock] wait by plain polling: it tries, and
 // while the lock is held tries again every d (0: at once, a spin), the way
-// distkit and redsync wait. By default, without this option, Lock does not
-// poll: it waits in a local queue for the holder's release to be announced,
-// or for the holder's lease to run out (see the package documentation,
-// "Waiting"). Polling is for servers or proxies without pub/sub, or to bound
-// the wait between attempts explicitly.
+// most Redis locks wait (such as the Go library redsync, or distkit, the Rust
+// library whose Mutex this package's API follows). By default, without this
+// option, Lock does not poll: it stands in the lock's line in Redis until
+// a release passes the lock to it, or the holder's lease runs out (see the
+// section "Waiting" of the package documentation). A poller never stands in
+// line, and does not take a free lock from a waiter first in line. Polling is for servers
+// or proxies without pub/sub, or to bound the wait between attempts
+// explicitly.
 func WithRetryInterval(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.retryInterval, o.polling = d, true })
+}
+
+// WithClaimWindow sets the claim window of [Mutex.Lock]'s waiting (default
+// [DefaultClaimWindow], or the TTL when that is shorter), from
+// [MinClaimWindow] up to the TTL, in whole milliseconds.
+//
+// Waiters stand in one line in Redis, and a release passes the lock to the
+// first of them. The lease it is handed lasts the claim window, counted from
+// the release: the waiter renews it to the full TTL if it holds the lock
+// that long, and if the waiter has died the lease lapses and the next waiter
+// gets the lock then. A waiter also refreshes its place in line every half
+// window; a place that is not refreshed for a whole window (its process died
+// or lost Redis) is skipped. So the window bounds how long a dead waiter can
+// keep the lock from the living. Too short a window makes a live waiter that
+// is slow to answer (a stopped process, a very busy machine) lose its turn:
+// it then asks again and keeps its place in line.
+func WithClaimWindow(d time.Duration) Option {
+	return optionFunc(func(o *options) { o.claim, o.claimSet = d, true })
 }
 
 // WithLogger sets where the Mutex and its guards log acquisitions, renewal
@@ -151,15 +186,16 @@ func WithObserver(o Observer) Option {
 // in time does not count: the lease deadline is not extended and the guard
 // becomes [Lost] at once, as after a failed renewal, with a [*LostError]
 // that unwraps to the *ReplicaAckError. It regains the lock at the next
-// renewal that is acknowledged. See the Topologies section of the package
-// documentation for what this does and does not protect against.
+// renewal that is acknowledged. The section "Redis Cluster and Sentinel"
+// of the package documentation, and TOPOLOGIES.md in the repository, say
+// what this does and does not protect against.
 //
 // Each acquisition and renewal then borrows a connection from rueidis's
 // pool for blocking commands (rueidis.ClientOption.BlockingPoolSize) for one
-// round trip plus the wait. A Lock that waits is never handed the lock
-// directly by a guard of the same process that releases it (that hand-off
-// writes the new lease without waiting for replicas): it acquires on its own
-// once the release is done. replicas 0 turns the wait off. A negative count,
+// round trip plus the wait. A waiting Lock that a release passes the lock
+// to (a write the replicas were not asked to acknowledge) claims it with an
+// acquisition of its own, which waits for them, before it returns.
+// replicas 0 turns the wait off. A negative count,
 // a timeout under one millisecond (WAIT's unit), or one longer than a third
 // of the TTL (a renewal and its wait must end before the next renewal is
 // due) is refused by [NewMutex] with [ErrInvalidOption].

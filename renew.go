@@ -24,16 +24,19 @@ type leaseLoop struct {
 	g     *Guard
 	value string
 
-	state    State     // Acquired or Lost while running
-	since    time.Time // when state was entered
-	cause    error     // why, for Lost
-	lastSent time.Time // send time of the last write Redis confirmed
-	deadline time.Time // D: lastSent + TTL - margin
+	state    State         // Acquired or Lost while running
+	since    time.Time     // when state was entered
+	cause    error         // why, for Lost
+	lastSent time.Time     // send time of the last write Redis confirmed
+	leaseTTL time.Duration // the TTL that write set: the claim window for a lease passed to a waiter, until its first renewal
+	deadline time.Time     // D: lastSent + leaseTTL - margin
+	void     bool          // release with Cancel (see startGuard)
 	subs     subscribers
 
 	acquired      time.Time // when the guard was created
 	heldAtRelease bool      // whether the lease was held when the release began
-	releasing     bool      // the release has begun: State reports Released
+	releasing     bool      // the guard's end has begun: State reports Released
+	leaving       bool      // it ends by Leave: no delete
 }
 
 type renewResult struct {
@@ -43,39 +46,76 @@ type renewResult struct {
 }
 
 type releaseResult struct {
-	deleted   bool
-	handedOff bool // the lease went straight to a waiter of this process
-	err       error
+	deleted bool
+	err     error
 }
 
-// confirm records a write that Redis confirmed, sent at sent.
-func (l *leaseLoop) confirm(sent time.Time) {
-	l.lastSent = sent
-	l.deadline = l.m.leaseDeadline(sent)
+// confirm records a write of ttl that Redis confirmed, sent at sent.
+func (l *leaseLoop) confirm(sent time.Time, ttl time.Duration) {
+	l.lastSent, l.leaseTTL = sent, ttl
+	l.deadline = leaseDeadline(sent, ttl)
 }
 
 // run is the actor's loop. It renews, watches the deadline and serves the
-// mailbox until stop is closed, then releases the lease and returns.
+// mailbox until the guard's end begins, then ends it (see ending) and
+// returns.
 //
 // One timer serves two purposes: while no renewal is in flight it fires when
 // the next one is due; while one is in flight and the lease is held it fires
 // at the deadline D, so that a hanging renewal cannot delay Lost.
+//
+// The loop never waits on the network itself: renewals and the final
+// delete run in child goroutines and report back on channels, so the
+// mailbox (Subscribe and its cancellation) is served at all times, until
+// the final delete has its answer.
 func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-chan struct{}) {
 	// Cancelling the Lock context releases the guard. The registration is
 	// removed on the way out, so a long-lived context does not accumulate
 	// them.
 	if lockCtx := l.g.lockCtx; lockCtx.Done() != nil {
-		defer context.AfterFunc(lockCtx, a.Stop)()
+		defer context.AfterFunc(lockCtx, func() { l.g.end(endRelease) })()
 	}
 
-	timer := time.NewTimer(time.Until(l.lastSent.Add(l.m.ttl / 3)))
+	timer := time.NewTimer(time.Until(l.lastSent.Add(l.leaseTTL / 3)))
 	defer timer.Stop()
 	results := make(chan renewResult, 1) // at most one renewal in flight
 	var cancelRenew context.CancelFunc   // set while a renewal is in flight
+	var final <-chan releaseResult       // set once the final step has started
+
+	// ending reports whether the guard's end has begun. The first time it
+	// sees so, it stops vouching for the lease; then it cancels a renewal in
+	// flight or, once none is, starts the final step. The guard's ending
+	// flag is set before stop is closed, so any case may be the first to
+	// see it.
+	ending := func() bool {
+		if !l.releasing {
+			if l.g.ending.Load() == 0 {
+				return false
+			}
+			timer.Stop()
+			l.beginEnd()
+		}
+		switch {
+		case cancelRenew != nil:
+			// Stop waiting for the renewal; the final step starts once
+			// the renewal call has returned. If its command is still on
+			// its way (rueidis may use another connection than the
+			// delete's), it can only extend this acquisition's own value
+			// and never re-creates a deleted key, so arriving late does
+			// no harm.
+			cancelRenew()
+		case final == nil:
+			final = l.startFinal(a)
+		}
+		return true
+	}
 
 	for {
 		select {
 		case <-timer.C:
+			if ending() {
+				continue
+			}
 			if cancelRenew != nil {
 				l.checkDeadline() // the renewal in flight is late
 				continue
@@ -88,39 +128,59 @@ func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-
 		case res := <-results:
 			cancelRenew()
 			cancelRenew = nil
-			if l.releasing { // the renewal was all the release waited for
-				l.finish(l.release())
-				return
+			if ending() { // the renewal was all the end waited for
+				continue
 			}
 			timer.Reset(l.onRenew(res))
 
 		case msg := <-inbox:
+			ending()
 			l.handle(a, msg)
 
 		case <-stop:
 			stop = nil
-			timer.Stop()
-			l.checkDeadline()
-			l.heldAtRelease = l.state == Acquired
-			// From now on the guard no longer vouches for the lease, and
-			// nothing (such as a refusal found by the delete) may make it
-			// report anything but Released again.
-			l.releasing = true
-			l.g.snap.Store(&snapshot{state: Released})
-			// The critical section ends before the lease is deleted.
-			l.g.cancel(ErrReleased)
-			if cancelRenew == nil {
-				l.finish(l.release())
-				return
-			}
-			// Stop waiting for the renewal; the delete starts once the
-			// renewal call has returned. If its command is still on its way
-			// (rueidis may use another connection than the delete's), it
-			// can only extend this acquisition's own value and never
-			// re-creates a deleted key, so arriving late does no harm.
-			cancelRenew()
+			ending()
+
+		case r := <-final:
+			l.finish(r)
+			return
 		}
 	}
+}
+
+// beginEnd is the moment the guard stops vouching for the lease, whether
+// by Release, Leave or the cancellation of the Lock context.
+func (l *leaseLoop) beginEnd() {
+	l.checkDeadline()
+	l.heldAtRelease = l.state == Acquired
+	l.leaving = l.g.ending.Load() == endLeave
+	// From now on nothing (such as a refusal found by the delete) may make
+	// the guard report anything but Released again.
+	l.releasing = true
+	l.g.snap.Store(&snapshot{state: Released})
+	// The critical section ends before the lease is deleted. Release and
+	// Leave have done this already; the Lock context's cancellation has
+	// cancelled the guard's context through its parent.
+	l.g.cancel(ErrReleased)
+	if l.debug() {
+		l.logger().Debug("distlock: ending", "leave", l.leaving)
+	}
+}
+
+// startFinal starts the guard's last step and returns the channel on which
+// its result comes. For a release that is the final delete (which may pass
+// the lock to the next waiter in line), which runs in a child goroutine so that the actor keeps serving its
+// mailbox meanwhile; release reads only what the actor no longer changes
+// once the end has begun. Leaving sends nothing: its result is there at
+// once.
+func (l *leaseLoop) startFinal(a *actor.Actor[guardMsg]) <-chan releaseResult {
+	done := make(chan releaseResult, 1)
+	if l.leaving {
+		done <- releaseResult{}
+		return done
+	}
+	a.Go(func() { done <- l.release() })
+	return done
 }
 
 // startRenew sends one renewal in a child goroutine and returns the function
@@ -171,13 +231,13 @@ func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 		l.markLost(info.Err.(*LostError))
 		return ttl / 3
 	}
-	if !now.Before(l.m.leaseDeadline(res.sent)) {
+	if !now.Before(leaseDeadline(res.sent, ttl)) {
 		// Confirmed, but too late to count: the lease may already be gone
 		// by the time we could act on it.
 		l.markLost(&LostError{Key: l.m.keys.Lease, Reason: LostDeadline})
 		return 0
 	}
-	l.confirm(res.sent)
+	l.confirm(res.sent, ttl)
 	if l.state == Lost {
 		l.setState(Acquired, nil)
 		l.logger().Info("distlock: lock regained")
@@ -220,7 +280,12 @@ func (l *leaseLoop) debug() bool {
 }
 
 // setState records a transition, publishes it to State and to subscribers.
+// Once the guard's end has begun (even if the loop has not seen it yet) it
+// does not regain the lease: the guard never reports Acquired again.
 func (l *leaseLoop) setState(s State, err error) {
+	if s == Acquired && l.g.ending.Load() != 0 {
+		return
+	}
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: s, Err: err})
 	l.state, l.since, l.cause = s, time.Now(), err
 	if !l.releasing {
@@ -233,11 +298,15 @@ func (l *leaseLoop) setState(s State, err error) {
 func (l *leaseLoop) handle(a *actor.Actor[guardMsg], msg guardMsg) {
 	switch msg := msg.(type) {
 	case subscribeMsg:
-		l.checkDeadline()
 		ch := msg.ch
-		l.subs.add(msg.ctx, ch, Event{State: l.state, Time: l.since, Err: l.cause}, func() {
-			_ = a.Send(context.Background(), unsubscribeMsg{ch: ch})
-		})
+		unsubscribe := func() { _ = a.Send(context.Background(), unsubscribeMsg{ch: ch}) }
+		if l.releasing {
+			// The first event is the final Released, published by finish.
+			l.subs.add(msg.ctx, ch, nil, unsubscribe)
+		} else {
+			l.checkDeadline()
+			l.subs.add(msg.ctx, ch, &Event{State: l.state, Time: l.since, Err: l.cause}, unsubscribe)
+		}
 		msg.reply.Send(struct{}{})
 	case unsubscribeMsg:
 		l.subs.remove(msg.ch)
@@ -245,36 +314,45 @@ func (l *leaseLoop) handle(a *actor.Actor[guardMsg], msg guardMsg) {
 }
 
 // release sends the conditional delete and waits for its outcome. It runs
-// in the actor's own goroutine, as the last thing the actor does: nothing is
-// left to serve but the mailbox, and an extra goroutine would only add a
-// hand-off to every release. Waiting past the end of the lease would be
-// pointless, since the key is gone by then either way; minReleaseWait still
-// gives a lapsed lease one try.
+// in a child goroutine of the actor (see startFinal), so that the actor
+// keeps serving its mailbox meanwhile; it reads only fields that the actor
+// no longer changes once the end has begun. Waiting past the end of the
+// lease would be pointless, since the key is gone by then either way;
+// minReleaseWait still gives a lapsed lease one try.
 func (l *leaseLoop) release() releaseResult {
-	dl := l.lastSent.Add(l.m.ttl)
+	dl := l.lastSent.Add(l.leaseTTL)
 	if floor := time.Now().Add(minReleaseWait); dl.Before(floor) {
 		dl = floor
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	defer cancel()
-	k := l.m.queueKey()
-	if h := queuesFor(k).claim(k); h != nil {
-		// A waiter of this process takes the lock over in the same round
-		// trip; if that fails it tries on its own.
-		sent := time.Now()
-		granted, token, err := l.m.store.Handoff(ctx, l.m.keys, l.value, h.value, h.ttl)
-		h.done <- handoffResult{granted: granted, token: token, sent: sent, err: err}
-		return releaseResult{deleted: granted, handedOff: granted, err: err}
+	sent := time.Now()
+	var r lease.Release
+	var err error
+	if l.void {
+		r, err = l.m.store.Cancel(ctx, l.m.keys, l.value, l.m.ttl)
+	} else {
+		r, err = l.m.store.Release(ctx, l.m.keys, l.value)
 	}
-	deleted, err := l.m.store.Release(ctx, l.m.keys, l.value)
-	return releaseResult{deleted: deleted, err: err}
+	// The release passed the lock to the next in line; if that waiter is in
+	// this process, it wakes now rather than at the announcement.
+	deliverPass(l.m.queueKey(), r.Passed, sent)
+	return releaseResult{deleted: r.Deleted, err: err}
 }
 
 // finish records how the guard ended, publishes Released and closes every
-// subscription.
+// subscription. After Leave, r is empty: nothing was sent, and the lease
+// stays until it expires.
 func (l *leaseLoop) finish(r releaseResult) {
 	final := Released
 	switch {
+	case l.leaving:
+		// Nothing was sent, so nothing new was learnt. The lease stays
+		// until it expires; the waiter first in line watches its TTL and
+		// takes it then.
+		if !l.heldAtRelease {
+			final = Lost
+		}
 	case r.err != nil:
 		if !l.heldAtRelease {
 			final = Lost
@@ -292,14 +370,7 @@ func (l *leaseLoop) finish(r releaseResult) {
 		err = fmt.Errorf("distlock: releasing %s: %w", l.m.keys.Lease, r.err)
 		l.logger().Warn("distlock: release failed; the lease will expire on its own", "err", err)
 	} else if l.debug() {
-		l.logger().Debug("distlock: released", "outcome", final.String())
-	}
-	if !r.handedOff {
-		// Tell the local queue the lock is free (or in doubt). After a
-		// hand-off it is not: the next holder is already in place, and
-		// waking the queue's head would only send it back to sleep.
-		k := l.m.queueKey()
-		queuesFor(k).released(k, l.value, r.err == nil && r.deleted)
+		l.logger().Debug("distlock: released", "outcome", final.String(), "left", l.leaving)
 	}
 	ev := Event{State: Released, Time: time.Now(), Err: err}
 	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,

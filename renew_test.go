@@ -45,14 +45,10 @@ type fakeStore struct {
 	releases  []string        // Release and Cancel calls, by value
 	voided    map[string]bool // values given up by Cancel
 	cancelErr error           // when set, Cancel fails with it
-	onHandoff func()          // called after a hand-off is applied
 	afterDone int             // calls made after the guard reported done
 	done      <-chan struct{}
-	subs      map[chan string]struct{}
-	subCalls  int
 
 	acquireCalls int
-	handoffs     int
 	expires      time.Time // when holder's lease ends; zero: renewed forever
 }
 
@@ -107,32 +103,39 @@ func (f *fakeStore) Renew(ctx context.Context, k lease.Keys, value string, ttl t
 	return lease.Renewal{OK: f.holder == value, Holder: f.holder}, nil
 }
 
-func (f *fakeStore) Release(ctx context.Context, k lease.Keys, value string) (bool, error) {
+// AcquireOrQueue is Acquire; the fake has no line: a waiter that is not
+// granted is told it is first, and finds the lock free at a later call.
+func (f *fakeStore) AcquireOrQueue(ctx context.Context, k lease.Keys, value string, ttl time.Duration, p lease.Place) (lease.Grant, error) {
+	g, err := f.Acquire(ctx, k, value, ttl)
+	if err != nil || g.Acquired {
+		return g, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g.Ticket, g.Fence = 1, f.token
+	return g, nil
+}
+
+func (f *fakeStore) Release(ctx context.Context, k lease.Keys, value string) (lease.Release, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.releases = append(f.releases, value)
 	f.noteAfterDone()
 	if f.holder == value {
 		f.holder = ""
-		for ch := range f.subs {
-			select {
-			case ch <- value:
-			default:
-			}
-		}
-		return true, nil
+		return lease.Release{Deleted: true}, nil
 	}
-	return false, nil
+	return lease.Release{}, nil
 }
 
 // Cancel voids value, so that a later Acquire with it is refused, and
 // releases it.
-func (f *fakeStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (bool, error) {
+func (f *fakeStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Release, error) {
 	f.mu.Lock()
 	if f.cancelErr != nil {
 		err := f.cancelErr
 		f.mu.Unlock()
-		return false, err
+		return lease.Release{}, err
 	}
 	if f.voided == nil {
 		f.voided = make(map[string]bool)
@@ -142,46 +145,11 @@ func (f *fakeStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl 
 	return f.Release(ctx, k, value)
 }
 
-func (f *fakeStore) Handoff(ctx context.Context, k lease.Keys, value, next string, ttl time.Duration) (bool, int64, error) {
-	if f.onHandoff != nil {
-		defer f.onHandoff()
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.releases = append(f.releases, value)
-	f.handoffs++
-	f.noteAfterDone()
-	if f.holder != value {
-		return false, 0, nil
-	}
-	f.holder, f.expires = next, time.Time{}
-	f.token++
-	return true, f.token, nil
-}
-
-func (f *fakeStore) Subscribe(ctx context.Context, k lease.Keys, ready func(), released func(string)) error {
-	ch := make(chan string, 16)
-	f.mu.Lock()
-	if f.subs == nil {
-		f.subs = make(map[chan string]struct{})
-	}
-	f.subs[ch] = struct{}{}
-	f.subCalls++
-	f.mu.Unlock()
-	defer func() {
-		f.mu.Lock()
-		delete(f.subs, ch)
-		f.mu.Unlock()
-	}()
+// Subscribe confirms at once and announces nothing.
+func (f *fakeStore) Subscribe(ctx context.Context, k lease.Keys, room string, ready func(), granted func(string, int64)) error {
 	ready()
-	for {
-		select {
-		case v := <-ch:
-			released(v)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	<-ctx.Done()
+	return ctx.Err()
 }
 
 func (f *fakeStore) noteAfterDone() {
@@ -440,6 +408,7 @@ func TestLostReplyIsCleanedUp(t *testing.T) {
 		_, err := m.Lock(t.Context())
 		require.ErrorIs(t, err, lostReply)
 		require.NotEmpty(t, value)
+		synctest.Wait() // the clean-up runs in the background
 		assert.Equal(t, []string{value}, f.releases, "Lock must delete what the lost attempt wrote")
 		assert.Empty(t, f.holder)
 	})
@@ -458,6 +427,10 @@ func (s *replyLosingStore) Acquire(ctx context.Context, k lease.Keys, value stri
 	}
 	*s.written = value
 	return lease.Grant{}, s.err
+}
+
+func (s *replyLosingStore) AcquireOrQueue(ctx context.Context, k lease.Keys, value string, ttl time.Duration, p lease.Place) (lease.Grant, error) {
+	return s.Acquire(ctx, k, value, ttl)
 }
 
 func TestNewMutexDefaults(t *testing.T) {
@@ -588,6 +561,7 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 		m.store = &replyLosingStore{fakeStore: f, err: errors.New("read: connection reset"), written: &orphan}
 		_, err := m.Lock(t.Context())
 		require.Error(t, err)
+		synctest.Wait() // the clean-up runs, and fails, in the background
 		require.Equal(t, orphan, f.holder, "the orphan holds the lock")
 
 		// Connections are back. The next Lock of the same Mutex finds its

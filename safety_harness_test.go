@@ -492,6 +492,10 @@ func (h *holding) mustRelease(t *testing.T, want distlock.State) {
 	require.Equal(t, want, st, "Release of %s (token %d)", h.c.name, h.token)
 }
 
+// opSink takes recorded ops: a history.Recorder, or in a helper process the
+// link to the test.
+type opSink interface{ Add(history.Op) }
+
 // wire wraps a rueidis client and records, for the lease scripts that go
 // through it, when each call was made, how it ended, and which writes Redis
 // confirmed. The call time is read before the command is handed to rueidis,
@@ -500,8 +504,8 @@ func (h *holding) mustRelease(t *testing.T, want distlock.State) {
 //
 // A confirmed write is recorded for the acquisition whose value it wrote,
 // under the owner id in that value (the harness makes each client's owner id
-// its name): a hand-off, sent by the releasing guard, confirms the lease of
-// the waiter it hands the lock to.
+// its name): a release that passes the lease to a waiter in line confirms
+// that waiter's lease, for its claim window.
 type wire struct {
 	rueidis.Client
 	rec    opSink
@@ -512,14 +516,24 @@ type wire struct {
 }
 
 // tokenBook maps lease values to the tokens their grants carried, for all
-// the wires of a world (a hand-off grants a value through another client's
-// wire than the one that renews it).
+// the wires of a world (a release grants a value through another client's
+// wire than the one that renews it), and remembers when each waiting value
+// last asked Redis, and its claim window.
 type tokenBook struct {
-	mu sync.Mutex
-	m  map[string]int64
+	mu     sync.Mutex
+	m      map[string]int64
+	queued map[string]queuedCall
 }
 
-func newTokenBook() *tokenBook { return &tokenBook{m: make(map[string]int64)} }
+// queuedCall is the last acquire call of a value that may stand in line.
+type queuedCall struct {
+	start time.Time
+	claim time.Duration
+}
+
+func newTokenBook() *tokenBook {
+	return &tokenBook{m: make(map[string]int64), queued: make(map[string]queuedCall)}
+}
 
 func (b *tokenBook) set(value string, token int64) {
 	b.mu.Lock()
@@ -534,44 +548,65 @@ func (b *tokenBook) get(value string) (int64, bool) {
 	return t, ok
 }
 
+// issued reports whether token is known to belong to some value.
+func (b *tokenBook) issued(token int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, t := range b.m {
+		if t == token {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *tokenBook) setQueued(value string, q queuedCall) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.queued[value] = q
+}
+
+func (b *tokenBook) getQueued(value string) (queuedCall, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q, ok := b.queued[value]
+	return q, ok
+}
+
 type callKind int
 
 const (
 	acquireCall callKind = iota + 1
 	renewCall
 	releaseCall
-	handoffCall
 )
 
 func (k callKind) String() string {
-	return map[callKind]string{acquireCall: "acquire", renewCall: "renew", releaseCall: "release", handoffCall: "handoff"}[k]
+	return map[callKind]string{acquireCall: "acquire", renewCall: "renew", releaseCall: "release"}[k]
 }
 
 // wireCall is one lease script call.
 type wireCall struct {
 	kind       callKind
 	key, value string
-	next       string        // handoff: the value the lease is handed to
-	ttl        time.Duration // acquire, renew and handoff
+	ttl        time.Duration // acquire and renew
+	claim      time.Duration // acquire: the claim window when the caller may stand in line
 	start, end time.Time
 	done       bool
-	ok         bool  // acquire granted, renew extended, release deleted, handoff done
+	ok         bool  // acquire granted, renew extended, release deleted
 	err        error // a Redis or transport error
-	token      int64 // acquire: the token of value; handoff: of next
+	token      int64 // acquire: the token of value
+	passed     string
+	passToken  int64 // release or acquire: the waiter the lease was passed to, and the grant's token
 }
-
-// opSink takes recorded ops: a history.Recorder, or in a helper process the
-// link to the test.
-type opSink interface{ Add(history.Op) }
 
 func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
 	return &wire{Client: c, rec: rec, tokens: tokens}
 }
 
-// classify recognises the lease scripts by their arguments: the acquire and
-// hand-off scripts are the ones given the fencing key (the hand-off with
-// two values), renewals the only ones given the lease key alone, and the
-// release script (also behind Cancel) is given the release channel.
+// classify recognises the lease scripts by their arguments: acquire and
+// release are given the fencing key (acquire with five arguments, release
+// with one or, behind Cancel, two), renewals the lease key alone.
 func classify(args []string) (c wireCall, ok bool) {
 	if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
 		return c, false
@@ -584,10 +619,11 @@ func classify(args []string) (c wireCall, ok bool) {
 	c.key, c.value = keys[0], argv[0]
 	ttlArg := ""
 	switch {
-	case n >= 2 && strings.HasSuffix(keys[1], ":fence") && len(argv) >= 4:
-		c.kind, c.next, ttlArg = handoffCall, argv[1], argv[2]
-	case n >= 2 && strings.HasSuffix(keys[1], ":fence"):
+	case n >= 2 && strings.HasSuffix(keys[1], ":fence") && len(argv) == 5:
 		c.kind, ttlArg = acquireCall, argv[1]
+		if ms, err := strconv.ParseInt(argv[2], 10, 64); err == nil {
+			c.claim = time.Duration(ms) * time.Millisecond
+		}
 	case n == 1 && len(argv) == 2:
 		c.kind, ttlArg = renewCall, argv[1]
 	default:
@@ -606,6 +642,9 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 		return w.Client.Do(ctx, cmd)
 	}
 	c.start = time.Now()
+	if c.claim > 0 {
+		w.tokens.setQueued(c.value, queuedCall{start: c.start, claim: c.claim})
+	}
 	w.mu.Lock()
 	i := len(w.calls)
 	w.calls = append(w.calls, c)
@@ -614,40 +653,65 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 	res := w.Client.Do(ctx, cmd)
 	c.end, c.done = time.Now(), true
 	if c.err = res.Error(); c.err == nil {
-		switch c.kind {
-		case acquireCall, renewCall, handoffCall:
-			arr, err := res.ToArray()
-			if err == nil && len(arr) > 0 {
-				n, _ := arr[0].AsInt64()
-				c.ok = n == 1
-				if c.ok && c.kind != renewCall && len(arr) > 1 {
-					c.token, _ = arr[1].AsInt64()
+		if arr, err := res.ToArray(); err == nil && len(arr) > 0 {
+			n, _ := arr[0].AsInt64()
+			c.ok = n == 1
+			switch {
+			case c.kind == acquireCall && c.ok && len(arr) > 1:
+				c.token, _ = arr[1].AsInt64()
+			case c.kind == releaseCall && len(arr) == 4:
+				c.passToken, _ = arr[1].AsInt64()
+				c.passed, _ = arr[2].ToString()
+			case c.kind == acquireCall && !c.ok && len(arr) >= 6:
+				// An acquire that found the lease free and a live waiter
+				// first in line passed the lease to it: the reply names that
+				// waiter as the holder, with the grant's token as the last
+				// token. A holder unknown to the book got the lease that way
+				// (or through a client of another process: then the bound
+				// below is shorter than its real lease, never longer, since
+				// a claim window is at most the TTL).
+				// The token must be new too: a value an operator wrote holds
+				// the lease with the last token of someone else.
+				holder, _ := arr[2].ToString()
+				token, _ := arr[5].AsInt64()
+				if _, known := w.tokens.get(holder); holder != "" && holder != c.value && !known &&
+					token > 0 && !w.tokens.issued(token) {
+					c.passed, c.passToken = holder, token
 				}
 			}
-		case releaseCall:
-			n, _ := res.AsInt64()
-			c.ok = n == 1
 		}
 	}
-	granted := c.value // the value whose lease this call confirmed
-	switch c.kind {
-	case acquireCall:
-		if c.ok {
-			w.tokens.set(c.value, c.token)
-		}
-	case handoffCall:
-		granted = c.next
-		if c.ok {
-			w.tokens.set(c.next, c.token)
-		}
+	if c.kind == acquireCall && c.ok {
+		w.tokens.set(c.value, c.token)
 	}
 	w.mu.Lock()
 	w.calls[i] = c
 	w.mu.Unlock()
-	if token, known := w.tokens.get(granted); c.ok && known && c.kind != releaseCall {
+	if token, known := w.tokens.get(c.value); c.ok && known && c.kind != releaseCall {
 		w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(c.end),
 			Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))),
-			Key:   c.key, Client: lease.Owner(granted), Token: token})
+			Key:   c.key, Client: lease.Owner(c.value), Token: token})
+	}
+	if c.passed != "" {
+		// The waiter's lease lasts its claim window from the grant, which
+		// came after the release was sent and after every call of the
+		// waiter that found it still in line; the library counts from the
+		// later of those two send times, and so does this bound. (A call of
+		// the waiter that started before the release ended but reached
+		// Redis after the grant makes the bound lenient, never strict.)
+		w.tokens.set(c.passed, c.passToken)
+		from, claim := c.start, distlock.DefaultClaimWindow
+		if q, ok := w.tokens.getQueued(c.passed); ok {
+			claim = q.claim
+			if q.start.After(from) && q.start.Before(c.end) {
+				from = q.start
+			}
+		}
+		// The announcement can reach the waiter before the reply reaches
+		// the releaser: the write is known from the release's send time.
+		w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(c.start),
+			Until: history.At(from.Add(claim - distlock.Margin(claim))),
+			Key:   c.key, Client: lease.Owner(c.passed), Token: c.passToken})
 	}
 	return res
 }
@@ -658,9 +722,7 @@ func (w *wire) find(f func(c wireCall) bool) []wireCall {
 	defer w.mu.Unlock()
 	var out []wireCall
 	for _, c := range w.calls {
-		if c.kind != handoffCall {
-			c.token, _ = w.tokens.get(c.value)
-		}
+		c.token, _ = w.tokens.get(c.value)
 		if f(c) {
 			out = append(out, c)
 		}

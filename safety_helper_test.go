@@ -52,6 +52,9 @@ type helperReply struct {
 
 // runHelper is the main of a helper process started by the fault suite.
 func runHelper(role string) int {
+	if role == benchRole {
+		return runBenchHelper() // bench_procs_test.go
+	}
 	if role != holderRole {
 		fmt.Fprintln(os.Stderr, "unknown helper role", role)
 		return 2

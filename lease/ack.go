@@ -69,10 +69,20 @@ type AckError struct {
 }
 
 func (e *AckError) Error() string {
-	if e.Err != nil {
-		return fmt.Sprintf("%v: %s of %s: waiting for %d replicas failed: %v", ErrNotReplicated, e.Op, e.Key, e.Want, e.Err)
+	// distlock wraps this error in one that names the key and says what it
+	// was doing, so the text says neither, nor repeats the "distlock:"
+	// prefix; errors.Is still finds ErrNotReplicated.
+	write := e.Op
+	switch e.Op {
+	case "acquire":
+		write = "acquisition"
+	case "renew":
+		write = "renewal"
 	}
-	return fmt.Sprintf("%v: %s of %s: %d of %d replicas within %v", ErrNotReplicated, e.Op, e.Key, e.Got, e.Want, e.Timeout)
+	if e.Err != nil {
+		return fmt.Sprintf("waiting for %d replicas to acknowledge the %s failed: %v", e.Want, write, e.Err)
+	}
+	return fmt.Sprintf("only %d of %d replicas acknowledged the %s within %v", e.Got, e.Want, write, e.Timeout)
 }
 
 // Is reports whether target is [ErrNotReplicated].

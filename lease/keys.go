@@ -30,9 +30,21 @@ type Keys struct {
 	Lease string
 	// Fence holds the highest fencing token issued for the lock.
 	Fence string
-	// Channel is the pub/sub channel on which a release is announced.
-	Channel string
+	// Queue is the waiting line: a sorted set of the values of the waiters,
+	// scored by ticket (their place in line).
+	Queue string
+	// Waiters holds, for each value in Queue, when its place lapses, its
+	// claim window and the room it is told of a grant in (see [Client.Wait]).
+	Waiters string
+	// Wake is the prefix of the sharded pub/sub channels on which grants are
+	// announced: a waiting room (one per process, client and lock) listens
+	// on Wake + ":" + its id. See [Keys.WakeChannel].
+	Wake string
 }
+
+// WakeChannel returns the channel on which the waiting room room hears of
+// grants to its waiters.
+func (k Keys) WakeChannel(room string) string { return k.Wake + ":" + room }
 
 // Void returns the key that marks value as given up: [Client.Cancel] sets
 // it, and while it exists an acquire with value is refused. It is the lease
@@ -42,8 +54,9 @@ func (k Keys) Void(value string) string { return k.Lease + ":void:" + value }
 // NewKeys returns the keys of the lock name in namespace ns. It checks both
 // with [CheckNamespace] and [CheckName].
 //
-// The lease key is "ns:{name}", the fencing key "ns:{name}:fence" and the
-// release channel "ns:{name}:released".
+// The lease key is "ns:{name}", the fencing key "ns:{name}:fence", the queue
+// "ns:{name}:queue" with its entries in "ns:{name}:waiters", and the wake
+// channels "ns:{name}:wake:<room>".
 func NewKeys(ns, name string) (Keys, error) {
 	if err := CheckNamespace(ns); err != nil {
 		return Keys{}, err
@@ -55,7 +68,9 @@ func NewKeys(ns, name string) (Keys, error) {
 	return Keys{
 		Lease:   base,
 		Fence:   base + ":fence",
-		Channel: base + ":released",
+		Queue:   base + ":queue",
+		Waiters: base + ":waiters",
+		Wake:    base + ":wake",
 	}, nil
 }
 

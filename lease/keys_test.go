@@ -147,17 +147,23 @@ func TestNewKeysLayout(t *testing.T) {
 		{"distlock", "orders", lease.Keys{
 			Lease:   "distlock:{orders}",
 			Fence:   "distlock:{orders}:fence",
-			Channel: "distlock:{orders}:released",
+			Queue:   "distlock:{orders}:queue",
+			Waiters: "distlock:{orders}:waiters",
+			Wake:    "distlock:{orders}:wake",
 		}},
 		{"a:b", "c:d", lease.Keys{
 			Lease:   "a:b:{c:d}",
 			Fence:   "a:b:{c:d}:fence",
-			Channel: "a:b:{c:d}:released",
+			Queue:   "a:b:{c:d}:queue",
+			Waiters: "a:b:{c:d}:waiters",
+			Wake:    "a:b:{c:d}:wake",
 		}},
 		{"ns", "zähler 1", lease.Keys{
 			Lease:   "ns:{zähler 1}",
 			Fence:   "ns:{zähler 1}:fence",
-			Channel: "ns:{zähler 1}:released",
+			Queue:   "ns:{zähler 1}:queue",
+			Waiters: "ns:{zähler 1}:waiters",
+			Wake:    "ns:{zähler 1}:wake",
 		}},
 	}
 	for _, tt := range tests {
@@ -310,7 +316,7 @@ func TestNewKeysShareOneSlot(t *testing.T) {
 	for _, p := range trickyNames {
 		k, err := lease.NewKeys(p[0], p[1])
 		require.NoError(t, err, "NewKeys(%q, %q)", p[0], p[1])
-		for _, key := range []string{k.Lease, k.Fence, k.Channel} {
+		for _, key := range []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.WakeChannel("r")} {
 			assert.Equal(t, p[1], hashTag(key), "hash tag of %q: want the lock name", key)
 			assert.Equal(t, keySlot(k.Lease), keySlot(key), "slot of %q differs from the lease key %q", key, k.Lease)
 		}
@@ -326,7 +332,7 @@ func TestNewKeysSlotMatchesRedisCluster(t *testing.T) {
 		k, err := lease.NewKeys(p[0], p[1])
 		require.NoError(t, err)
 		want := clusterSlot(t, srv, k.Lease)
-		for _, key := range []string{k.Fence, k.Channel} {
+		for _, key := range []string{k.Fence, k.Queue, k.Waiters, k.WakeChannel("r")} {
 			got := clusterSlot(t, srv, key)
 			assert.Equal(t, want, got, "CLUSTER KEYSLOT %q: got %d, want %d (the slot of %q)", key, got, want, k.Lease)
 		}
@@ -338,7 +344,7 @@ func TestNewKeysDistinct(t *testing.T) {
 	for _, p := range trickyNames {
 		k, err := lease.NewKeys(p[0], p[1])
 		require.NoError(t, err)
-		for _, key := range []string{k.Lease, k.Fence, k.Channel} {
+		for _, key := range []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.WakeChannel("r")} {
 			if prev, dup := owner[key]; dup {
 				t.Errorf("key %q is produced by both %q and %q", key, prev, p)
 			}
@@ -355,8 +361,10 @@ func checkKeys(t *testing.T, ns, name string, k lease.Keys) {
 	wantLease := ns + ":{" + name + "}"
 	require.Equal(t, wantLease, k.Lease)
 	require.Equal(t, wantLease+":fence", k.Fence)
-	require.Equal(t, wantLease+":released", k.Channel)
-	for _, key := range []string{k.Lease, k.Fence, k.Channel} {
+	require.Equal(t, wantLease+":queue", k.Queue)
+	require.Equal(t, wantLease+":waiters", k.Waiters)
+	require.Equal(t, wantLease+":wake:r", k.WakeChannel("r"))
+	for _, key := range []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.WakeChannel("r")} {
 		require.True(t, utf8.ValidString(key), "key %q is not valid UTF-8", key)
 		require.Equal(t, name, hashTag(key), "hash tag of %q: want the name %q", key, name)
 		require.Equal(t, keySlot(k.Lease), keySlot(key))

@@ -1,25 +1,3 @@
-// Package lease is distlock's Redis protocol: the scripts that acquire, renew
-// and release a lease, the layout of a lock's keys, and the format of the
-// value a holder writes.
-//
-// Every operation is a single Lua script, so it takes one round trip and
-// cannot interleave with another client's. Every script that touches a held
-// lease first checks that the key still holds the caller's value; none of them
-// ever re-creates a lease that has expired.
-//
-// # Fencing tokens
-//
-// Acquire issues a fencing token in the same script that writes the lease.
-// A token is the Redis server's clock in microseconds at the grant, raised to
-// one more than the previous token if the clock has not moved past it. Tokens
-// of one lock therefore strictly increase as long as the fencing key survives,
-// and, when it does not (a restart without persistence, an eviction, a
-// failover to a replica that missed the last writes, or simply
-// [FenceRetention] without any acquisition), they still increase unless the
-// server's clock has stepped back by more than the time that passed. Tokens
-// stay below 2^53, so they are exact in Lua, in JSON and in float64: Acquire
-// fails rather than issue a larger one, and it fails as well when the fencing
-// key holds anything but a token (something other than distlock wrote it).
 package lease
 
 import (
@@ -51,62 +29,180 @@ var ErrProtocol = errors.New("unexpected reply")
 // ErrBadTTL is returned for a TTL under one millisecond, Redis's unit.
 var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 
-// acquireScript writes the lease if it is free, and issues a fencing token.
+// The scripts share one key layout, so that the helpers below can name the
+// keys by position: KEYS[1] lease, KEYS[2] fencing key, KEYS[3] queue,
+// KEYS[4] waiters, KEYS[5] wake channel prefix (a channel, declared as a key
+// so that Redis Cluster checks that it shares the lease's slot and answers
+// TRYAGAIN while the slot moves), and for the scripts that take one KEYS[6],
+// the value's void key (see [Keys.Void]). The protocol they implement is
+// described in doc.go.
+
+// acquireScript acquires the lease if it is free, or, when asked, puts the
+// caller in line or refreshes its place there.
 //
-// KEYS[1] lease key, KEYS[2] fencing key, KEYS[3] the value's void key
-// (see [Keys.Void]).
-// ARGV[1] the acquisition's value, ARGV[2] TTL in ms, ARGV[3] fencing key
-// retention in ms.
-// Reply: {1, token} when the lease is now ours; {0, pttl, holder value} when
-// another value holds it (pttl is -1 when the key has no expiry), or when
-// ARGV[1] was voided by [Client.Cancel] (with an empty holder value when
-// the lease is free); an error when the fencing key holds anything but decimal digits, or
-// when the token would pass 2^53-1.
+// ARGV[1] the acquisition's value, ARGV[2] TTL in ms, ARGV[3] the claim
+// window in ms ("0": do not stand in line), ARGV[4] the waiting room,
+// ARGV[5] a ticket to stand in line with ("0": a new one, at the end).
 //
-// A voided value belongs to an attempt its caller gave up on without seeing
-// the outcome; the attempt can still reach Redis after the clean-up that
-// voided it (rueidis may send the two on different connections), and must
-// not then leave an orphaned lease.
+// Reply: {1, token} when the lease is now the caller's, for the TTL; or
+// {0, pttl, holder value, rank, ticket, fence} when it is not: pttl is the
+// holder's remaining lease (-1 when the key has no expiry, -2 when there is
+// none), rank the caller's place in line (0 first; -1 when it does not stand
+// in line), ticket the score of that place, and fence the last token issued
+// when the script ran.
 //
-// The lease is also granted when it already holds ARGV[1]: that happens when
-// an earlier attempt of the same acquisition was applied but its reply was
-// lost, and granting it again (with a fresh TTL and a new token) avoids
-// blocking everyone, the caller included, until the orphan expires. All reads
-// and checks come before the first write, so a key of the wrong type or
+// The lease is granted to the caller when it is free and nobody alive stands
+// in line ahead of the caller, and when it already holds the caller's value
+// (a grant made to it while it waited, or an earlier attempt whose reply was
+// lost): the caller gets the full TTL and a new token in both cases. When it
+// is free but someone alive stands in line ahead, the script passes it to
+// the first of them, exactly as a release does, and the caller waits.
+// A voided value (see [Client.Cancel]) is refused and taken out of line.
+// All checks come before the first write, so a key of the wrong type or
 // content fails the script without leaving anything behind.
-//
-// Tokens are Lua numbers (float64): from 2^53 on, last+1 rounds back to
-// last, and Redis's conversion of a number beyond int64 (inf, 1e300) to an
-// integer reply is garbage (math.MinInt64 on amd64). So the token helpers
-// (fenceLua) parse the fencing key strictly and refuse to issue a token they
-// cannot represent exactly rather than one that repeats or goes back.
-var acquireScript = newScript(fenceLua + `
-local last, ferr = lastToken()
-if ferr then
-  return ferr
+var acquireScript = newScript(protocolLua + `
+local last, err = fence()
+if err then
+  return err
 end
+local value = ARGV[1]
 local cur = redis.call('GET', KEYS[1])
-if cur and cur ~= ARGV[1] then
-  return {0, redis.call('PTTL', KEYS[1]), cur}
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  err = leave(value)
+  if err then
+    return err
+  end
+  return {0, redis.call('PTTL', KEYS[1]), cur or '', -1, 0, last}
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {0, redis.call('PTTL', KEYS[1]), cur or ''}
+if cur == value then
+  err = leave(value)
+  if err then
+    return err
+  end
+  return grant(last, clock(), value, ARGV[2])
 end
-return grant(last, ARGV[1], ARGV[2], ARGV[3])
+local now
+if not cur then
+  local v, claim, room
+  v, claim, room, now, err = first()
+  if err then
+    return err
+  end
+  now = now or clock()
+  if not v or v == value then
+    if v then
+      leave(v)
+    end
+    return grant(last, now, value, ARGV[2])
+  end
+  local token, terr = passTo(last, now, v, claim, room)
+  if terr then
+    return terr
+  end
+  cur, last = v, token
+end
+if ARGV[3] == '0' then
+  return {0, redis.call('PTTL', KEYS[1]), cur, -1, 0, last}
+end
+local rank, ticket, serr = standInLine(now or clock(), value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
+if serr then
+  return serr
+end
+return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 `)
 
-// fenceLua defines the helpers shared by acquireScript and handoffScript.
-// lastToken reads the fencing key (KEYS[2]); it accepts only the digits-only
-// integers the scripts write, since Lua's tonumber would also take "1.5",
-// "0x10", " 5 ", "nan" or "inf". nextToken returns the server clock in µs, or
-// last+1 if the clock has not moved past last, and refuses to pass 2^53-1,
-// beyond which a Lua number (a float64) can no longer count by one. grant
-// writes value to the lease (KEYS[1]) with ttl, stores the next token with
-// retention, and returns the script's reply {1, token}, or the error of
-// nextToken before writing anything.
-const fenceLua = `
-local function lastToken()
-  local raw = redis.call('GET', KEYS[2])
+// releaseScript deletes the lease if it still holds the caller's value and
+// passes it to the first live waiter in line, if there is one. For
+// [Client.Cancel] it also marks the value void and takes it out of line.
+//
+// ARGV[1] the acquisition's value, and for Cancel ARGV[2] how long the void
+// key lasts, in ms.
+//
+// Reply: {deleted} or {deleted, token, waiter value, room}: deleted is 1 when
+// the lease held the value and was deleted; the rest names the waiter the
+// lease was passed to. A lease that was already free is passed on as well,
+// so that a waiter who gives up also unblocks a line whose grant lapsed.
+// A fencing or queue key of the wrong type or content does not stop the
+// delete: the lease is deleted and not passed on.
+var releaseScript = newScript(protocolLua + `
+local value = ARGV[1]
+local cur = redis.pcall('GET', KEYS[1])
+local err
+if KEYS[6] then
+  -- Only Cancel can find its value in line: a holder's value left the
+  -- line when it was granted.
+  err = leave(value)
+end
+local deleted = 0
+if cur == value then
+  redis.call('DEL', KEYS[1])
+  deleted, cur = 1, false
+end
+if KEYS[6] then
+  -- After the delete: at maxmemory Redis refuses a script's first write
+  -- unless it frees memory, and the delete must not depend on the marker.
+  redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
+end
+if cur or err then
+  return {deleted}
+end
+local v, claim, room, now, ferr = first()
+if not v or ferr then
+  return {deleted}
+end
+local last, lerr = fence()
+if lerr then
+  return {deleted}
+end
+local token, terr = passTo(last, now, v, claim, room)
+if terr then
+  return {deleted}
+end
+return {deleted, token, v, room}
+`)
+
+// protocolLua defines the helpers of acquireScript and releaseScript. They
+// read the queue keys with pcall and hand back an error (foreign) for a key
+// of the wrong type, so that acquire fails before it writes anything and
+// release still deletes the lease. They read only what a call needs: the
+// waiters hash only when someone is in line, TIME only when the clock
+// matters. So the uncontended path stays short, and a foreign waiters key
+// is noticed when the line is used, not by every acquisition.
+//
+// fence reads the fencing key and returns the last token, or the error
+// reply to return: the key must hold digits only, since Lua's tonumber would
+// also take "1.5", "0x10", " 5 ", "nan" or "inf".
+//
+// clock returns the server's clock in µs. nextToken returns it, or last+1
+// if the clock has not moved past last, and refuses to pass 2^53-1, beyond
+// which a Lua number (a float64) can no longer count by one. grant writes
+// value to the lease with ttl, stores the next token with the fencing key's
+// retention, and returns the reply {1, token}.
+//
+// A waiter's entry in KEYS[4] is "<lapse ms> <claim ms> <room>": its place
+// lapses at the server time lapse unless refreshed, and a grant to it lasts
+// its claim window. leave takes a value out of line, writing nothing when it
+// is not there (Redis lets a script past maxmemory once it has written, so
+// the acquire script must not write before its grant unless it has to; a
+// write that frees memory, as a lapsed place's removal, is fine). first
+// returns the first waiter in line whose place has not lapsed (value, claim,
+// room) and the clock it read, dropping lapsed places ahead of it; nothing
+// when nobody waits. passTo grants the free lease to that waiter for its
+// claim window with a new token, takes it out of line and tells its room
+// (SPUBLISH, or PUBLISH where the server has no sharded pub/sub; where the
+// server refuses both, as an ACL without pub/sub does, nobody is told and
+// the waiter finds its grant at its next call); it returns the token, or
+// nothing and the error of nextToken. standInLine puts value in line with
+// ticket (0: a new ticket after the last one, never below the clock), or
+// keeps the place it has, and sets its lapse to now + claim; the queue keys
+// are kept at least that long, so that a line whose waiters all died
+// disappears. It returns the value's rank and ticket.
+var protocolLua = `
+local function fence()
+  local raw = redis.pcall('GET', KEYS[2])
+  if type(raw) == 'table' then
+    return nil, raw
+  end
   if not raw then
     return 0
   end
@@ -115,9 +211,12 @@ local function lastToken()
   end
   return tonumber(raw)
 end
-local function nextToken(last)
+local function clock()
   local t = redis.call('TIME')
-  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function nextToken(last, now)
+  local token = now
   if token <= last then
     token = last + 1
   end
@@ -126,37 +225,101 @@ local function nextToken(last)
   end
   return token
 end
-local function grant(last, value, ttl, retention)
-  local token, terr = nextToken(last)
+local function grant(last, now, value, ttl)
+  local token, terr = nextToken(last, now)
   if terr then
     return terr
   end
   redis.call('SET', KEYS[1], value, 'PX', ttl)
-  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', retention)
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
   return {1, token}
+end
+local function foreign()
+  return redis.error_reply('ERR distlock: queue keys ' .. KEYS[3] .. ' and ' .. KEYS[4] .. ' hold something else')
+end
+local function leave(value)
+  local r = redis.pcall('ZSCORE', KEYS[3], value)
+  if type(r) == 'table' and r.err then
+    return foreign()
+  end
+  if r then
+    redis.call('ZREM', KEYS[3], value)
+    redis.pcall('HDEL', KEYS[4], value)
+  end
+end
+local function first()
+  local now
+  while true do
+    local r = redis.pcall('ZRANGE', KEYS[3], 0, 0)
+    if r.err then
+      return nil, nil, nil, nil, foreign()
+    end
+    local v = r[1]
+    if not v then
+      return nil, nil, nil, now
+    end
+    local raw = redis.pcall('HGET', KEYS[4], v)
+    if type(raw) == 'table' and raw.err then
+      return nil, nil, nil, nil, foreign()
+    end
+    now = now or clock()
+    if raw then
+      local lapse, claim, room = string.match(raw, '^(%d+) (%d+) (.+)$')
+      if lapse and tonumber(lapse) > math.floor(now / 1000) then
+        return v, claim, room, now
+      end
+    end
+    redis.call('ZREM', KEYS[3], v)
+    redis.call('HDEL', KEYS[4], v)
+  end
+end
+local function passTo(last, now, v, claim, room)
+  local token, terr = nextToken(last, now)
+  if terr then
+    return nil, terr
+  end
+  redis.call('SET', KEYS[1], v, 'PX', claim)
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
+  redis.call('ZREM', KEYS[3], v)
+  redis.call('HDEL', KEYS[4], v)
+  local ch, msg = KEYS[5] .. ':' .. room, string.format('%.0f', token) .. '\n' .. v
+  local r = redis.pcall('SPUBLISH', ch, msg)
+  if type(r) == 'table' and r.err then
+    redis.pcall('PUBLISH', ch, msg)
+  end
+  return token
+end
+local function standInLine(now, value, claim, room, ticket)
+  local have = redis.pcall('ZSCORE', KEYS[3], value)
+  local entry = redis.pcall('HEXISTS', KEYS[4], value)
+  if type(have) == 'table' and have.err or type(entry) == 'table' then
+    return nil, nil, foreign()
+  end
+  if have then
+    ticket = tonumber(have)
+  else
+    if ticket == 0 then
+      ticket = now
+      local tail = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+      if tail[2] and tonumber(tail[2]) >= ticket then
+        ticket = tonumber(tail[2]) + 1
+      end
+    end
+    redis.call('ZADD', KEYS[3], string.format('%.0f', ticket), value)
+  end
+  local keep = tonumber(claim)
+  redis.call('HSET', KEYS[4], value, string.format('%.0f', math.floor(now / 1000) + keep) .. ' ' .. claim .. ' ' .. room)
+  for _, k in ipairs({KEYS[3], KEYS[4]}) do
+    if redis.call('PTTL', k) < keep then
+      redis.call('PEXPIRE', k, keep)
+    end
+  end
+  return redis.call('ZRANK', KEYS[3], value), ticket
 end
 `
 
-// handoffScript passes the lease from the caller's value straight to a
-// waiter's value, in one step: a release and an acquisition in a single
-// round trip.
-//
-// KEYS[1] lease key, KEYS[2] fencing key.
-// ARGV[1] the releasing acquisition's value, ARGV[2] the waiter's value,
-// ARGV[3] the waiter's TTL in ms, ARGV[4] fencing key retention in ms.
-// Reply: {1, token} when the lease now holds ARGV[2] with a new token; {0}
-// when it did not hold ARGV[1] (nothing is written then). As in
-// acquireScript, all reads and checks come before the first write.
-var handoffScript = newScript(fenceLua + `
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
-  return {0}
-end
-local last, ferr = lastToken()
-if ferr then
-  return ferr
-end
-return grant(last, ARGV[2], ARGV[3], ARGV[4])
-`)
+// retentionMs is FenceRetention in ms, as the scripts write it.
+var retentionMs = strconv.FormatInt(FenceRetention.Milliseconds(), 10)
 
 // renewScript extends the lease if it still holds the caller's value.
 //
@@ -172,35 +335,6 @@ if type(cur) ~= 'string' then
   cur = false
 end
 return {0, cur}
-`)
-
-// releaseScript deletes the lease if it still holds the caller's value, and
-// announces the release to waiters.
-//
-// KEYS[1] lease key, KEYS[2] release channel (declared as a key so that
-// Redis Cluster checks it shares the lease's slot), and for [Client.Cancel]
-// KEYS[3] the value's void key. ARGV[1] the acquisition's value, and for
-// Cancel ARGV[2] how long the void key lasts, in ms.
-// Reply: 1 when deleted, 0 when the key held something else or nothing.
-//
-// The announcement carries the released value, so a waiter can tell a
-// release it is waiting for from an old one. It goes out on the sharded
-// channel (SPUBLISH, Redis 7), which in a cluster stays on the lease's shard;
-// where SPUBLISH does not exist (Redis 6, miniredis) it falls back to PUBLISH,
-// which is what waiters subscribe to there (see [Client.Subscribe]).
-var releaseScript = newScript(`
-if KEYS[3] then
-  redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
-end
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  local r = redis.pcall('SPUBLISH', KEYS[2], ARGV[1])
-  if type(r) == 'table' and r.err then
-    redis.call('PUBLISH', KEYS[2], ARGV[1])
-  end
-  return 1
-end
-return 0
 `)
 
 // NewValue returns a fresh lease value for one acquisition by owner:
@@ -277,22 +411,56 @@ type Client struct {
 // New returns a Client that talks to Redis through rc.
 func New(rc rueidis.Client) *Client { return &Client{rc: rc} }
 
-// Grant is the outcome of [Client.Acquire].
+// Grant is the outcome of [Client.Acquire] and [Client.AcquireOrQueue].
 type Grant struct {
 	// Acquired reports whether the lease is now held by the caller's value.
 	Acquired bool
 	// Token is the fencing token, when Acquired.
 	Token int64
-	// Holder is the value that holds the lease, when not Acquired.
+	// Holder is the value that holds the lease, when not Acquired; empty
+	// when nobody does (the caller's value was voided).
 	Holder string
 	// HolderTTL is the holder's remaining lease, when not Acquired; it is
-	// negative when the key has no expiry.
+	// negative when the key has no expiry or does not exist.
 	HolderTTL time.Duration
+	// Rank is the caller's place in line when it stands in line (0: first),
+	// and -1 otherwise.
+	Rank int
+	// Ticket identifies the caller's place in line, when it stands in line:
+	// pass it to the next AcquireOrQueue to keep that place even if the line
+	// was lost meanwhile (a restart, a failover) or the place lapsed.
+	Ticket int64
+	// Fence is the last fencing token issued when the call ran, when not
+	// Acquired. A grant announced with a larger token was made after the
+	// call, so the call's send time precedes it.
+	Fence int64
 }
 
+// Place describes how a caller stands in line; see [Client.AcquireOrQueue].
+type Place struct {
+	// Claim is the claim window: how long a grant made to this caller while
+	// it waits lasts unless the caller renews it, and how long its place
+	// lasts after each call unless it calls again. At least a millisecond.
+	Claim time.Duration
+	// Room is the id of the waiting room that is told of grants to the
+	// caller, on the channel [Keys.WakeChannel](Room). It must not be empty.
+	Room string
+	// Ticket is the ticket of an earlier place to keep, or 0 for a new place
+	// at the end of the line.
+	Ticket int64
+}
+
+// ErrBadPlace is returned by [Client.AcquireOrQueue] for a Place it cannot
+// use.
+var ErrBadPlace = errors.New("lease: invalid place in line")
+
 // Acquire writes value to the lease with the given TTL if the lease is free
-// (or already holds value), and issues a fencing token. It makes one round
-// trip. A Redis error, including a key of the wrong type, is returned as the
+// (or already holds value) and nobody alive stands in line, and issues a
+// fencing token. It makes one round trip and never stands in line. When the
+// lease is free but someone waits in line, it passes the lease to the first
+// of them, as a release does, and reports the lease held by that waiter.
+//
+// A Redis error, including a key of the wrong type, is returned as the
 // rueidis error and leaves nothing written. A TTL under a millisecond is
 // refused with ErrBadTTL before anything is sent.
 //
@@ -301,11 +469,38 @@ type Grant struct {
 // deletes it again (only if it still holds value) and returns an
 // [*AckError]; a lease that was not granted is reported as usual.
 func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Duration) (Grant, error) {
+	return c.acquire(ctx, k, value, ttl, "0", "", 0)
+}
+
+// AcquireOrQueue is Acquire for a caller that waits: when the lease is not
+// granted, the caller stands in the lock's line (or, if it already does,
+// refreshes its place), and the reply says its rank. The line is first come,
+// first served: a release passes the lease to the first waiter whose place
+// has not lapsed, for that waiter's claim window, and announces the grant
+// (value and token) on the channel of the waiter's room. The waiter then
+// either renews the lease to its TTL, or calls AcquireOrQueue again, which
+// grants it the full TTL with a new token since the lease holds its value.
+// A waiter must call AcquireOrQueue again before its claim window has passed
+// since the last call, or its place lapses and the line skips it. See
+// doc.go for the whole protocol.
+func (c *Client) AcquireOrQueue(ctx context.Context, k Keys, value string, ttl time.Duration, p Place) (Grant, error) {
+	switch {
+	case p.Claim < time.Millisecond:
+		return Grant{}, fmt.Errorf("%w: claim window %v is under one millisecond", ErrBadPlace, p.Claim)
+	case p.Room == "":
+		return Grant{}, fmt.Errorf("%w: no room", ErrBadPlace)
+	case p.Ticket < 0:
+		return Grant{}, fmt.Errorf("%w: ticket %d is negative", ErrBadPlace, p.Ticket)
+	}
+	return c.acquire(ctx, k, value, ttl, ms(p.Claim), p.Room, p.Ticket)
+}
+
+func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Duration, claim, room string, ticket int64) (Grant, error) {
 	if ttl < time.Millisecond {
 		return Grant{}, ErrBadTTL
 	}
-	res, w := c.exec(ctx, acquireScript, []string{k.Lease, k.Fence, k.Void(value)},
-		[]string{value, ms(ttl), ms(FenceRetention)})
+	res, w := c.exec(ctx, acquireScript, k.all(value),
+		[]string{value, ms(ttl), claim, room, strconv.FormatInt(ticket, 10)})
 	arr, err := res.ToArray()
 	if err != nil {
 		return Grant{}, err
@@ -327,11 +522,25 @@ func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 		}
 		return Grant{Acquired: true, Token: n}, nil
 	}
-	g := Grant{HolderTTL: time.Duration(n) * time.Millisecond}
-	if len(arr) > 2 {
-		g.Holder, _ = arr[2].ToString()
+	if len(arr) < 6 {
+		return Grant{}, fmt.Errorf("%w to acquire: %d elements", ErrProtocol, len(arr))
 	}
+	g := Grant{HolderTTL: time.Duration(n) * time.Millisecond}
+	g.Holder, _ = arr[2].ToString()
+	rank, err3 := arr[3].AsInt64()
+	ticket, err4 := arr[4].AsInt64()
+	fence, err5 := arr[5].AsInt64()
+	if err := errors.Join(err3, err4, err5); err != nil {
+		return Grant{}, fmt.Errorf("%w to acquire: %w", ErrProtocol, err)
+	}
+	g.Rank, g.Ticket, g.Fence = int(rank), ticket, fence
 	return g, nil
+}
+
+// all returns the keys of the acquire and release scripts, in their order,
+// with value's void key last.
+func (k Keys) all(value string) []string {
+	return []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake, k.Void(value)}
 }
 
 // Renewal is the outcome of [Client.Renew].
@@ -379,36 +588,21 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 	return r, nil
 }
 
-// Handoff passes the lease from value to next, with next's TTL and a new
-// fencing token, if the lease still holds value; it reports whether it did
-// and the token. It is a release and an acquisition in one round trip, used
-// to give the lock to a waiter of the same process without freeing it in
-// between. Like Acquire, it fails without writing anything if the fencing key
-// is not one distlock wrote.
-func (c *Client) Handoff(ctx context.Context, k Keys, value, next string, ttl time.Duration) (bool, int64, error) {
-	if ttl < time.Millisecond {
-		return false, 0, ErrBadTTL
-	}
-	arr, err := c.run(ctx, handoffScript, []string{k.Lease, k.Fence},
-		[]string{value, next, ms(ttl), ms(FenceRetention)}).ToArray()
-	if err != nil {
-		return false, 0, err
-	}
-	if len(arr) < 1 {
-		return false, 0, fmt.Errorf("%w to handoff: empty array", ErrProtocol)
-	}
-	ok, err := arr[0].AsInt64()
-	if err != nil || ok != 1 {
-		return false, 0, err
-	}
-	if len(arr) < 2 {
-		return false, 0, fmt.Errorf("%w to handoff: no token", ErrProtocol)
-	}
-	token, err := arr[1].AsInt64()
-	if err != nil {
-		return false, 0, fmt.Errorf("%w to handoff: %w", ErrProtocol, err)
-	}
-	return true, token, nil
+// Release is the outcome of [Client.Release] and [Client.Cancel].
+type Release struct {
+	// Deleted reports whether the lease held the caller's value until the
+	// call deleted it.
+	Deleted bool
+	// Passed names the waiter the lease was passed to, if it was.
+	Passed Pass
+}
+
+// Pass is a grant that a release made to a waiter in line. Its Value is
+// empty when the release passed the lease to nobody.
+type Pass struct {
+	Value string // the waiter's value, which the lease now holds
+	Token int64  // the grant's fencing token
+	Room  string // the waiter's room, which was told on its channel
 }
 
 // releaseTries bounds how many times Release sends its script when calls
@@ -417,9 +611,10 @@ func (c *Client) Handoff(ctx context.Context, k Keys, value, next string, ttl ti
 // or more CPUs), since each dead one can fail one call.
 const releaseTries = 8
 
-// Release deletes the lease if it still holds value and reports whether it
-// did; when it did, it publishes value on the lock's release channel. It
-// never touches a lease held by another value.
+// Release deletes the lease if it still holds value and, in the same step,
+// passes it to the first live waiter in line, if any (see
+// [Client.AcquireOrQueue]). It never
+// touches a lease held by another value.
 //
 // The delete is idempotent, so when a call fails without a reply from Redis
 // Release sends it again, up to releaseTries calls in all and while ctx
@@ -428,38 +623,61 @@ const releaseTries = 8
 // each connection fails although Redis is reachable; without a retry the
 // lease would outlive its release by up to a TTL. The result is that of the
 // last call: in the rare case that a call broken in flight had deleted the
-// lease, a retry reports it as no longer holding value.
-func (c *Client) Release(ctx context.Context, k Keys, value string) (bool, error) {
-	return c.release(ctx, []string{k.Lease, k.Channel}, []string{value})
+// lease, a retry reports it as no longer holding value (and the grant that
+// call made is announced on the waiter's channel only).
+func (c *Client) Release(ctx context.Context, k Keys, value string) (Release, error) {
+	return c.release(ctx, k.all(value)[:5], []string{value})
 }
 
 // Cancel gives value up for good, after an acquire with it whose outcome
-// the caller did not see: it marks value void for ttl (an acquire with value
-// that reaches Redis later, for instance on another connection than this
-// call's, is refused), then deletes the lease if it holds value, as Release
-// does. It retries as Release does. A TTL under a millisecond is refused
-// with ErrBadTTL before anything is sent.
-func (c *Client) Cancel(ctx context.Context, k Keys, value string, ttl time.Duration) (bool, error) {
+// the caller did not see, or when a waiter stops waiting: it marks value
+// void for ttl (an acquire with value that reaches Redis later, for
+// instance on another connection than this call's, is refused), takes it
+// out of line, and deletes the lease if it holds value, passing it on, as
+// Release does. It retries as Release does. A TTL under a millisecond is
+// refused with ErrBadTTL before anything is sent.
+func (c *Client) Cancel(ctx context.Context, k Keys, value string, ttl time.Duration) (Release, error) {
 	if ttl < time.Millisecond {
-		return false, ErrBadTTL
+		return Release{}, ErrBadTTL
 	}
-	return c.release(ctx, []string{k.Lease, k.Channel, k.Void(value)}, []string{value, ms(ttl)})
+	return c.release(ctx, k.all(value), []string{value, ms(ttl)})
 }
 
 // release runs releaseScript for Release and Cancel.
-func (c *Client) release(ctx context.Context, keys, args []string) (bool, error) {
+func (c *Client) release(ctx context.Context, keys, args []string) (Release, error) {
 	var err error
 	for range releaseTries {
-		var n int64
-		n, err = c.run(ctx, releaseScript, keys, args).AsInt64()
+		var arr []rueidis.RedisMessage
+		arr, err = c.run(ctx, releaseScript, keys, args).ToArray()
 		if err == nil {
-			return n == 1, nil
+			return parseRelease(arr)
 		}
 		if _, replied := rueidis.IsRedisErr(err); replied || ctx.Err() != nil {
 			break
 		}
 	}
-	return false, err
+	return Release{}, err
+}
+
+func parseRelease(arr []rueidis.RedisMessage) (Release, error) {
+	if len(arr) != 1 && len(arr) != 4 {
+		return Release{}, fmt.Errorf("%w to release: %d elements", ErrProtocol, len(arr))
+	}
+	deleted, err := arr[0].AsInt64()
+	if err != nil {
+		return Release{}, fmt.Errorf("%w to release: %w", ErrProtocol, err)
+	}
+	r := Release{Deleted: deleted == 1}
+	if len(arr) == 4 {
+		var err1, err2, err3 error
+		r.Passed.Token, err1 = arr[1].AsInt64()
+		r.Passed.Value, err2 = arr[2].ToString()
+		r.Passed.Room, err3 = arr[3].ToString()
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return Release{}, fmt.Errorf("%w to release: %w", ErrProtocol, err)
+		}
+	}
+	return r, nil
 }
 
 // ms formats d in whole milliseconds, the unit of Redis's PX and PEXPIRE.

@@ -86,9 +86,9 @@ func (e *env) renew(t *testing.T, k lease.Keys, value string, ttl time.Duration)
 
 func (e *env) release(t *testing.T, k lease.Keys, value string) bool {
 	t.Helper()
-	ok, err := e.lc.Release(ctxFor(t), k, value)
+	r, err := e.lc.Release(ctxFor(t), k, value)
 	require.NoError(t, err, "Release(%q)", value)
-	return ok
+	return r.Deleted
 }
 
 // get returns key's string value and whether it exists.
@@ -423,7 +423,8 @@ func TestCancelVoidsALateAttempt(t *testing.T) {
 	e := newEnv(t)
 	k := keys(t)
 	value := lease.NewValue("me")
-	deleted, err := e.lc.Cancel(ctxFor(t), k, value, ttl)
+	r, err := e.lc.Cancel(ctxFor(t), k, value, ttl)
+	deleted := r.Deleted
 	require.NoError(t, err)
 	assert.False(t, deleted, "nothing to delete yet")
 	e.assertTTL(t, k.Void(value), ttl)
@@ -444,14 +445,16 @@ func TestCancelDeletesOnlyItsOwnLease(t *testing.T) {
 	value, other := lease.NewValue("me"), lease.NewValue("other")
 	e.mustAcquire(t, k, value)
 
-	deleted, err := e.lc.Cancel(ctxFor(t), k, other, ttl)
+	r, err := e.lc.Cancel(ctxFor(t), k, other, ttl)
+	deleted := r.Deleted
 	require.NoError(t, err)
 	assert.False(t, deleted, "cancelled another value's lease")
 	got, ok := e.get(t, k.Lease)
 	require.True(t, ok)
 	assert.Equal(t, value, got)
 
-	deleted, err = e.lc.Cancel(ctxFor(t), k, value, ttl)
+	r, err = e.lc.Cancel(ctxFor(t), k, value, ttl)
+	deleted = r.Deleted
 	require.NoError(t, err)
 	assert.True(t, deleted)
 	assert.False(t, e.exists(t, k.Lease))
@@ -483,9 +486,9 @@ func TestReleaseAfterConnectionsReset(t *testing.T) {
 	}
 
 	proxy.Reset()
-	ok, err := lc.Release(ctxFor(t), k, value)
+	r, err := lc.Release(ctxFor(t), k, value)
 	require.NoError(t, err, "release after a reset")
-	assert.True(t, ok, "release after a reset: lease not deleted")
+	assert.True(t, r.Deleted, "release after a reset: lease not deleted")
 	assert.False(t, newEnvOn(srv).exists(t, k.Lease))
 
 	// With Redis unreachable the retries end quickly, with the error.
@@ -517,9 +520,9 @@ func TestWrongTypeLeaseKey(t *testing.T) {
 	r, err := e.lc.Renew(ctxFor(t), k, value, ttl)
 	require.NoError(t, err, "Renew on a hash")
 	assert.Equal(t, lease.Renewal{}, r, "Renew on a hash: want refused with an empty holder")
-	ok, err := e.lc.Release(ctxFor(t), k, value)
+	rel, err := e.lc.Release(ctxFor(t), k, value)
 	require.NoError(t, err, "Release on a hash")
-	assert.False(t, ok, "Release on a hash reported a deletion")
+	assert.False(t, rel.Deleted, "Release on a hash reported a deletion")
 
 	typ, err := e.srv.MustDo("TYPE", k.Lease).ToString()
 	require.NoError(t, err)

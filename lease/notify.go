@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,22 +19,32 @@ const unsubscribeTimeout = time.Second
 // back to polling.
 var ErrNoPubSub = errors.New("lease: release notifications unavailable")
 
-// Subscribe listens for releases of the lock with keys k until ctx is done or
-// the subscription breaks. It calls ready once the server has confirmed the
-// subscription, and released with the released value for every
-// announcement, in order, from the calling goroutine.
+// Subscribe listens for grants to the waiters of room (see
+// [Client.AcquireOrQueue]) until ctx is done or the subscription breaks. It
+// calls ready once the server has confirmed the subscription, and granted
+// with the waiter's value and the grant's fencing token for every grant
+// announced, in order, from the calling goroutine. Announcements that do not
+// have the shape the scripts publish are ignored.
 //
 // It subscribes to the sharded channel (SSUBSCRIBE) and falls back to a plain
 // channel where the server does not know sharded pub/sub, matching the
-// release script. It returns ctx.Err() when ctx ends, after unsubscribing on
-// the same connection; nil when the server ended the subscription (a slot
-// moved, or a reconnect); [ErrNoPubSub] when the server refuses pub/sub; or
-// the connection's error. After any return but ctx's, announcements may have
-// been missed, and the caller should check the lock before waiting again.
-func (c *Client) Subscribe(ctx context.Context, k Keys, ready func(), released func(value string)) error {
-	err := c.receive(ctx, k.Channel, true, ready, released)
+// scripts. It returns ctx.Err() when ctx ends, after unsubscribing on the
+// same connection; nil when the server ended the subscription (a slot moved,
+// or a reconnect); [ErrNoPubSub] when the server refuses pub/sub; or the
+// connection's error. After any return but ctx's, announcements may have
+// been missed, and the caller should ask Redis before waiting again.
+func (c *Client) Subscribe(ctx context.Context, k Keys, room string, ready func(), granted func(value string, token int64)) error {
+	channel := k.WakeChannel(room)
+	onMessage := func(msg string) {
+		tok, value, ok := strings.Cut(msg, "\n")
+		token, err := strconv.ParseInt(tok, 10, 64)
+		if ok && err == nil && value != "" {
+			granted(value, token)
+		}
+	}
+	err := c.receive(ctx, channel, true, ready, onMessage)
 	if isUnknownCommand(err) {
-		err = c.receive(ctx, k.Channel, false, ready, released)
+		err = c.receive(ctx, channel, false, ready, onMessage)
 	}
 	var re *rueidis.RedisError
 	if errors.As(err, &re) && ctx.Err() == nil {
@@ -42,7 +53,7 @@ func (c *Client) Subscribe(ctx context.Context, k Keys, ready func(), released f
 	return err
 }
 
-func (c *Client) receive(ctx context.Context, channel string, sharded bool, ready func(), released func(string)) error {
+func (c *Client) receive(ctx context.Context, channel string, sharded bool, ready func(), message func(string)) error {
 	kind, cmd := "subscribe", c.rc.B().Subscribe().Channel(channel).Build()
 	if sharded {
 		kind, cmd = "ssubscribe", c.rc.B().Ssubscribe().Channel(channel).Build()
@@ -67,7 +78,7 @@ func (c *Client) receive(ctx context.Context, channel string, sharded bool, read
 		_ = cc.Do(uctx, unsub).Error()
 		return err
 	})
-	return c.rc.Receive(ctx, cmd, func(m rueidis.PubSubMessage) { released(m.Message) })
+	return c.rc.Receive(ctx, cmd, func(m rueidis.PubSubMessage) { message(m.Message) })
 }
 
 func isUnknownCommand(err error) bool {

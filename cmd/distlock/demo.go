@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -46,17 +46,24 @@ type demoConfig struct {
 	verbose  bool
 }
 
-func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
-	var c demoConfig
-	fs := newFlagSet("demo", demoUsage, stderr)
+// demoFlags returns the flag set of "distlock demo", bound to c.
+func demoFlags(c *demoConfig) *flag.FlagSet {
+	fs := newFlagSet("demo")
 	c.register(fs, ", else an embedded Redis", 900*time.Millisecond)
-	fs.StringVar(&c.key, "key", "demo", "lock name")
-	fs.IntVar(&c.workers, "workers", 3, "number of workers contending for the lock")
-	fs.DurationVar(&c.duration, "duration", 4*time.Second, "how long the demo runs")
-	fs.DurationVar(&c.hold, "hold", 400*time.Millisecond, "how long each worker holds the lock")
-	fs.DurationVar(&c.rest, "rest", 100*time.Millisecond, "how long a worker works elsewhere between holds")
+	fs.StringVar(&c.key, "key", "demo", "lock `NAME`")
+	fs.IntVar(&c.workers, "workers", 3, "number (`N`) of workers contending for the lock")
+	fs.DurationVar(&c.duration, "duration", 4*time.Second, "how long (`DURATION`) the demo runs")
+	fs.DurationVar(&c.hold, "hold", 400*time.Millisecond, "how long (`DURATION`) each worker holds the lock")
+	fs.DurationVar(&c.rest, "rest", 100*time.Millisecond, "how long (`DURATION`) a worker works elsewhere between holds")
 	fs.BoolVar(&c.steal, "steal", true, "half-way through, overwrite the key as an operator would, to show a Lost")
-	fs.BoolVar(&c.verbose, "v", false, "log the library's debug messages to stderr")
+	fs.BoolVar(&c.verbose, "v", false, "also print every renewal, with its outcome and how long it took")
+	alias(fs, "v", "verbose")
+	return fs
+}
+
+func parseDemo(args []string) (demoConfig, error) {
+	var c demoConfig
+	fs := demoFlags(&c)
 	if err := parseFlags(fs, args); err != nil {
 		return c, err
 	}
@@ -88,12 +95,17 @@ type demo struct {
 	out    io.Writer
 	start  time.Time
 
-	mu      sync.Mutex // guards everything below and serialises output
+	mu      sync.Mutex // guards everything below; taken before outMu
 	grants  []grant
 	current map[int]*distlock.Guard // each worker's guard while it holds one
 	losses  int
 	overlap int
 	stolen  bool
+
+	// outMu serialises the lines written to out. The demoObserver, which
+	// the guards' goroutines call, takes only outMu: mu may be held by a
+	// worker that waits for a guard's goroutine (in release).
+	outMu sync.Mutex
 }
 
 func (d *demo) printf(worker int, format string, args ...any) {
@@ -102,12 +114,21 @@ func (d *demo) printf(worker int, format string, args ...any) {
 	d.printfLocked(worker, format, args...)
 }
 
+// printfLocked prints a line of worker; the caller holds d.mu.
 func (d *demo) printfLocked(worker int, format string, args ...any) {
+	d.line(worker, format, args...)
+}
+
+// line prints a line of worker, the time since the start first. It takes
+// only outMu.
+func (d *demo) line(worker int, format string, args ...any) {
+	d.outMu.Lock()
+	defer d.outMu.Unlock()
 	fmt.Fprintf(d.out, "%7.3fs  worker %d  %s\n", time.Since(d.start).Seconds(), worker, fmt.Sprintf(format, args...))
 }
 
-func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := parseDemo(args, stderr)
+func runDemo(ctx context.Context, args []string, stdout, _ io.Writer) error {
+	cfg, err := parseDemo(args)
 	if err != nil {
 		return err
 	}
@@ -117,25 +138,25 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer closeClient()
 
-	logger := slog.New(slog.DiscardHandler)
-	if cfg.verbose {
-		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
+	d := &demo{cfg: cfg, client: client, out: stdout, start: time.Now(), current: make(map[int]*distlock.Guard)}
 	mutexes := make([]*distlock.Mutex, cfg.workers)
 	for i := range mutexes {
-		mutexes[i], err = distlock.NewMutex(client, cfg.key,
+		opts := []distlock.Option{
 			distlock.WithNamespace(cfg.namespace),
 			distlock.WithTTL(cfg.ttl),
 			distlock.WithOwner(fmt.Sprintf("demo-worker-%d", i+1)),
-			distlock.WithLogger(logger))
+		}
+		if cfg.verbose {
+			opts = append(opts, distlock.WithObserver(demoObserver{d: d, worker: i + 1}))
+		}
+		mutexes[i], err = distlock.NewMutex(client, cfg.key, opts...)
 		if err != nil {
 			return usageError{err}
 		}
 	}
 	fmt.Fprintf(stdout, "%d workers contend for %s on %s for %v\n",
 		cfg.workers, mutexes[0].Key(), where, cfg.duration)
-
-	d := &demo{cfg: cfg, client: client, out: stdout, start: time.Now(), current: make(map[int]*distlock.Guard)}
+	d.start = time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, cfg.duration)
 	defer cancel()
 
@@ -230,7 +251,7 @@ func (d *demo) event(id int, g *distlock.Guard, ev distlock.Event) {
 		d.mu.Lock()
 		d.losses++
 		d.mu.Unlock()
-		d.printf(id, "LOST      token=%d  %v", g.Token(), ev.Err)
+		d.printf(id, "LOST      token=%d  %s", g.Token(), message(ev.Err))
 	case distlock.Acquired:
 		d.printf(id, "regained  token=%d", g.Token())
 	}
@@ -290,4 +311,27 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	}
 	i := int(p*float64(len(sorted)-1) + 0.5)
 	return sorted[i].Round(time.Millisecond)
+}
+
+// demoObserver prints, with -v, each renewal of a worker's guards in the
+// demo's own format: the library's log is not used, so every line has one
+// format and each event is printed once.
+type demoObserver struct {
+	d      *demo
+	worker int
+}
+
+func (o demoObserver) ObserveAcquire(distlock.AcquireInfo)       {}
+func (o demoObserver) ObserveTransition(distlock.TransitionInfo) {}
+
+func (o demoObserver) ObserveRenew(i distlock.RenewInfo) {
+	took := i.Latency.Round(time.Microsecond)
+	switch {
+	case i.Err == nil:
+		o.d.line(o.worker, "renewed   token=%d  took=%v", i.Token, took)
+	case errors.Is(i.Err, distlock.ErrLost):
+		o.d.line(o.worker, "renewal refused  token=%d  took=%v", i.Token, took)
+	default:
+		o.d.line(o.worker, "renewal failed  token=%d  took=%v  %v", i.Token, took, message(i.Err))
+	}
 }

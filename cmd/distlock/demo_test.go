@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -44,4 +45,23 @@ func TestDemoOnRedis(t *testing.T) {
 	assert.Equal(t, exitOK, code, "stderr: %s", errOut)
 	assert.Contains(t, out, "on "+srv.URL())
 	checkDemoOutput(t, out, 2, true)
+}
+
+// With -v the demo prints each renewal in its own format, among its other
+// lines, and nothing in another format on stderr.
+func TestDemoVerbose(t *testing.T) {
+	t.Setenv("REDIS_URL", "")
+	var out, errOut bytes.Buffer
+	code := run(t.Context(), []string{"demo", "-v", "--workers", "2", "--duration", "1200ms",
+		"--hold", "300ms", "--rest", "20ms", "--ttl", "300ms"}, &out, &errOut)
+	assert.Equal(t, exitOK, code, "stderr: %s", errOut.String())
+	assert.Empty(t, errOut.String(), "-v should not write a second log to stderr")
+	checkDemoOutput(t, out.String(), 2, true)
+	assert.Regexp(t, `(?m)^ +\d+\.\d{3}s  worker \d  renewed   token=\d+  took=\S+$`, out.String())
+	assert.Regexp(t, `(?m)^ +\d+\.\d{3}s  worker \d  renewal refused  token=\d+  took=\S+$`, out.String(),
+		"the operator's overwrite should show as a refused renewal")
+	events, _, _ := strings.Cut(out.String(), "\nsummary")
+	for i, line := range strings.Split(strings.TrimSpace(events), "\n")[1:] {
+		assert.Regexp(t, `^ +\d+\.\d{3}s  worker \d  \S`, line, "line %d is in another format", i+2)
+	}
 }

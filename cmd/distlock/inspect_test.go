@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,22 +18,41 @@ import (
 	"github.com/distkit-go/distlock/internal/redistest"
 )
 
-// inspectJSON runs "distlock inspect --json" and decodes its line.
+// inspectJSON runs "distlock inspect --json" and decodes its line. It
+// checks that the exit status matches the state: exitHeld or exitFree.
 func inspectJSON(t *testing.T, srv *redistest.Server, args ...string) lockState {
 	t.Helper()
 	code, out, errOut := runDistlock(t, append([]string{"inspect", "--redis", srv.URL(), "--json"}, args...)...)
-	require.Equal(t, exitOK, code, "stderr: %s", errOut)
 	var s lockState
-	require.NoError(t, json.Unmarshal([]byte(out), &s), "output: %s", out)
+	require.NoError(t, json.Unmarshal([]byte(out), &s), "output: %s; stderr: %s", out, errOut)
+	assert.Equal(t, inspectStatus(t, s.State), code, "the exit status of a %s lock; stderr: %s", s.State, errOut)
 	return s
 }
 
-// inspectText runs "distlock inspect" and returns its output.
+// inspectText runs "distlock inspect" and returns its output. It checks
+// that the exit status matches the state the output shows.
 func inspectText(t *testing.T, srv *redistest.Server, args ...string) string {
 	t.Helper()
 	code, out, errOut := runDistlock(t, append([]string{"inspect", "--redis", srv.URL()}, args...)...)
-	require.Equal(t, exitOK, code, "stderr: %s", errOut)
+	state := "free"
+	if strings.Contains(out, "  held by ") {
+		state = "held"
+	}
+	assert.Equal(t, inspectStatus(t, state), code, "the exit status of %q; stderr: %s", out, errOut)
 	return out
+}
+
+// inspectStatus is the exit status that inspect documents for state.
+func inspectStatus(t *testing.T, state string) int {
+	t.Helper()
+	switch state {
+	case "held":
+		return exitHeld
+	case "free":
+		return exitFree
+	}
+	t.Fatalf("inspect printed state %q", state)
+	return -1
 }
 
 // lockFor acquires key through the library, as another process would.
@@ -78,6 +98,24 @@ func TestInspect(t *testing.T) {
 	assert.Greater(t, *s.ExpiresInMS, int64(0))
 	assert.LessOrEqual(t, *s.ExpiresInMS, ttl.Milliseconds())
 	assert.Equal(t, g.Token(), s.LastToken)
+	assert.Zero(t, s.Waiting)
+
+	// Two waiters in line, named first in line first.
+	ctx, cancel := context.WithCancel(t.Context())
+	var waiters sync.WaitGroup
+	for i, owner := range []string{"first:1", "second:2"} {
+		m, err := distlock.NewMutex(srv.Client(), "job", distlock.WithOwner(owner))
+		require.NoError(t, err)
+		waiters.Go(func() { _, _ = m.Lock(ctx) })
+		require.Eventually(t, func() bool { return inspectJSON(t, srv, "job").Waiting == i+1 }, eventually, 10*time.Millisecond)
+	}
+	s = inspectJSON(t, srv, "job")
+	assert.Equal(t, 2, s.Waiting)
+	assert.Equal(t, []string{"first:1", "second:2"}, s.Waiters)
+	assert.Contains(t, inspectText(t, srv, "job"), "  2 waiting: first:1, second:2\n")
+	cancel()
+	waiters.Wait()
+	require.Eventually(t, func() bool { return inspectJSON(t, srv, "job").Waiting == 0 }, eventually, 10*time.Millisecond)
 
 	// Another namespace is another lock.
 	assert.Equal(t, "jobs:{job}  free  no token issued\n", inspectText(t, srv, "--namespace", "jobs", "job"))
@@ -102,7 +140,7 @@ func TestInspect(t *testing.T) {
 	// A fencing key that does not hold a token is an error, not a guess.
 	srv.MustDo("SET", "distlock:{odd}:fence", "soon")
 	code, _, errOut := runDistlock(t, "inspect", "--redis", srv.URL(), "odd")
-	assert.Equal(t, exitError, code)
+	assert.Equal(t, exitFailed, code)
 	assert.Contains(t, errOut, `holds "soon", not a token`)
 }
 

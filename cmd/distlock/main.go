@@ -1,10 +1,11 @@
 // Command distlock works with distlock locks from the shell.
 //
-//	distlock run [flags] KEY -- COMMAND [ARGS...]   run a command while holding a lock
-//	distlock inspect [flags] KEY                    show who holds a lock; --watch follows it
-//	distlock demo [flags]                           a few workers contend for one lock
+//	distlock run [flags] KEY [--] COMMAND [ARGS...]   run a command while holding a lock
+//	distlock run [flags] KEY -c 'COMMAND LINE'        the same, through sh -c
+//	distlock inspect [flags] KEY                      show who holds a lock; --watch follows it
+//	distlock demo [flags]                             a few workers contend for one lock
 //
-// Run "distlock help" for an overview and "distlock COMMAND -h" for the
+// Run "distlock help" for an overview and "distlock help COMMAND" for the
 // flags and exit codes of each subcommand.
 package main
 
@@ -16,37 +17,51 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 )
 
 // Exit codes shared by the subcommands. "distlock run" adds its own (see
-// run.go), and otherwise exits with the status of the command it ran.
+// run.go), and otherwise exits with the status of the command it ran;
+// "distlock inspect" adds exitFree.
 const (
-	exitOK    = 0
-	exitError = 1  // a runtime failure, such as Redis unreachable
-	exitUsage = 64 // bad flags or arguments (EX_USAGE in sysexits.h)
+	exitOK     = 0
+	exitError  = 1   // the demo found the lock misbehaving, or failed
+	exitUsage  = 64  // bad flags or arguments (EX_USAGE in sysexits.h, as flock(1) uses it)
+	exitFailed = 125 // distlock failed: Redis unreachable or erroring (as env(1) and timeout(1) use it)
 )
 
 const usage = `distlock works with distributed locks kept in Redis.
 
 Usage:
-  distlock run [flags] KEY -- COMMAND [ARGS...]
+  distlock run [flags] KEY [--] COMMAND [ARGS...]
+  distlock run [flags] KEY -c 'COMMAND LINE'
         run COMMAND while holding the lock KEY: wait for it, keep it renewed,
-        stop the command if it is lost, release it when the command exits
+        stop the command if it is lost, release it when the command exits;
+        -n, -w, -E and -c work as they do for flock(1)
   distlock inspect [flags] KEY
-        show who holds the lock KEY, for how long, and its last fencing token
+        show who holds the lock KEY, for how long, and its last fencing
+        token; exit status 0 if it is held, 1 if it is free
   distlock demo [flags]
         a few workers contend for one lock and print their transitions
+  distlock help [COMMAND]
+        this overview, or a command's flags and exit codes
+  distlock --version
+        print distlock's version
 
 Examples:
   # only one machine runs the nightly report at a time; the others wait
   distlock run --redis redis://redis.internal:6379 nightly-report -- ./report.sh
 
   # skip this run if another machine has the lock (exit status 75)
-  distlock run --try --ttl 10s backup -- pg_dump -f /backup/db.sql app
+  distlock run -n --ttl 10s backup -- pg_dump -f /backup/db.sql app
 
-  # who holds it now, and follow every change until Ctrl-C
+  # wait at most 30 seconds; a shell command line, with the fencing token
+  distlock run -w 30 backup -c 'pg_dump app > "/backup/$DISTLOCK_TOKEN.sql"'
+
+  # is it held? who holds it now? follow every change until Ctrl-C
+  if distlock inspect backup >/dev/null; then echo busy; fi
   distlock inspect backup
   distlock inspect --watch --json backup
 
@@ -57,8 +72,54 @@ Redis comes from --redis, else $REDIS_URL, as a URL: redis://[user:pass@]host:po
 rediss:// for TLS, unix:///path/to/redis.sock, and several ?addr=host:port
 parameters for a cluster. Only the demo falls back to an embedded Redis.
 
-Run "distlock COMMAND -h" for a command's flags and exit codes.
+Exit status:
+  0      success; for inspect, the lock is held
+  64     usage error: bad flags or arguments
+  run exits with its command's status, or 75 (not acquired), 76 (lost),
+  125 (Redis failed), 126 or 127 (the command cannot run); inspect exits 1
+  when the lock is free and 125 when Redis cannot be read. "distlock help
+  COMMAND" tells each command's codes in full.
 `
+
+// subcommand is one of distlock's commands.
+type subcommand struct {
+	// usage is the help text, up to the list of flags.
+	usage string
+	// flags returns a fresh flag set with the command's flags, for its help.
+	flags func() *flag.FlagSet
+	// run runs the command with the arguments after its name.
+	run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+var subcommands = map[string]subcommand{
+	"run": {
+		usage: runUsage,
+		flags: func() *flag.FlagSet { return runFlags(new(runConfig)) },
+		// run passes signals on to its command; it catches them itself.
+		run: func(ctx context.Context, args []string, _, stderr io.Writer) error {
+			return runCommand(ctx, args, stderr)
+		},
+	},
+	"inspect": {
+		usage: inspectUsage,
+		flags: func() *flag.FlagSet { return inspectFlags(new(inspectConfig)) },
+		run:   stopOnSignal(runInspect),
+	},
+	"demo": {
+		usage: demoUsage,
+		flags: func() *flag.FlagSet { return demoFlags(new(demoConfig)) },
+		run:   stopOnSignal(runDemo),
+	},
+}
+
+// stopOnSignal returns f with a context that SIGINT and SIGTERM cancel.
+func stopOnSignal(f func(context.Context, []string, io.Writer, io.Writer) error) func(context.Context, []string, io.Writer, io.Writer) error {
+	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return f(ctx, args, stdout, stderr)
+	}
+}
 
 func main() {
 	// Each subcommand handles signals itself: demo and inspect stop on
@@ -69,47 +130,77 @@ func main() {
 // run dispatches to a subcommand and returns the process exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return exitUsage
+		return usageFailed(stderr, "", errors.New("missing command"))
 	}
-	var err error
-	switch args[0] {
-	case "run":
-		err = runCommand(ctx, args[1:], stderr)
-	case "inspect":
-		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-		err = runInspect(ctx, args[1:], stdout, stderr)
-		stop()
-	case "demo":
-		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-		err = runDemo(ctx, args[1:], stdout, stderr)
-		stop()
+	name := args[0]
+	switch name {
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
+		return help(args[1:], stdout, stderr)
+	case "version", "-version", "--version", "-V":
+		fmt.Fprintf(stdout, "distlock %s\n", version())
 		return exitOK
-	default:
-		fmt.Fprintf(stderr, "distlock: unknown command %q\n\n%s", args[0], usage)
-		return exitUsage
 	}
+	sub, ok := subcommands[name]
+	if !ok {
+		return usageFailed(stderr, "", fmt.Errorf("unknown command %q", name))
+	}
+	err := sub.run(ctx, args[1:], stdout, stderr)
 	var ue usageError
 	var es *exitStatus
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.Is(err, flag.ErrHelp):
+		printHelp(stdout, sub)
 		return exitOK
 	case errors.As(err, &es):
 		if es.err != nil {
-			fmt.Fprintf(stderr, "distlock %s: %s\n", args[0], message(es.err))
+			fmt.Fprintf(stderr, "distlock %s: %s\n", name, message(es.err))
 		}
 		return es.code
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "distlock %s: %s\n", args[0], message(err))
-		return exitUsage
+		return usageFailed(stderr, name, err)
 	default:
-		fmt.Fprintf(stderr, "distlock %s: %s\n", args[0], message(err))
+		fmt.Fprintf(stderr, "distlock %s: %s\n", name, message(err))
 		return exitError
 	}
+}
+
+// help prints the overview, or the help of the command named in args.
+func help(args []string, stdout, stderr io.Writer) int {
+	switch {
+	case len(args) == 0:
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case len(args) > 1:
+		return usageFailed(stderr, "help", fmt.Errorf("one COMMAND at most (got %q)", args))
+	}
+	sub, ok := subcommands[args[0]]
+	if !ok {
+		return usageFailed(stderr, "", fmt.Errorf("unknown command %q", args[0]))
+	}
+	printHelp(stdout, sub)
+	return exitOK
+}
+
+// usageFailed prints a usage error, and where to read the usage, in two
+// lines, and returns exitUsage. command is the subcommand's name, or empty.
+func usageFailed(stderr io.Writer, command string, err error) int {
+	who, helpCmd := "distlock", "distlock help"
+	if _, ok := subcommands[command]; ok {
+		who, helpCmd = who+" "+command, helpCmd+" "+command
+	}
+	fmt.Fprintf(stderr, "%s: %s\nRun '%s' for usage.\n", who, message(err), helpCmd)
+	return exitUsage
+}
+
+// version is the module version distlock was built from, as the go command
+// recorded it, or "(devel)" when it recorded none.
+func version() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		return info.Main.Version
+	}
+	return "(devel)"
 }
 
 // message is err's text without the library's "distlock: " prefix, which
@@ -121,30 +212,113 @@ func message(err error) string {
 // usageError marks an error in the command line.
 type usageError struct{ error }
 
-// newFlagSet returns the flag set of a subcommand, which prints usage and
-// then the flags for -h or a bad flag.
-func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// newFlagSet returns an empty flag set for a subcommand. It prints nothing
+// itself: parseFlags turns its errors into usage errors, and run prints
+// the help for -h.
+func newFlagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return fs
 }
 
-// parseFlags parses args with fs. The flag package has already printed
-// what is wrong, and the usage, when it returns an error; the error it
-// returns here only sets the exit status (0 for -h, exitUsage otherwise).
+// parseFlags parses args with fs. It returns flag.ErrHelp for -h, a
+// usageError for a bad flag, and nil otherwise.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	err := fs.Parse(args)
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return err
 	}
-	return &exitStatus{code: exitUsage}
+	return usageError{err}
 }
 
-func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+// endedByDashDash reports whether fs.Parse(args), which left rest, stopped
+// at a "--" (which it consumes) rather than at a word that is not a flag. A
+// "--" that is the value of a flag ("--owner --") does not count.
+func endedByDashDash(fs *flag.FlagSet, args, rest []string) bool {
+	parsed := args[:len(args)-len(rest)]
+	for i := 0; i < len(parsed); i++ {
+		if parsed[i] == "--" {
+			return true
+		}
+		if takesValue(fs, parsed[i]) {
+			i++ // its value
+		}
+	}
+	return false
+}
+
+// takesValue reports whether arg is a flag of fs that takes the next
+// argument as its value: "-w" does, "-w=5" and "-n" do not.
+func takesValue(fs *flag.FlagSet, arg string) bool {
+	name, ok := strings.CutPrefix(arg, "-")
+	if !ok {
+		return false
+	}
+	name = strings.TrimPrefix(name, "-")
+	f := fs.Lookup(name) // nil for "", for "w=5" and for unknown flags
+	if f == nil {
+		return false
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return !ok || !b.IsBoolFlag()
+}
+
+// aliasOf starts the usage string of a flag that is another name for a
+// flag; the name of that flag follows. printFlags lists them together.
+const aliasOf = "\x00alias of "
+
+// alias registers names as other names of the flag of, which must exist.
+func alias(fs *flag.FlagSet, of string, names ...string) {
+	f := fs.Lookup(of)
+	for _, name := range names {
+		fs.Var(f.Value, name, aliasOf+of)
+	}
+}
+
+// printHelp prints a subcommand's help: its usage text, then its flags.
+func printHelp(w io.Writer, sub subcommand) {
+	fmt.Fprint(w, sub.usage)
+	printFlags(w, sub.flags())
+}
+
+// printFlags lists the flags of fs, each with its other names
+// ("-n, --nonblock, --try"): a name of one letter with one dash, a longer
+// one with two (the flag package accepts either).
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	aliases := make(map[string][]string)
+	fs.VisitAll(func(f *flag.Flag) {
+		if of, ok := strings.CutPrefix(f.Usage, aliasOf); ok {
+			aliases[of] = append(aliases[of], f.Name)
+		}
+	})
+	fs.VisitAll(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Usage, aliasOf) {
+			return
+		}
+		var names []string
+		for _, name := range append([]string{f.Name}, aliases[f.Name]...) {
+			if len(name) == 1 {
+				names = append(names, "-"+name)
+			} else {
+				names = append(names, "--"+name)
+			}
+		}
+		arg, text := flag.UnquoteUsage(f)
+		line := "  " + strings.Join(names, ", ")
+		if arg != "" {
+			line += " " + arg
+		}
+		switch f.DefValue {
+		case "", "0", "false":
+		default:
+			text += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n        %s\n", line, text)
+	})
+}
 
 // exitStatus is an error that sets the process's exit code. Its err, if not
 // nil, is printed first; a nil err exits quietly (as when "distlock run"

@@ -181,24 +181,37 @@ func runDistlock(t *testing.T, args ...string) (code int, stdout, stderr string)
 	return code, p.stdout.String(), p.stderr.String()
 }
 
+// Help goes to stdout: the overview, and each command's text, flags and
+// exit codes, asked for with "help COMMAND" or "COMMAND -h".
 func TestHelp(t *testing.T) {
-	code, out, _ := runDistlock(t, "help")
+	code, out, errOut := runDistlock(t, "help")
 	assert.Equal(t, exitOK, code)
-	for _, want := range []string{"distlock run --", "distlock run --try", "distlock inspect ", "distlock inspect --watch", "distlock demo --workers"} {
-		assert.Contains(t, out, want, "the overview lacks an example")
+	assert.Empty(t, errOut)
+	for _, want := range []string{"distlock run --", "distlock run -n", "distlock run -w 30", "-c '",
+		"distlock inspect ", "if distlock inspect", "distlock inspect --watch", "distlock demo --workers",
+		"distlock --version", "Exit status:", "64 ", "75", "125"} {
+		assert.Contains(t, out, want, "the overview lacks it")
 	}
 	for _, sub := range []string{"run", "inspect", "demo"} {
-		code, _, errOut := runDistlock(t, sub, "-h")
-		assert.Equal(t, exitOK, code, sub)
-		assert.Contains(t, errOut, "Example", sub)
-		assert.Contains(t, errOut, "distlock "+sub+" ", sub)
-		assert.Contains(t, errOut, "-redis", sub)
-		assert.Contains(t, errOut, "-namespace", sub)
+		for _, args := range [][]string{{sub, "-h"}, {sub, "--help"}, {"help", sub}} {
+			code, out, errOut := runDistlock(t, args...)
+			assert.Equal(t, exitOK, code, "%q", args)
+			assert.Empty(t, errOut, "%q", args)
+			for _, want := range []string{"Usage: distlock " + sub + " ", "Example", "Exit status:", "64 ", "Flags:",
+				"--redis URL", "--namespace NAMESPACE"} {
+				assert.Contains(t, out, want, "%q", args)
+			}
+		}
 	}
-	_, _, errOut := runDistlock(t, "run", "-h")
-	for _, want := range []string{"DISTLOCK_TOKEN", "75", "76", "125", "126", "127", "128+N", "-grace", "-wait", "-try"} {
-		assert.Contains(t, errOut, want)
+	_, out, _ = runDistlock(t, "help", "run")
+	for _, want := range []string{"DISTLOCK_TOKEN", "75", "76", "125", "126", "127", "128+N", "--grace DURATION",
+		"-n, --nonblock, --try\n", "-w, --wait SECONDS\n", "-E, --conflict-exit-code CODE\n", "-c, --command LINE\n",
+		"-v, --verbose\n", "flock(1)"} {
+		assert.Contains(t, out, want)
 	}
+	_, out, _ = runDistlock(t, "help", "inspect")
+	assert.Regexp(t, `(?m)^  0 +the lock is held`, out)
+	assert.Regexp(t, `(?m)^  1 +the lock is free`, out)
 }
 
 func TestUsage(t *testing.T) {

@@ -25,10 +25,10 @@ type common struct {
 // default unless it is 0 (inspect has no use for a TTL). redisHelp describes
 // the fallback when --redis is not given.
 func (c *common) register(fs *flag.FlagSet, redisHelp string, ttl time.Duration) {
-	fs.StringVar(&c.redis, "redis", "", "Redis URL: redis://, rediss:// or unix://, several ?addr= for a cluster (default $REDIS_URL"+redisHelp+")")
-	fs.StringVar(&c.namespace, "namespace", distlock.DefaultNamespace, "key namespace: the lock KEY lives at NAMESPACE:{KEY}")
+	fs.StringVar(&c.redis, "redis", "", "Redis `URL`: redis://, rediss:// or unix://, several ?addr= for a cluster (default $REDIS_URL"+redisHelp+")")
+	fs.StringVar(&c.namespace, "namespace", distlock.DefaultNamespace, "key `NAMESPACE`: the lock KEY lives at NAMESPACE:{KEY}")
 	if ttl > 0 {
-		fs.DurationVar(&c.ttl, "ttl", ttl, fmt.Sprintf("lease TTL, renewed every TTL/3 (%v to %v)", distlock.MinTTL, distlock.MaxTTL))
+		fs.DurationVar(&c.ttl, "ttl", ttl, fmt.Sprintf("lease `TTL`, renewed every TTL/3 (%v to %v)", distlock.MinTTL, distlock.MaxTTL))
 	}
 }
 

@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distkit-go/distlock"
@@ -20,9 +23,8 @@ import (
 // Exit codes of "distlock run". Otherwise it exits with the command's own
 // status, or 128+N if a signal N killed the command, as a shell does.
 const (
-	exitNotAcquired = 75  // EX_TEMPFAIL: --try found the lock held, or --wait ran out
+	exitNotAcquired = 75  // EX_TEMPFAIL, the default of -E: -n found the lock held, or -w ran out
 	exitLost        = 76  // the lock was lost before the command finished
-	exitRunFailed   = 125 // distlock failed (Redis unreachable or erroring), as env(1) and timeout(1) use it
 	exitCannotExec  = 126 // the command was found but cannot be executed
 	exitNotFound    = 127 // the command was not found
 	exitSignalBase  = 128 // plus N: signal N killed the command, or ended distlock's wait
@@ -37,10 +39,14 @@ const (
 	releaseSlack = time.Second
 )
 
-const runUsage = `Usage: distlock run [flags] KEY -- COMMAND [ARGS...]
+// shell runs the command line of -c, as "sh -c LINE".
+const shell = "/bin/sh"
+
+const runUsage = `Usage: distlock run [flags] KEY [--] COMMAND [ARGS...]
+       distlock run [flags] KEY -c 'COMMAND LINE'
 
 Runs COMMAND while holding the lock KEY. distlock waits for the lock (as
-long as it takes, or up to --wait; --try makes a single attempt), starts the
+long as it takes, or up to -w; -n makes a single attempt), starts the
 command with these variables added to its environment:
 
   DISTLOCK_KEY     the lock name, KEY
@@ -53,6 +59,11 @@ command with these variables added to its environment:
 and keeps the lease renewed (every TTL/3) while the command runs. The
 command's standard input, output and error are distlock's own. When the
 command exits, distlock releases the lock and exits with the command's status.
+
+Flags go before KEY or between KEY and the command. The command starts at
+the first word after KEY that is not a flag, or after "--"; everything from
+there on is the command's. With -c, the command is one string that sh -c
+runs, so it may use pipes, redirections and $DISTLOCK_TOKEN.
 
 If the lock is lost while the command runs (the lease could not be renewed in
 time, or someone deleted or took over the key), distlock sends the command
@@ -68,12 +79,18 @@ signals then go to the command alone, and SIGINT and SIGQUIT are not passed
 on, since the terminal sends them to the command directly. A signal that
 arrives while distlock is still waiting for the lock ends the wait.
 
+For flock(1) users: -n, -w, -E, -c and -v mean what they mean there, but
+the default -E is 75, not 1; -c runs sh, not $SHELL; and -w also takes
+durations such as 1m30s. The lock is always exclusive (no -s), and is
+released when the command exits (no -u, -o or -F).
+
 Exit status:
   the command's    the command exited on its own
   128+N            the command was killed by signal N, or distlock got
                    signal N while still waiting for the lock
   64               usage error
-  75               not acquired: --try found the lock held, or --wait ran out
+  75               not acquired: -n found the lock held, or -w ran out
+                   (set another code with -E)
   76               the lock was lost before the command finished (the
                    command's own status is printed on stderr)
   125              distlock failed: Redis unreachable or erroring
@@ -82,8 +99,9 @@ Exit status:
 
 Examples:
   distlock run --redis redis://10.0.0.5:6379 nightly-report -- ./report.sh --full
-  distlock run --try --ttl 10s backup -- sh -c 'pg_dump app > "/backup/$DISTLOCK_TOKEN.sql"'
-  distlock run --wait 5m --grace 30s migrate -- ./migrate up
+  distlock run -n --ttl 10s backup -c 'pg_dump app > "/backup/$DISTLOCK_TOKEN.sql"'
+  distlock run -w 5m --grace 30s migrate -- ./migrate up
+  distlock run -w 0.5 -E 0 cache-warm ./warm.sh   # held for 0.5s more: exit 0
 
 Flags:
 `
@@ -91,51 +109,137 @@ Flags:
 // runConfig is the command line of "distlock run".
 type runConfig struct {
 	common
-	key        string
-	argv       []string
-	wait       time.Duration
-	try        bool
-	grace      time.Duration
-	owner      string
-	foreground bool
-	verbose    bool
+	key          string
+	argv         []string
+	wait         waitFlag
+	try          bool
+	conflictCode int
+	command      string
+	grace        time.Duration
+	owner        string
+	foreground   bool
+	verbose      bool
 }
 
-func parseRun(args []string, stderr io.Writer) (runConfig, error) {
-	var c runConfig
-	fs := newFlagSet("run", runUsage, stderr)
+// singleAttempt reports whether the command line asks for one attempt at
+// the lock: -n, or -w 0.
+func (c *runConfig) singleAttempt() bool { return c.try || (c.wait.set && c.wait.d == 0) }
+
+// runFlags returns the flag set of "distlock run", bound to c.
+func runFlags(c *runConfig) *flag.FlagSet {
+	fs := newFlagSet("run")
 	c.register(fs, "; run needs a real Redis", distlock.DefaultTTL)
-	fs.DurationVar(&c.wait, "wait", 0, "give up with status 75 after waiting this long for the lock (default: wait as long as it takes)")
-	fs.BoolVar(&c.try, "try", false, "make a single attempt; exit with status 75 if the lock is held")
-	fs.DurationVar(&c.grace, "grace", defaultGrace, "after the lock is lost, how long the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
-	fs.StringVar(&c.owner, "owner", defaultOwner(), "owner id written into the lock, shown by \"distlock inspect\"")
+	fs.BoolVar(&c.try, "n", false, "make a single attempt: if the lock is held, exit at once with the status of -E")
+	alias(fs, "n", "nonblock", "try")
+	fs.Var(&c.wait, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
+	alias(fs, "w", "wait")
+	fs.IntVar(&c.conflictCode, "E", exitNotAcquired, "the exit status (`CODE`, 0 to 255) when the lock is not acquired (-n found it held, or -w ran out)")
+	alias(fs, "E", "conflict-exit-code")
+	fs.StringVar(&c.command, "c", "", "run `LINE` with sh -c, instead of COMMAND [ARGS...]")
+	alias(fs, "c", "command")
+	fs.DurationVar(&c.grace, "grace", defaultGrace, "after the lock is lost, how long (`DURATION`) the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
+	fs.StringVar(&c.owner, "owner", "", "owner `ID` written into the lock, shown by \"distlock inspect\" (default HOST:PID, of distlock)")
 	fs.BoolVar(&c.foreground, "foreground", false, "keep the command in distlock's process group, so that it can use the terminal (default: true when run from an interactive shell)")
-	fs.BoolVar(&c.verbose, "v", false, "print the acquisition, losses and the release on stderr")
+	fs.BoolVar(&c.verbose, "v", false, "say on stderr what distlock does: the wait, the acquisition, the command's start and end, failed renewals, the release")
+	alias(fs, "v", "verbose")
+	return fs
+}
+
+// parseRun parses the command line of "distlock run": flags, KEY, more
+// flags, then the command, which starts after "--" or at the first word
+// that is not a flag.
+func parseRun(args []string) (runConfig, error) {
+	var c runConfig
+	fs := runFlags(&c)
 	if err := parseFlags(fs, args); err != nil {
 		return c, err
 	}
-	foregroundSet := false
-	fs.Visit(func(f *flag.Flag) { foregroundSet = foregroundSet || f.Name == "foreground" })
-	if !foregroundSet {
-		c.foreground = inForeground()
-	}
 	rest := fs.Args()
+	if len(rest) == 0 || endedByDashDash(fs, args, rest) {
+		return c, usagef("missing KEY: distlock run [flags] KEY [--] COMMAND [ARGS...]")
+	}
+	c.key = rest[0]
+	afterKey := rest[1:]
+	if err := parseFlags(fs, afterKey); err != nil {
+		return c, err
+	}
+	c.argv = fs.Args()
+	dashDash := endedByDashDash(fs, afterKey, c.argv)
+
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	commandSet := set["c"] || set["command"]
 	switch {
-	case len(rest) == 0:
-		return c, usagef("missing KEY and command: distlock run [flags] KEY -- COMMAND [ARGS...]")
-	case len(rest) == 1 || rest[1] != "--":
-		return c, usagef("expected \"--\" after KEY %q, then the command; flags go before KEY", rest[0])
-	case len(rest) == 2:
+	case commandSet && c.command == "":
+		return c, usagef("-c needs a command line")
+	case commandSet && (len(c.argv) > 0 || dashDash):
+		return c, usagef("-c and a COMMAND after KEY exclude each other: -c takes the whole command line as one string")
+	case !commandSet && len(c.argv) == 0 && dashDash:
 		return c, usagef("missing the command after \"--\"")
-	case c.wait < 0:
-		return c, usagef("--wait must not be negative")
-	case c.try && c.wait > 0:
-		return c, usagef("--try and --wait exclude each other")
+	case !commandSet && len(c.argv) == 0:
+		return c, usagef("missing the command after KEY %q: distlock run [flags] KEY [--] COMMAND [ARGS...], or -c 'COMMAND LINE'", c.key)
+	case c.try && c.wait.set && c.wait.d > 0:
+		return c, usagef("-n and -w %v exclude each other (-w 0 is the same as -n)", c.wait.d)
+	case c.conflictCode < 0 || c.conflictCode > 255:
+		return c, usagef("-E %d: the exit status must be 0 to 255", c.conflictCode)
 	case c.grace < 0:
 		return c, usagef("--grace must not be negative")
 	}
-	c.key, c.argv = rest[0], rest[2:]
+	if commandSet {
+		c.argv = []string{shell, "-c", c.command}
+	}
+	if c.owner == "" {
+		c.owner = defaultOwner()
+	}
+	if !set["foreground"] {
+		c.foreground = inForeground()
+	}
 	return c, nil
+}
+
+// waitFlag is the value of -w: how long to wait for the lock, and whether
+// -w was given at all (without it, distlock waits as long as it takes).
+type waitFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (w *waitFlag) String() string {
+	if w == nil || !w.set {
+		return ""
+	}
+	return w.d.String()
+}
+
+func (w *waitFlag) Set(s string) error {
+	d, err := parseSeconds(s)
+	if err != nil {
+		return err
+	}
+	w.d, w.set = d, true
+	return nil
+}
+
+// parseSeconds parses a time to wait as flock(1) takes it, in seconds with
+// an optional fraction ("5", "0.5"), or as a Go duration ("1m30s", "500ms").
+func parseSeconds(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		secs, ferr := strconv.ParseFloat(s, 64)
+		switch {
+		case ferr != nil || math.IsNaN(secs):
+			return 0, errors.New("want seconds (5, 0.5) or a duration (1m30s)")
+		case secs < 0:
+			return 0, errors.New("must not be negative")
+		case secs >= float64(math.MaxInt64)/float64(time.Second):
+			return 0, fmt.Errorf("%s seconds is too long", s)
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d < 0 {
+		return 0, errors.New("must not be negative")
+	}
+	return d, nil
 }
 
 // defaultOwner is "host:pid", which tells an operator where to look.
@@ -149,12 +253,21 @@ func defaultOwner() string {
 
 // runner is one "distlock run".
 type runner struct {
-	cfg    runConfig
+	cfg   runConfig
+	start time.Time
+
+	// mu serialises the lines written to stderr, which come from the
+	// runner and, with -v, from the guard's goroutine (runObserver).
+	mu     sync.Mutex
 	stderr io.Writer
-	start  time.Time
 }
 
+// logf writes one line to stderr. Every message of "distlock run" goes
+// through it, so all have one format; the library's own log is not used
+// (it would report the same events a second time, in another format).
 func (r *runner) logf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	fmt.Fprintf(r.stderr, "distlock run: "+format+"\n", args...)
 }
 
@@ -168,7 +281,7 @@ func (r *runner) verbosef(format string, args ...any) {
 // the command's status, or an error that says why the command did not run
 // or why its run cannot be trusted.
 func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
-	cfg, err := parseRun(args, stderr)
+	cfg, err := parseRun(args)
 	if err != nil {
 		return err
 	}
@@ -179,7 +292,7 @@ func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
 func (r *runner) run(ctx context.Context) error {
 	cfg := r.cfg
 	if !processControl {
-		return usagef("distlock run needs a Unix system")
+		return usagef("this command needs a Unix system")
 	}
 	// Find the command before waiting for the lock, so that a typo fails
 	// at once rather than after the wait.
@@ -192,20 +305,20 @@ func (r *runner) run(ctx context.Context) error {
 		if errors.As(err, &ue) {
 			return err
 		}
-		return &exitStatus{code: exitRunFailed, err: err}
+		return &exitStatus{code: exitFailed, err: err}
 	}
 	defer closeClient()
 
-	logger := slog.New(slog.DiscardHandler)
-	if cfg.verbose {
-		logger = slog.New(slog.NewTextHandler(r.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
-	m, err := distlock.NewMutex(client, cfg.key,
+	opts := []distlock.Option{
 		distlock.WithNamespace(cfg.namespace),
 		distlock.WithTTL(cfg.ttl),
 		distlock.WithOwner(cfg.owner),
-		distlock.WithMaxWait(cfg.wait),
-		distlock.WithLogger(logger))
+		distlock.WithMaxWait(cfg.wait.d),
+	}
+	if cfg.verbose {
+		opts = append(opts, distlock.WithObserver(&runObserver{r: r}))
+	}
+	m, err := distlock.NewMutex(client, cfg.key, opts...)
 	if err != nil {
 		return usageError{err}
 	}
@@ -234,16 +347,18 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	lost := r.supervise(child, g, sigs)
-	status := exitCode(child.cmd.ProcessState)
+	ps := child.cmd.ProcessState
+	if lost != nil {
+		// supervise has said why; this says what became of the command.
+		r.release(g)
+		return &exitStatus{code: exitLost, err: fmt.Errorf("the lock was lost while the command ran; the command %s", describe(ps))}
+	}
 	// The lease may also have slipped unnoticed just before the command
 	// exited: a release that finds the key gone or taken says so.
-	if slipped := r.release(g); lost == nil {
-		lost = slipped
+	if slipped := r.release(g); slipped != nil {
+		return &exitStatus{code: exitLost, err: fmt.Errorf("%s; the command %s", message(slipped), describe(ps))}
 	}
-	if lost != nil {
-		return &exitStatus{code: exitLost, err: fmt.Errorf("%s; the command %s", message(lost), describe(child.cmd.ProcessState))}
-	}
-	return &exitStatus{code: status}
+	return &exitStatus{code: exitCode(ps)}
 }
 
 // signalCause is the cause of lockCtx when a signal ended the wait.
@@ -251,7 +366,7 @@ type signalCause struct{ sig os.Signal }
 
 func (s *signalCause) Error() string { return "received " + s.sig.String() }
 
-// acquire waits for the lock, or makes a single attempt with --try. A
+// acquire waits for the lock, or makes a single attempt with -n or -w 0. A
 // signal ends the wait with status 128+N. Other failures are an
 // *exitStatus with the documented code.
 func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCauseFunc, m *distlock.Mutex, sigs <-chan os.Signal) (*distlock.Guard, error) {
@@ -267,7 +382,7 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	}()
 	var g *distlock.Guard
 	var err error
-	if r.cfg.try {
+	if r.cfg.singleAttempt() {
 		g, err = m.TryLock(lockCtx)
 	} else {
 		g, err = m.Lock(lockCtx)
@@ -289,9 +404,9 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	case err == nil:
 		return g, nil
 	case errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, distlock.ErrTimeout):
-		return nil, &exitStatus{code: exitNotAcquired, err: err}
+		return nil, &exitStatus{code: r.cfg.conflictCode, err: err}
 	default:
-		return nil, &exitStatus{code: exitRunFailed, err: err}
+		return nil, &exitStatus{code: exitFailed, err: err}
 	}
 }
 
@@ -363,7 +478,9 @@ func (r *runner) supervise(c *child, g *distlock.Guard, sigs <-chan os.Signal) e
 			r.kill(c)
 
 		case <-exited:
-			r.verbosef("the command %s", describe(c.cmd.ProcessState))
+			if lost == nil { // otherwise the final message says it
+				r.verbosef("the command %s", describe(c.cmd.ProcessState))
+			}
 			return lost
 		}
 	}
@@ -416,7 +533,36 @@ func exitCode(ps *os.ProcessState) int {
 // describe says how a command ended, for messages.
 func describe(ps *os.ProcessState) string {
 	if n := killedBy(ps); n > 0 {
-		return fmt.Sprintf("was killed by signal %d (%s), status %d", n, ps.String(), exitSignalBase+n)
+		return fmt.Sprintf("was killed by signal %d (%s), status %d", n, strings.TrimPrefix(ps.String(), "signal: "), exitSignalBase+n)
 	}
 	return fmt.Sprintf("exited with status %d", ps.ExitCode())
+}
+
+// runObserver tells, with -v, what the runner cannot see by itself: a
+// renewal that failed before the lock was lost (the loss itself the runner
+// reports), and a lease renewed again after a loss. The guard's goroutine
+// calls it; it only writes a line.
+type runObserver struct {
+	r    *runner
+	lost atomic.Bool // the guard has been Lost at least once
+}
+
+func (o *runObserver) ObserveAcquire(distlock.AcquireInfo) {}
+
+func (o *runObserver) ObserveRenew(i distlock.RenewInfo) {
+	// A refused renewal is a loss, which the runner reports; after a loss
+	// the command is being stopped, and retries are no news.
+	if i.Err == nil || errors.Is(i.Err, distlock.ErrLost) || o.lost.Load() {
+		return
+	}
+	o.r.logf("renewing %s failed after %v: %s", i.Key, i.Latency.Round(time.Millisecond), message(i.Err))
+}
+
+func (o *runObserver) ObserveTransition(i distlock.TransitionInfo) {
+	switch {
+	case i.To == distlock.Lost:
+		o.lost.Store(true)
+	case i.From == distlock.Lost && i.To == distlock.Acquired:
+		o.r.logf("%s is held again (a renewal found it unchanged), but the command is stopped all the same", i.Key)
+	}
 }

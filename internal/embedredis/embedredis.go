@@ -1,5 +1,6 @@
-// Package embedredis runs an in-process Redis (miniredis) for the demo and the
-// package examples, where no real Redis is at hand.
+// Package embedredis runs an in-process Redis (miniredis) for the demo and
+// for the distlocktest package (and through it the examples), where no real
+// Redis is at hand.
 //
 // miniredis runs Lua scripts and the commands distlock needs, but it only
 // counts key TTLs down when told to; [Start] drives that from the real clock

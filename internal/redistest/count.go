@@ -25,8 +25,16 @@ func (c *CommandCounter) Load() int64 { return c.n.Load() }
 // and the counter of the commands it sends.
 func (s *Server) CountingClient(tb testing.TB) (rueidis.Client, *CommandCounter) {
 	tb.Helper()
+	opt, counter := WithCounting(s.ClientOption())
+	return NewClient(tb, opt), counter
+}
+
+// WithCounting returns opt with a dialer whose connections count the
+// commands written to them, and the counter. It replaces opt's DialCtxFn and
+// dials plain TCP. It serves where no test is at hand, such as a helper
+// process that gets the server's address from its parent.
+func WithCounting(opt rueidis.ClientOption) (rueidis.ClientOption, *CommandCounter) {
 	counter := &CommandCounter{}
-	opt := s.ClientOption()
 	opt.DialCtxFn = func(ctx context.Context, addr string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -34,7 +42,7 @@ func (s *Server) CountingClient(tb testing.TB) (rueidis.Client, *CommandCounter)
 		}
 		return &countingConn{Conn: conn, counter: counter}, nil
 	}
-	return NewClient(tb, opt), counter
+	return opt, counter
 }
 
 // countingConn parses the RESP arrays written to it and counts them.

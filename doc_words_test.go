@@ -1,0 +1,68 @@
+package distlock_test
+
+import (
+	"fmt"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// sectionRef finds the ways doc comments point at a section of the package
+// documentation: `the section "Waiting"`, `the Topologies section of the
+// package documentation`, `the package documentation, "Waiting"`.
+var sectionRef = regexp.MustCompile(`section "([^"]+)"|the ([A-Z][\w ]*?) section of the package documentation|package documentation, "([^"]+)"`)
+
+func TestDocSectionReferencesExist(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	headings := map[string]bool{}
+	type ref struct{ where, name string }
+	var refs []ref
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		require.NoError(t, err)
+		for _, cg := range f.Comments {
+			text := cg.Text()
+			for line := range strings.SplitSeq(text, "\n") {
+				if h, ok := strings.CutPrefix(line, "# "); ok && name == "doc.go" {
+					headings[h] = true
+				}
+			}
+			// Comments wrap lines; a reference may span two.
+			flat := strings.Join(strings.Fields(text), " ")
+			for _, m := range sectionRef.FindAllStringSubmatch(flat, -1) {
+				refs = append(refs, ref{fset.Position(cg.Pos()).String(), m[1] + m[2] + m[3]})
+			}
+		}
+	}
+	require.NotEmpty(t, headings, "no headings found in doc.go")
+	require.NotEmpty(t, refs, "no section references found: has the wording changed?")
+	for _, r := range refs {
+		assert.True(t, headings[r.name], "%s refers to the section %q, which doc.go does not have", r.where, r.name)
+	}
+}
+
+func TestReadmeKeysSaysHowLongTheFenceKeyLives(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	_, keys, ok := strings.Cut(string(readme), "\n## Keys\n")
+	require.True(t, ok, "README has no Keys section")
+	keys, _, _ = strings.Cut(keys, "\n## ")
+	flat := strings.Join(strings.Fields(keys), " ")
+	assert.Contains(t, flat, ":fence")
+	assert.Contains(t, flat, fmt.Sprintf("%.0f hours", lease.FenceRetention.Hours()),
+		"the Keys section should say how long the fencing key is kept")
+}

@@ -1,0 +1,139 @@
+// Package lease is distlock's Redis protocol: the scripts that acquire,
+// renew and release a lease, the line that waiters stand in, the layout of a
+// lock's keys, and the format of the value a holder writes. This comment is
+// the protocol's written form; the code is meant to be checked against it.
+//
+// Every operation is a single Lua script, so it takes one round trip and
+// cannot interleave with another client's. Every script that touches a held
+// lease first checks that the key still holds the caller's value; none of
+// them ever re-creates a lease that has expired.
+//
+// # Keys
+//
+// A lock named name in namespace ns has these keys, all with the hash tag
+// "{name}" so that in Redis Cluster they share one slot (see [Keys]):
+//
+//   - ns:{name}: the lease. Its value is the holder's value (see
+//     [NewValue]), its TTL the lease.
+//   - ns:{name}:fence: the last fencing token issued, kept
+//     [FenceRetention] after the last grant.
+//   - ns:{name}:queue: the line, a sorted set of waiter values scored by
+//     ticket. A ticket is the server clock in µs when the waiter first stood
+//     in line, raised past the last ticket if needed, so the line is first
+//     come, first served, across processes.
+//   - ns:{name}:waiters: a hash from each waiter value in line to
+//     "<lapse> <claim> <room>": the server time (ms) at which its place
+//     lapses unless the waiter calls again, its claim window (ms), and its
+//     room.
+//   - ns:{name}:wake:<room>: the sharded pub/sub channel of one waiting
+//     room. A room is one process's side of one lock for one Redis client;
+//     all its waiters share the subscription.
+//   - ns:{name}:void:<value>: a marker that value was given up (see
+//     [Client.Cancel]), kept one TTL.
+//
+// The line and its hash expire on their own when no waiter has called for a
+// claim window, so the waiters of a process that died leave nothing behind.
+//
+// # Scripts
+//
+// acquire (Client.Acquire, Client.AcquireOrQueue) grants the lease to the
+// caller, with the full TTL and a new token, when the lease holds the
+// caller's value already (a grant passed to it while it waited, or an
+// attempt whose reply was lost), or when the lease is free and nobody alive
+// stands in line ahead of the caller. When the lease is free and someone
+// alive is ahead, the script passes the lease to the first of them (exactly
+// as release does) and the caller waits. A caller that waits stands in line
+// (AcquireOrQueue only): a new place at the end, or the place of the ticket
+// it gives, or the place it has; the call sets the place's lapse to now plus
+// its claim window. The reply says who holds the lease, for how much longer,
+// the caller's rank and ticket, and the last token issued.
+//
+// release (Client.Release, Client.Cancel) deletes the lease if it holds the
+// caller's value, takes the caller out of line, and passes a free lease to
+// the first waiter whose place has not lapsed (lapsed places ahead of it are
+// dropped): it writes the waiter's value with the waiter's claim window as
+// TTL and a new token, takes the waiter out of line, and publishes
+// "<token>\n<value>" on the waiter's room channel. Cancel also marks the
+// value void, so that an acquire with it that arrives later is refused.
+//
+// renew (Client.Renew) extends the lease to the TTL if it holds the caller's
+// value, and never re-creates it.
+//
+// # A waiter's states
+//
+// A Lock call (distlock's acquire.go) goes through these states:
+//
+//  1. Asking: it sends acquire (AcquireOrQueue). Granted: it holds the lock,
+//     with a deadline counted from that call's send time.
+//  2. In line: not granted, it stands in line. It sleeps until one of: a
+//     grant for its value reaches its room (the announcement, or the reply
+//     of a release that a guard of the same process made); its place is due
+//     for a refresh (every half claim window, or at the polling interval
+//     while its room has no confirmed subscription); it is first in line and
+//     the holder's lease would end (the holder may have died); the room's
+//     subscription came up or broke (a grant may have gone unheard). Then it
+//     asks again (1), except for a grant, below.
+//  3. Passed: the lease holds its value for its claim window, counted from
+//     the release that passed it. The waiter did not send that release, so
+//     its lease deadline counts from the send time of a call known to come
+//     before the grant: the release itself, when a guard of the same process
+//     sent it, or the waiter's last call that found it in line, when the
+//     grant's token is above the last token that call saw. If the first
+//     renewal of that short lease (a third of the claim window in) is not due
+//     yet, it holds the lock at once and its guard renews the lease to the
+//     TTL; otherwise, and always when it must see a write acknowledged by
+//     replicas, it claims the grant by asking again (1): the lease holds its
+//     value, so acquire grants it the full TTL with a new token.
+//  4. Gone: the call gave up (ctx, max wait). It returns at once; in the
+//     background, Cancel voids its value, takes it out of line and, if the
+//     lease had been passed to it, deletes it and passes it on.
+//
+// # Invariants
+//
+//   - At most one value holds the lease; every grant (to a caller or passed
+//     to a waiter) issues a token above every earlier one.
+//   - A value in line does not hold the lease: every grant takes it out of
+//     line.
+//   - The lease is free only while nobody alive stands in line, or for a
+//     moment: a release passes it in the same step, and a grant that lapses
+//     (the waiter died) is noticed by the first in line at the lapse, or by
+//     any waiter at its next refresh.
+//   - A guard's deadline always counts from the send time of a command that
+//     reached Redis no later than the write that set the lease's current
+//     expiry.
+//
+// # Faults
+//
+//   - A waiter dies (crash, SIGKILL, partition): its place lapses a claim
+//     window after its last call and is skipped; if the lease is passed to it
+//     first, the grant lapses after the claim window and the next waiter,
+//     first in line and watching the lease's TTL, takes it.
+//   - A holder dies: its lease expires after the TTL; the first in line
+//     wakes at that moment and takes it.
+//   - An announcement is lost (the subscription broke, or was not up yet):
+//     the room wakes its waiters when the subscription is back, and every
+//     waiter asks again within half a claim window anyway.
+//   - Pub/sub is refused (an ACL, a proxy): announcements are skipped and
+//     the waiters poll at the polling interval.
+//   - Redis restarts without its data, or fails over to a replica that
+//     missed writes: the line is gone or stale; each waiter stands in line
+//     again at its next call, with its old ticket, so the order holds.
+//   - A call's reply is lost: the call may still run later. An acquire that
+//     runs after its caller gave up is refused by the void marker; a guard
+//     whose acquisition had such a call outstanding releases with Cancel, so
+//     that the late call cannot put its value back in line.
+//
+// # Fencing tokens
+//
+// A token is the Redis server's clock in microseconds at the grant, raised
+// to one more than the previous token if the clock has not moved past it.
+// Tokens of one lock therefore strictly increase as long as the fencing key
+// survives, and, when it does not (a restart without persistence, an
+// eviction, a failover to a replica that missed the last writes, or simply
+// [FenceRetention] without any grant), they still increase unless the
+// server's clock has stepped back by more than the time that passed. Tokens
+// stay below 2^53, so they are exact in Lua, in JSON and in float64: a grant
+// fails rather than issue a larger one, and it fails as well when the
+// fencing key holds anything but a token (something other than distlock
+// wrote it).
+package lease
