@@ -13,8 +13,11 @@ package distlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"os"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,6 +117,7 @@ type world struct {
 	rec     *history.Recorder
 	counter *history.Counter
 	tokens  *tokenBook
+	probe   *probe // the scheduling delay while the scenario runs
 }
 
 // newWorld starts a redis-server with args for a scenario whose lock has the
@@ -129,7 +133,23 @@ func newWorldOn(t *testing.T, srv *redistest.Server, ttl time.Duration) *world {
 		t: t, srv: srv, ttl: ttl,
 		lock: "safety", key: "distlock:{safety}",
 		rec: rec, counter: history.NewCounter(rec, "counter"), tokens: newTokenBook(),
+		probe: startProbe(t, nil),
 	}
+}
+
+// stepHops is how many scheduling waits one step of the protocol makes: a
+// timer or a reply wakes a goroutine, which hands over to another (a
+// renewal: the guard's timer, its renewal goroutine, the fault proxy's copy
+// loops, the client's reader, the guard again; not all of them wait the
+// worst).
+const stepHops = 3
+
+// delayed returns how much later than promised a step due in [from, to]
+// may come on this machine now: stepHops times the worst scheduling delay
+// the world's probe saw then. A test widens a bound of promptness by it,
+// never a bound of safety.
+func (w *world) delayed(from, to time.Time) time.Duration {
+	return stepHops * w.probe.delay(from, to)
 }
 
 // check checks the world's history, logs its summary as a figure line and
@@ -137,7 +157,8 @@ func newWorldOn(t *testing.T, srv *redistest.Server, ttl time.Duration) *world {
 func (w *world) check(scenario string) history.Report {
 	w.t.Helper()
 	r := history.Check(w.rec.Ops())
-	w.t.Logf("SAFETY scenario=%s %s", scenario, r.Summary())
+	w.t.Logf("SAFETY scenario=%s %s worst_sched_delay_ms=%.1f", scenario, r.Summary(),
+		float64(w.probe.worst())/float64(time.Millisecond))
 	return r
 }
 
@@ -383,16 +404,28 @@ func (h *holding) event(ev distlock.Event, first bool) {
 	}
 }
 
-// waitLost waits for the next Lost event.
+// waitLost waits for the next Lost event, for within plus what the
+// scheduling delay meanwhile explains (see world.delayed).
 func (h *holding) waitLost(t *testing.T, within time.Duration) loss {
 	t.Helper()
-	select {
-	case l := <-h.lostCh:
-		return l
-	case <-time.After(within):
-		t.Fatalf("%s (token %d) not Lost within %v; state %v", h.c.name, h.token, within, h.g.State())
+	w := h.c.w
+	start := time.Now()
+	timer := time.NewTimer(within)
+	defer timer.Stop()
+	for {
+		select {
+		case l := <-h.lostCh:
+			return l
+		case now := <-timer.C:
+			extra := w.delayed(start, now)
+			if left := start.Add(within + extra).Sub(time.Now()); left > 0 {
+				timer.Reset(left)
+				continue
+			}
+			t.Fatalf("%s (token %d) not Lost within %v (and %v for the scheduling delay); state %v",
+				h.c.name, h.token, within, extra, h.g.State())
+		}
 	}
-	return loss{}
 }
 
 // lossCount and regainCount report what the watcher has seen so far.
@@ -443,10 +476,18 @@ func (h *holding) release() (distlock.State, error) {
 	return st, err
 }
 
-// mustRelease releases and fails the test if Release did not return want.
+// mustRelease releases and fails the test if Release did not return want,
+// or failed. Releasing a Lost guard is harmless and reports Lost; the
+// delete it still tries (the lease may hold its value yet) is best effort,
+// given a short time of its own when the lease has lapsed, so on a busy
+// machine it may time out: that is not a failure.
 func (h *holding) mustRelease(t *testing.T, want distlock.State) {
 	t.Helper()
 	st, err := h.release()
+	if want == distlock.Lost && st == distlock.Lost && errors.Is(err, context.DeadlineExceeded) {
+		t.Logf("the best-effort delete of %s's lapsed lease timed out: %v", h.c.name, err)
+		err = nil
+	}
 	require.NoError(t, err, "release of %s", h.c.name)
 	require.Equal(t, want, st, "Release of %s (token %d)", h.c.name, h.token)
 }
@@ -739,6 +780,263 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // returns when the last of them was answered.
 func (h *holding) waitRenewals(t *testing.T, n int) {
 	t.Helper()
-	waitFor(t, time.Duration(n+1)*h.c.w.ttl+eventually, fmt.Sprintf("%d renewals of %s", n, h.c.name),
-		func() bool { return h.c.wire.confirmedRenewals(h.token) >= n })
+	start := time.Now()
+	ok := h.c.w.poll(time.Duration(n+1)*h.c.w.ttl+eventually, func() bool { return h.c.wire.confirmedRenewals(h.token) >= n })
+	if ok {
+		return
+	}
+	var calls []string
+	for _, c := range h.c.wire.callsSince(h.token, start.Add(-h.c.w.ttl)) {
+		calls = append(calls, fmt.Sprintf("%v at %v took %v ok=%v err=%v", c.kind, c.start.Sub(start), c.end.Sub(c.start), c.ok, c.err))
+	}
+	t.Fatalf("%s: %d renewals not confirmed within %v (scheduling delay meanwhile: %v); state %v, losses %d; "+
+		"its calls since a TTL before the wait: %q", h.c.name, n, time.Since(start), h.c.w.probe.delay(start, time.Now()),
+		h.g.State(), h.lossCount(), calls)
+}
+
+// waitFor polls cond until it holds, failing the test after within plus
+// what the scheduling delay meanwhile explains (see delayed).
+func (w *world) waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	start := time.Now()
+	if !w.poll(within, cond) {
+		t.Fatalf("waiting for %s: not done within %v (and %v for the scheduling delay)", what, within,
+			w.delayed(start, time.Now()))
+	}
+}
+
+// poll polls cond until it holds, for within plus what the scheduling delay
+// meanwhile explains, and reports whether it held.
+func (w *world) poll(within time.Duration, cond func() bool) bool {
+	start := time.Now()
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for !cond() {
+		now := <-tick.C
+		if now.Sub(start) >= within && time.Since(start) > within+w.delayed(start, now) {
+			return cond()
+		}
+	}
+	return true
+}
+
+// renewalBudget is how long a renewal of a lease of ttl has from when it is
+// due (a third of the TTL after the last confirmed send) to the deadline.
+func renewalBudget(ttl time.Duration) time.Duration { return ttl - ttl/3 - distlock.Margin(ttl) }
+
+// skipIfStarved is for a scenario whose holder should have kept its lease:
+// a renewal had spare time (its budget, less what the scenario's fault
+// took) for scheduling. If the scheduling delay seen since from used that
+// up, the machine, not the library, may have taken the lease, and the test
+// skips, saying so, once the history so far has passed its check (safety
+// is never excused); otherwise it returns, and the test goes on to fail.
+func (w *world) skipIfStarved(t *testing.T, from time.Time, spare time.Duration, what string) {
+	t.Helper()
+	if late := w.delayed(from, time.Now()); late >= spare {
+		require.NoError(t, history.Check(w.rec.Ops()).Err())
+		t.Skipf("%s; but a renewal had %v to spare for scheduling, and the scheduling delay reached %v "+
+			"(%d times the probe's worst): the machine may have taken the lease", what, spare, late, stepHops)
+	}
+}
+
+// monoTime converts a reading of the monotonic clock to a time.Time of
+// this process.
+func monoTime(m history.Mono) time.Time {
+	now := time.Now()
+	return now.Add(m.Sub(history.At(now)))
+}
+
+// Scheduling delay. On a busy machine a goroutine may run long after it was
+// due: tens of milliseconds on two cores shared with other work, more when
+// the process starves itself. The contract (SAFETY.md) has bounds of two
+// kinds. Some do not depend on scheduling at all: State is computed from
+// the clock, so it never reports Acquired past the deadline however late
+// the actor runs; a new holder never gets the lock before the old lease
+// can expire. Those the tests check strictly. Others are promises of
+// promptness, "by D plus scheduling slack", "at the next renewal": a test
+// that checks one of those measures the scheduling delay of its own run
+// with a probe, and widens the bound by what the probe saw, and only by
+// that. A bound that fails although the probe saw no delay is a bug.
+
+// probeEvery is how often a probe wakes up to measure.
+const probeEvery = 5 * time.Millisecond
+
+// probe measures the scheduling delay this process suffers, in two ways.
+// Its goroutine sleeps probeEvery at a time and records how late it woke
+// (and, for a probe with a round trip, how late the round trip it then
+// makes came back): that shows a process that gets no CPU at all, and
+// timers that fire late. And at every wake-up it reads the Go runtime's
+// histogram of how long runnable goroutines waited for a CPU
+// (/sched/latencies:seconds), which shows a queue of goroutines woken at
+// once, such as a thousand guards renewing together: the one at the end
+// waits for all the others, while the probe's own goroutine may not.
+type probe struct {
+	roundTrip func(context.Context) error // nil for no round trip
+	ctx       context.Context             // ends when the probe is closed
+	cancel    context.CancelFunc
+	done      chan struct{} // closed when the goroutine has returned
+
+	mu      sync.Mutex
+	wakes   []probeWake
+	pending time.Time     // when the wake-up in progress is due; zero once stopped
+	woke    chan struct{} // closed and replaced at every wake-up
+}
+
+// probeWake is one wake-up of a probe: due when it was due, end when it
+// (and its round trip) ended, and wait the longest time a goroutine of the
+// process waited for a CPU between the previous wake-up's end (from) and
+// this one's.
+type probeWake struct {
+	from, due, end time.Time
+	wait           time.Duration
+}
+
+// late returns how late the wake-up (and its round trip) ended.
+func (w probeWake) late() time.Duration { return w.end.Sub(w.due) }
+
+// startProbe starts a probe that runs until the test ends. roundTrip, if not
+// nil, is called at every wake-up and counts in its delay; its error is
+// ignored (a failed round trip took as long as it took).
+func startProbe(t testing.TB, roundTrip func(context.Context) error) *probe {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &probe{roundTrip: roundTrip, ctx: ctx, cancel: cancel, done: make(chan struct{}), woke: make(chan struct{})}
+	now := time.Now()
+	p.pending = now.Add(probeEvery)
+	waits := newSchedWaits()
+	go p.run(waits, now)
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *probe) run(waits *schedWaits, from time.Time) {
+	defer close(p.done)
+	due := from.Add(probeEvery)
+	timer := time.NewTimer(probeEvery)
+	defer timer.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			p.mu.Lock()
+			p.pending = time.Time{}
+			p.mu.Unlock()
+			return
+		case <-timer.C:
+		}
+		if p.roundTrip != nil {
+			_ = p.roundTrip(p.ctx)
+		}
+		end := time.Now()
+		wait := waits.worstSinceLast()
+		next := end.Add(probeEvery)
+		p.mu.Lock()
+		p.wakes = append(p.wakes, probeWake{from: from, due: due, end: end, wait: wait})
+		p.pending = next
+		close(p.woke)
+		p.woke = make(chan struct{})
+		p.mu.Unlock()
+		from, due = end, next
+		timer.Reset(probeEvery)
+	}
+}
+
+// close stops the probe and waits for its goroutine.
+func (p *probe) close() {
+	p.cancel()
+	<-p.done
+}
+
+// delay returns the worst delay the probe saw in [from, to]: the worst
+// lateness of its wake-ups and the longest wait of a goroutine for a CPU.
+// A goroutine's wait is read at the probe's next wake-up after it ended, so
+// delay first waits (a little) for a wake-up after to. A wake-up due by to
+// that has not happened yet counts as late by the time since it was due.
+func (p *probe) delay(from, to time.Time) time.Duration {
+	p.settle(to)
+	late, wait := p.parts(from, to)
+	return max(late, wait)
+}
+
+// settleWait bounds how long settle waits for the probe.
+const settleWait = 2 * time.Second
+
+// settle waits until the probe has woken after t, or has stopped, or for
+// settleWait at most (by then delay counts the wake-up as that late).
+func (p *probe) settle(t time.Time) {
+	timeout := time.NewTimer(settleWait)
+	defer timeout.Stop()
+	for {
+		p.mu.Lock()
+		woke, caughtUp := p.woke, p.pending.IsZero() || len(p.wakes) > 0 && p.wakes[len(p.wakes)-1].end.After(t)
+		p.mu.Unlock()
+		if caughtUp {
+			return
+		}
+		select {
+		case <-woke:
+		case <-p.done:
+			return
+		case <-timeout.C:
+			return
+		}
+	}
+}
+
+// parts returns the two measures of delay separately.
+func (p *probe) parts(from, to time.Time) (late, wait time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.wakes {
+		if w.end.Before(from) || w.from.After(to) {
+			continue
+		}
+		wait = max(wait, w.wait)
+		if !w.due.After(to) {
+			late = max(late, w.late())
+		}
+	}
+	if !p.pending.IsZero() && !p.pending.After(to) {
+		late = max(late, time.Since(p.pending))
+	}
+	return late, wait
+}
+
+// worst returns the worst delay the probe has seen so far.
+func (p *probe) worst() time.Duration { return p.delay(time.Time{}, time.Now()) }
+
+// schedWaits reads the runtime's histogram of scheduling latencies.
+type schedWaits struct {
+	sample []metrics.Sample
+	last   []uint64 // bucket counts at the previous read
+}
+
+const schedLatencies = "/sched/latencies:seconds"
+
+func newSchedWaits() *schedWaits {
+	s := &schedWaits{sample: []metrics.Sample{{Name: schedLatencies}}}
+	s.worstSinceLast()
+	return s
+}
+
+// worstSinceLast returns the upper bound of the highest bucket that gained
+// a count since the previous call: the longest a goroutine waited for a
+// CPU meanwhile, rounded up to the histogram's resolution.
+func (s *schedWaits) worstSinceLast() time.Duration {
+	metrics.Read(s.sample)
+	if s.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return 0 // not supported by this runtime
+	}
+	h := s.sample[0].Value.Float64Histogram()
+	var worst time.Duration
+	for i, n := range h.Counts {
+		if i < len(s.last) && n == s.last[i] || n == 0 {
+			continue
+		}
+		bound := h.Buckets[i+1]
+		if math.IsInf(bound, 1) {
+			bound = h.Buckets[i]
+		}
+		worst = max(worst, time.Duration(bound*float64(time.Second)))
+	}
+	s.last = append(s.last[:0], h.Counts...)
+	return worst
 }
