@@ -332,6 +332,13 @@ func (g *Guard) Leave(ctx context.Context) (State, error) {
 // stops State from vouching for the lease, ends the critical section and
 // tells the actor.
 func (g *Guard) end(how int32) {
+	g.beginEnd(how)
+	g.act.Stop()
+}
+
+// beginEnd records how the guard ends, if it is the first to, and cancels
+// the guard's context; the caller then stops the actor.
+func (g *Guard) beginEnd(how int32) {
 	if g.ending.CompareAndSwap(0, how) {
 		if s := g.snap.Load(); s.state == Acquired && !time.Now().Before(s.deadline) {
 			// The lease lapsed before the end began, though the actor's
@@ -340,7 +347,6 @@ func (g *Guard) end(how int32) {
 		}
 		g.cancel(ErrReleased) // unless the loss came first
 	}
-	g.act.Stop()
 }
 
 // errReleaseTimeout is the cause of the wait of a Release or Leave whose

@@ -73,7 +73,12 @@ func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-
 	// removed on the way out, so a long-lived context does not accumulate
 	// them.
 	if lockCtx := l.g.lockCtx; lockCtx.Done() != nil {
-		defer context.AfterFunc(lockCtx, func() { l.g.end(endRelease) })()
+		// It stops the actor through a, not g.act: startGuard sets g.act
+		// only once Start has returned, and this may run before.
+		defer context.AfterFunc(lockCtx, func() {
+			l.g.beginEnd(endRelease)
+			a.Stop()
+		})()
 	}
 
 	timer := time.NewTimer(time.Until(l.lastSent.Add(l.leaseTTL / 3)))
@@ -117,7 +122,17 @@ func (l *leaseLoop) run(a *actor.Actor[guardMsg], inbox <-chan guardMsg, stop <-
 				continue
 			}
 			if cancelRenew != nil {
-				l.checkDeadline() // the renewal in flight is late
+				// The deadline, with a renewal in flight. If its answer is
+				// already here (select picks among ready cases at random),
+				// it counts: it was confirmed, and its own deadline decides.
+				select {
+				case res := <-results:
+					cancelRenew()
+					cancelRenew = nil
+					timer.Reset(l.onRenew(res))
+				default:
+					l.checkDeadline() // the renewal in flight is late
+				}
 				continue
 			}
 			cancelRenew = l.startRenew(a, results)
