@@ -628,3 +628,22 @@ func TestLockAfterIdleConnectionsDied(t *testing.T) {
 	release(t, o.g)
 	requireNothingLeft(t, srv, g.Key())
 }
+
+// Settle waits for the clean-up of a wait that gave up: once it returns, the
+// waiter's place is gone from the line (a program may exit then).
+func TestSettleWaitsForTheCleanUp(t *testing.T) {
+	srv := redistest.Start(t)
+	g, err := newMutex(t, srv.Client(), "res", distlock.WithTTL(longTTL)).Lock(t.Context())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	result := lockAsync(t, ctx, newMutex(t, srv.Client(), "res", distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, g.Key(), 1)
+	cancel()
+	require.ErrorIs(t, (<-result).err, context.Canceled)
+	sctx, scancel := context.WithTimeout(t.Context(), eventually)
+	defer scancel()
+	require.NoError(t, distlock.Settle(sctx))
+	assert.Zero(t, inLine(t, srv, g.Key()), "the waiter's place outlived Settle")
+	release(t, g)
+	requireNothingLeft(t, srv, g.Key())
+}

@@ -364,6 +364,10 @@ func (r *runner) run(ctx context.Context) error {
 // signalCause is the cause of lockCtx when a signal ended the wait.
 type signalCause struct{ sig os.Signal }
 
+// settleTimeout bounds how long distlock waits, before it exits, for the
+// clean-up of a wait that ended without the lock.
+const settleTimeout = time.Second
+
 func (s *signalCause) Error() string { return "received " + s.sig.String() }
 
 // acquire waits for the lock, or makes a single attempt with -n or -w 0. A
@@ -389,6 +393,14 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	}
 	close(waiting)
 	<-watched
+	if err != nil {
+		// distlock exits next: let the clean-up of the wait it gave up
+		// reach Redis, so that the next waiter gets the lock now rather
+		// than a claim window later.
+		sctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		_ = distlock.Settle(sctx)
+		cancel()
+	}
 
 	var sc *signalCause
 	if errors.As(context.Cause(lockCtx), &sc) {
