@@ -203,7 +203,8 @@
 // contended acquisition takes two commands in all: the call that stands in
 // line and the release that passes the lock on. A waiter whose ctx ends
 // returns at once; its place (and a lock passed to it meanwhile) is
-// cancelled in the background, and the next waiter gets the lock at once.
+// cancelled in the background, and the next waiter gets the lock at once. A
+// program that exits right after can wait for that clean-up with [Settle].
 // When the server refuses pub/sub, waiters poll every [DefaultRetryInterval]
 // instead. [WithRetryInterval] and [Mutex.TryLockFor] give plain polling, and
 // [Mutex.TryLock] a single attempt; none of them stands in line, and none of

@@ -117,7 +117,9 @@
 //     the waiters poll at the polling interval.
 //   - Redis restarts without its data, or fails over to a replica that
 //     missed writes: the line is gone or stale; each waiter stands in line
-//     again at its next call, with its old ticket, so the order holds.
+//     again at its next call, with its old ticket, so the order among those
+//     that wait holds (if the lease was lost too, the first to call takes
+//     the free lock).
 //   - A call's reply is lost: the call may still run later. An acquire that
 //     runs after its caller gave up is refused by the void marker; a guard
 //     whose acquisition had such a call outstanding releases with Cancel, so
