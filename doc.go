@@ -13,7 +13,7 @@
 // is the acquisition; run the critical section under [Guard.Context] and end
 // it with [Guard.Release]:
 //
-//	m, err := distlock.NewMutex(client, "nightly-report", distlock.WithTTL(10*time.Second))
+//	m, err := distlock.NewMutex(client, "customer-42", distlock.WithTTL(10*time.Second))
 //	if err != nil {
 //		return err
 //	}
@@ -22,7 +22,11 @@
 //		return err // ctx ended, max wait ran out, or Redis failed
 //	}
 //	defer g.Release(context.WithoutCancel(ctx)) // returns within ReleaseTimeout, even with Redis down
-//	return buildReport(g.Context(), g.Token())
+//	return updateBalance(g.Context(), g.Token())
+//
+// Lock makes every caller run the critical section in turn. For a job that
+// each of N replicas is scheduled to run but only one should, use
+// [Mutex.TryLock] and skip on [ErrNotAcquired] (see "Ending" below).
 //
 // [Mutex.Lock] waits; [Mutex.TryLock] tries once and returns an error
 // matching [ErrNotAcquired] if someone else holds the lock;
