@@ -184,10 +184,10 @@ func (l *leaseLoop) beginEnd() {
 
 // startFinal starts the guard's last step and returns the channel on which
 // its result comes. For a release that is the final delete (which may pass
-// the lock to the next waiter in line), which runs in a child goroutine so that the actor keeps serving its
-// mailbox meanwhile; release reads only what the actor no longer changes
-// once the end has begun. Leaving sends nothing: its result is there at
-// once.
+// the lock to the next waiter in line); it runs in a child goroutine, so
+// that the actor keeps serving its mailbox meanwhile, and release reads only
+// what the actor no longer changes once the end has begun. Leaving sends
+// nothing: its result is there at once.
 func (l *leaseLoop) startFinal(a *actor.Actor[guardMsg]) <-chan releaseResult {
 	done := make(chan releaseResult, 1)
 	if l.leaving {
