@@ -2,7 +2,6 @@ package distlocktest
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/distkit-go/distlock/internal/loopback"
 )
 
 const (
@@ -47,7 +48,7 @@ func startRedisServer(dir string) (*redisProcess, error) {
 	}
 	for range startAttempts {
 		var port int
-		if port, err = freePort(); err != nil {
+		if port, err = loopback.FreePort(); err != nil {
 			continue
 		}
 		var p *redisProcess
@@ -99,7 +100,7 @@ func startOn(path, dir string, port int) (*redisProcess, error) {
 			return nil, fmt.Errorf("redis-server on port %d exited at start: %s", port, lastLines(log, 5))
 		default:
 		}
-		err := ping(p.addr)
+		err := loopback.Ping(p.addr)
 		if err == nil {
 			return p, nil
 		}
@@ -127,38 +128,6 @@ func (p *redisProcess) kill() {
 	if p.ownDir {
 		_ = os.RemoveAll(p.dir)
 	}
-}
-
-// ping checks that addr answers a RESP PING.
-func ping(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	buf := make([]byte, 7)
-	n, err := conn.Read(buf)
-	if err != nil {
-		return err
-	}
-	if string(buf[:n]) != "+PONG\r\n" {
-		return errors.New("unexpected reply " + strconv.Quote(string(buf[:n])))
-	}
-	return nil
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // lastLines returns the last n lines of b.

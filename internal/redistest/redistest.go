@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock/internal/loopback"
 )
 
 // startTimeout bounds how long Start waits for a new server to answer PING.
@@ -70,11 +72,11 @@ func startServer(tb testing.TB, s *Server) *Server {
 	cluster := s.busPort != 0
 	var err error
 	for range 5 { // another process may take the port between probe and bind
-		if s.port, err = freePort(); err != nil {
+		if s.port, err = loopback.FreePort(); err != nil {
 			continue
 		}
 		if cluster {
-			if s.busPort, err = freePort(); err != nil || s.busPort == s.port {
+			if s.busPort, err = loopback.FreePort(); err != nil || s.busPort == s.port {
 				continue
 			}
 		}
@@ -240,7 +242,7 @@ func (s *Server) start() error {
 			return fmt.Errorf("redis-server on port %d exited at start: %s", s.port, lastLines(log, 5))
 		default:
 		}
-		if err := ping(s.Addr()); err == nil {
+		if err := loopback.Ping(s.Addr()); err == nil {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -273,37 +275,6 @@ func (s *Server) signal(sig syscall.Signal) {
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		s.tb.Fatalf("redistest: signal %v: %v", sig, err)
 	}
-}
-
-// ping checks that addr answers a RESP PING.
-func ping(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	buf := make([]byte, 7)
-	n, err := conn.Read(buf)
-	if err != nil {
-		return err
-	}
-	if string(buf[:n]) != "+PONG\r\n" {
-		return fmt.Errorf("unexpected reply %q", buf[:n])
-	}
-	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func lastLines(b []byte, n int) string {

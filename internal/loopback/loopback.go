@@ -1,0 +1,43 @@
+// Package loopback has the two small network helpers that starting a
+// private redis-server needs, shared by the test harness (internal/redistest)
+// and the public test helper (distlocktest): a free loopback port, and a
+// check that a server answers there.
+package loopback
+
+import (
+	"fmt"
+	"net"
+	"time"
+)
+
+// Ping checks that addr answers a RESP PING with PONG, within about 700ms.
+func Ping(addr string) error {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 7)
+	n, err := conn.Read(buf)
+	if err != nil {
+		return err
+	}
+	if string(buf[:n]) != "+PONG\r\n" {
+		return fmt.Errorf("unexpected reply %q", buf[:n])
+	}
+	return nil
+}
+
+// FreePort returns a port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
