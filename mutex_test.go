@@ -642,3 +642,22 @@ func TestOwnerOfAnotherLibraryValue(t *testing.T) {
 	assert.Equal(t, "manual-maintenance", nae.Holder)
 	assert.Negative(t, nae.Remaining)
 }
+
+// Once the guard's context is cancelled by a loss, State no longer says
+// Acquired: the actor publishes the state before it cancels the context.
+func TestStateIsLostOnceTheContextSaysSo(t *testing.T) {
+	srv := redistest.Start(t)
+	for range 20 {
+		m := newMutex(t, srv.Client(), "res", distlock.WithTTL(300*time.Millisecond))
+		g, err := m.Lock(t.Context())
+		require.NoError(t, err)
+		srv.MustDo("DEL", m.Key())
+		select {
+		case <-g.Context().Done():
+		case <-time.After(eventually):
+			t.Fatal("the loss went unnoticed")
+		}
+		require.Equal(t, distlock.Lost, g.State(), "State right after the context was cancelled by the loss")
+		release(t, g)
+	}
+}

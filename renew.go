@@ -278,8 +278,10 @@ func (l *leaseLoop) markLost(cause *LostError) {
 	if l.state != Acquired {
 		return
 	}
-	l.g.cancel(cause)
+	// State first: whoever sees the context cancelled must not then read
+	// Acquired from State.
 	l.setState(Lost, cause)
+	l.g.cancel(cause)
 	l.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
 }
 
