@@ -275,13 +275,17 @@ func TestWaitingIsQuiet(t *testing.T) {
 	require.Eventually(t, func() bool { return len(wakeChannels(t, srv, holder.Key())) == 1 }, eventually, pollEvery)
 
 	measure := func(what string) {
-		const window = time.Second
+		const window = 2 * time.Second
 		cmds, cpu := counter.Load(), cpuTime(t)
 		time.Sleep(window)
 		cmds, cpu = counter.Load()-cmds, cpuTime(t)-cpu
 		t.Logf("%s: %d commands and %v of CPU in %v", what, cmds, cpu, window)
-		// A refresh every half claim window, and one to spare.
-		assert.LessOrEqual(t, cmds, int64(window/(distlock.DefaultClaimWindow/2))+1, "%s: commands while waiting", what)
+		// A refresh every half claim window; and three to spare for what a
+		// (re)subscription can add as the window opens: the waiter's call
+		// when its room's subscription is confirmed, and rueidis's own
+		// commands on a new connection. Polling would send one every 50ms,
+		// and the spinning this replaced used 60% of a core.
+		assert.LessOrEqual(t, cmds, int64(window/(distlock.DefaultClaimWindow/2))+3, "%s: commands while waiting", what)
 		assert.Less(t, cpu, window/5, "%s: CPU while waiting", what)
 	}
 	measure("waiting")
