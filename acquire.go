@@ -77,7 +77,9 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 // acquirer is the state of one acquire call. It is used by one goroutine.
 type acquirer struct {
 	m        *Mutex
-	room     *room // the lock's waiting room, which owns the call's goroutines
+	room     *room      // the lock's waiting room, which owns the call's goroutines
+	waiter   *waiter    // Lock's place in the room, while it waits in line
+	noted    *grantNote // a grant that came while a call was in flight
 	ctx      context.Context
 	value    string
 	start    time.Time
@@ -160,7 +162,10 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 // limit: when one of those ends first, call returns the error that ends the
 // acquire (stop) at once and leaves the call to finish in the background.
 // rueidis watches ctx while a command waits for its reply, but not while it
-// (re)establishes a connection, which can take its dial timeout.
+// (re)establishes a connection, which can take its dial timeout. A waiter
+// in line also stops waiting for its call when a grant comes: it returns
+// errNoted with the grant in a.noted, and the call (a refresh of its place,
+// perhaps stuck on a dead connection) goes on in the background.
 func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
 	m := a.m
 	var place lease.Place
@@ -189,15 +194,26 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		defer t.Stop()
 		limit = t.C
 	}
+	var noted <-chan grantNote
+	if a.waiter != nil {
+		noted = a.waiter.grant
+	}
 	select {
 	case r := <-done:
 		return r.grant, r.err, nil
+	case n := <-noted:
+		a.noted = &n
+		return lease.Grant{}, nil, errNoted
 	case <-a.ctx.Done():
 		return lease.Grant{}, nil, m.ctxError(a.ctx)
 	case <-limit:
 		return lease.Grant{}, nil, &TimeoutError{Key: m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 	}
 }
+
+// errNoted ends a call whose caller was passed the lock meanwhile; the
+// grant is in acquirer.noted.
+var errNoted = errors.New("distlock: passed the lock while asking for it")
 
 // granted turns a grant of a.value with token, for ttl, made by a command
 // sent at sent (or after it), into a guard. If the caller has given up
@@ -232,17 +248,19 @@ func (a *acquirer) granted(token int64, sent time.Time, ttl time.Duration) (*Gua
 // counts from the send time of a call known to precede the grant: our last
 // call that found us in line (if the grant's token is above the last token
 // that call saw, the grant came after it), or the release itself when a
-// guard of this process made it. While the first renewal of that short
-// lease is not due yet (a third of the window), the guard starts at once,
-// and renews it to the full TTL if it is held that long. Otherwise (a late
-// wake-up, or WithReplicaAck, which must see an acknowledged write first) we
-// claim it by calling AcquireOrQueue again: the lease holds our value, so
-// Redis grants it to us for the full TTL, with a new token.
+// guard of this process made it. While the lease deadline counted from
+// there leaves at least a third of the window, the guard starts at once,
+// and renews the lease to the full TTL a third of the window in (at once,
+// if that is past) when it is held that long. Otherwise (a late wake-up,
+// or WithReplicaAck, which must see an acknowledged write first) we claim
+// it by calling AcquireOrQueue again: the lease holds our value, so Redis
+// grants it to us for the full TTL, with a new token.
 func (a *acquirer) queue() (*Guard, error) {
 	m := a.m
 	r := a.room
 	w := r.join(a.value)
 	defer r.leave(w)
+	a.waiter = w
 
 	place := lease.Place{Claim: m.claim, Room: r.id}
 	var (
@@ -250,9 +268,37 @@ func (a *acquirer) queue() (*Guard, error) {
 		queuedFence int64     // the last token issued when that call ran
 		failures    int       // calls in a row that failed without a reply
 	)
+	// use acts on a grant: it returns the guard, or an error that ends the
+	// call, or neither when the grant must be claimed (claim) or is an
+	// announcement older than our last call (neither claim nor a result).
+	use := func(note grantNote) (g *Guard, err error, claim bool) {
+		from := note.sent
+		if note.token > queuedFence && queued.After(from) {
+			from = queued
+		}
+		if from.IsZero() {
+			return nil, nil, false
+		}
+		if m.ack.Replicas == 0 && time.Until(leaseDeadline(from, m.claim)) >= m.claim/3 {
+			if g, err := a.granted(note.token, from, m.claim); g != nil || err != nil {
+				return g, err, false
+			}
+		}
+		return nil, nil, true
+	}
 	for {
 		sent := time.Now()
 		g, grant, retry, err := a.attempt(&place)
+		if errors.Is(err, errNoted) {
+			// Passed the lock while asking (a refresh may be stuck on a
+			// dead connection): act on the grant now.
+			note := *a.noted
+			a.noted = nil
+			if g, err, _ := use(note); g != nil || err != nil {
+				return g, err
+			}
+			continue // claim it, or ask again after an old announcement
+		}
 		switch {
 		case g != nil:
 			return g, nil
@@ -278,31 +324,22 @@ func (a *acquirer) queue() (*Guard, error) {
 			wait = min(wait, grant.HolderTTL+expiryGrace)
 		}
 		until := sent.Add(wait)
-	sleep:
 		for {
 			why, note, err := a.wait(max(time.Until(until), 0), w)
 			if err != nil {
 				return nil, err
 			}
-			switch why {
-			case wokeByPoke:
-				break sleep
-			case wokeByTimer:
-				break sleep
+			if why != wokeByGrant {
+				break
 			}
-			from := note.sent
-			if note.token > queuedFence && queued.After(from) {
-				from = queued
+			g, err, claim := use(note)
+			if g != nil || err != nil {
+				return g, err
 			}
-			if from.IsZero() {
-				continue // an announcement of a grant older than our last call
+			if claim {
+				break
 			}
-			if m.ack.Replicas == 0 && time.Now().Before(from.Add(m.claim/3)) {
-				if g, err := a.granted(note.token, from, m.claim); g != nil || err != nil {
-					return g, err
-				}
-			}
-			break // claim it
+			// An announcement of a grant older than our last call.
 		}
 	}
 }

@@ -492,7 +492,10 @@ func TestWaitersSurviveARestart(t *testing.T) {
 // Lost before Redis can expire the lease.
 func TestPassedLeaseDeadlinePrecedesItsExpiry(t *testing.T) {
 	srv := redistest.Start(t)
-	const claim = 300 * time.Millisecond
+	// Long enough that the grant reaches the waiter before the first
+	// renewal of the lease passed to it is due (a third of the window after
+	// its last call), however the waiter's refreshes fall.
+	const claim = 2 * time.Second
 	g, err := newMutex(t, srv.Client(), "res", distlock.WithTTL(longTTL)).Lock(t.Context())
 	require.NoError(t, err)
 	proxy, opt := throughProxy(t, srv)

@@ -78,12 +78,13 @@
 //     its lease deadline counts from the send time of a call known to come
 //     before the grant: the release itself, when a guard of the same process
 //     sent it, or the waiter's last call that found it in line, when the
-//     grant's token is above the last token that call saw. If the first
-//     renewal of that short lease (a third of the claim window in) is not due
-//     yet, it holds the lock at once and its guard renews the lease to the
-//     TTL; otherwise, and always when it must see a write acknowledged by
-//     replicas, it claims the grant by asking again (1): the lease holds its
-//     value, so acquire grants it the full TTL with a new token.
+//     grant's token is above the last token that call saw. If the deadline
+//     counted from there leaves at least a third of the claim window, it
+//     holds the lock at once and its guard renews the lease to the TTL a
+//     third of the window in (at once if that is past); otherwise, and
+//     always when it must see a write acknowledged by replicas, it claims the
+//     grant by asking again (1): the lease holds its value, so acquire
+//     grants it the full TTL with a new token.
 //  4. Gone: the call gave up (ctx, max wait). It returns at once; in the
 //     background, Cancel voids its value, takes it out of line and, if the
 //     lease had been passed to it, deletes it and passes it on.
