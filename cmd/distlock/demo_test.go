@@ -14,8 +14,11 @@ import (
 func TestDemoEmbedded(t *testing.T) {
 	t.Setenv("REDIS_URL", "")
 	var out, errOut bytes.Buffer
-	code := run(t.Context(), []string{"demo", "--workers", "3", "--duration", "1500ms",
-		"--hold", "150ms", "--rest", "20ms", "--ttl", "300ms"}, &out, &errOut)
+	// The holder learns of the operator's overwrite at its next renewal,
+	// every 100ms with this TTL: a hold of 250ms leaves room for two, even
+	// on a busy machine.
+	code := run(t.Context(), []string{"demo", "--workers", "3", "--duration", "2s",
+		"--hold", "250ms", "--rest", "20ms", "--ttl", "300ms"}, &out, &errOut)
 	assert.Equal(t, exitOK, code, "stderr: %s", errOut.String())
 	checkDemoOutput(t, out.String(), 3, true)
 	assert.Contains(t, out.String(), "embedded Redis")
@@ -40,8 +43,8 @@ func checkDemoOutput(t *testing.T, got string, workers int, stolen bool) {
 
 func TestDemoOnRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	code, out, errOut := runDistlock(t, "demo", "--redis", srv.URL(), "--workers", "2", "--duration", "1200ms",
-		"--hold", "200ms", "--rest", "20ms", "--ttl", "300ms")
+	code, out, errOut := runDistlock(t, "demo", "--redis", srv.URL(), "--workers", "2", "--duration", "1500ms",
+		"--hold", "250ms", "--rest", "20ms", "--ttl", "300ms")
 	assert.Equal(t, exitOK, code, "stderr: %s", errOut)
 	assert.Contains(t, out, "on "+srv.URL())
 	checkDemoOutput(t, out, 2, true)
