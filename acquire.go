@@ -363,19 +363,10 @@ func (a *acquirer) poll(interval time.Duration) (*Guard, error) {
 		if g != nil || err != nil {
 			return g, err
 		}
-		if _, err := a.pause(interval, nil); err != nil {
+		if _, _, err := a.wait(interval, nil); err != nil {
 			return nil, err
 		}
 	}
-}
-
-// pause waits for d to pass (d < 0: no timer), for wake to be ready, for the
-// wait limit or for ctx. It reports whether wake ended it; it returns an
-// error when the limit has passed or ctx is done, which ends the call. With
-// d == 0 it only checks the limit and ctx.
-func (a *acquirer) pause(d time.Duration, w *waiter) (bool, error) {
-	why, _, err := a.wait(d, w)
-	return why != wokeByTimer, err
 }
 
 // wakeReason says what ended a wait.

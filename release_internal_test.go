@@ -275,7 +275,6 @@ func TestNilContextIsAnArgument(t *testing.T) {
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
 		for name, end := range map[string]func(context.Context) (State, error){"Release": g.Release, "Leave": g.Leave} {
-			//lint:ignore SA1012 testing the nil check
 			st, err := end(nil)
 			require.ErrorIs(t, err, ErrInvalidArgument, name)
 			assert.ErrorIs(t, err, ErrInvalidOption, "%s: still matches, for compatibility", name)

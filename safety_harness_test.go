@@ -418,7 +418,7 @@ func (h *holding) waitLost(t *testing.T, within time.Duration) loss {
 			return l
 		case now := <-timer.C:
 			extra := w.delayed(start, now)
-			if left := start.Add(within + extra).Sub(time.Now()); left > 0 {
+			if left := time.Until(start.Add(within + extra)); left > 0 {
 				timer.Reset(left)
 				continue
 			}

@@ -178,28 +178,30 @@ func (r *room) exit() {
 }
 
 // close removes an idle room and ends its subscription, unless a caller
-// entered it again meanwhile. It reports whether it closed the room.
-func (r *room) close() bool {
+// entered it again meanwhile. It returns the channel that is closed when
+// the subscription goroutine has ended, or nil when it did not close the
+// room or the room never subscribed.
+func (r *room) close() <-chan struct{} {
 	r.set.mu.Lock()
 	defer r.set.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.refs > 0 || r.set.m[r.key] != r {
-		return false
+		return nil
 	}
 	delete(r.set.m, r.key)
 	if r.cancelSub != nil {
 		r.cancelSub()
 	}
-	return true
+	return r.subDone
 }
 
 // closeAndWait is the linger timer's function: it closes the room and waits
 // for the subscription goroutine to end (it unsubscribes, bounded by
 // lease's unsubscribe timeout).
 func (r *room) closeAndWait() {
-	if r.close() && r.subDone != nil {
-		<-r.subDone
+	if done := r.close(); done != nil {
+		<-done
 	}
 }
 
@@ -232,13 +234,6 @@ func (r *room) listen() bool {
 		r.cancelSub, r.subDone = cancel, make(chan struct{})
 		go r.subscribe(ctx)
 	}
-	return r.up
-}
-
-// notified reports whether announcements arrive now.
-func (r *room) notified() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	return r.up
 }
 
