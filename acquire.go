@@ -25,7 +25,7 @@ const expiryGrace = time.Millisecond
 // acquire runs one Lock, TryLock or TryLockFor call and reports it to the
 // Observer. wait is the longest it may wait (0: no limit); interval > 0 or
 // poll selects plain polling; once makes a single attempt.
-func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll, once bool) (*Guard, error) {
+func (m *Mutex) acquire(ctx context.Context, owner string, wait, interval time.Duration, poll, once bool) (*Guard, error) {
 	if ctx == nil {
 		return nil, invalid("ctx", "is nil")
 	}
@@ -39,7 +39,7 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 		// One value for every attempt of this call: if an attempt's reply
 		// is lost, the next attempt finds its own value and is granted at
 		// once.
-		value: lease.NewValue(m.owner),
+		value: lease.NewValue(owner),
 	}
 	if wait > 0 {
 		a.limit = a.start.Add(wait)
@@ -66,7 +66,7 @@ func (m *Mutex) acquire(ctx context.Context, wait, interval time.Duration, poll,
 		// wait on the network to give up.
 		a.room.goClean(func() { m.cleanup(context.Background(), a.value) })
 	}
-	info := AcquireInfo{Key: m.keys.Lease, Owner: m.owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
+	info := AcquireInfo{Key: m.keys.Lease, Kind: m.kind, Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
 		info.Token = g.token
 	}
@@ -350,7 +350,7 @@ func (a *acquirer) once() (*Guard, error) {
 	if g != nil || err != nil {
 		return g, err
 	}
-	return nil, &NotAcquiredError{Key: a.m.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL}
+	return nil, &NotAcquiredError{Key: a.m.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL, Permits: a.m.keys.Permits}
 }
 
 // poll tries, then tries again every interval (0: at once) until it

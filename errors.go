@@ -141,9 +141,20 @@ type NotAcquiredError struct {
 	// Remaining is how long the holder's lease has left, as Redis saw it; it
 	// is negative when the key has no expiry (someone set it by hand).
 	Remaining time.Duration
+	// Permits is, for a [Semaphore], its number of permits, all of which
+	// are held: Holder is then the holder whose lease ends first, and
+	// Remaining how long that lease has left. It is 0 for a lock.
+	Permits int
 }
 
 func (e *NotAcquiredError) Error() string {
+	if e.Permits > 0 {
+		if e.Holder == "" {
+			return fmt.Sprintf("distlock: not acquired: all %d permits of %s are taken", e.Permits, e.Key)
+		}
+		return fmt.Sprintf("distlock: not acquired: all %d permits of %s are held; the first lease to end is %q's, in %v",
+			e.Permits, e.Key, e.Holder, e.Remaining)
+	}
 	if e.Remaining < 0 {
 		return fmt.Sprintf("distlock: not acquired: %s is held by %q with no expiry", e.Key, e.Holder)
 	}

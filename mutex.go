@@ -36,7 +36,8 @@ const cleanupTimeout = 250 * time.Millisecond
 // call Lock on the same Mutex; they contend for the lock exactly as separate
 // processes would.
 type Mutex struct {
-	client        any // identifies the connection, for the local wait queue
+	client        any    // identifies the connection, for the local wait queue
+	kind          string // kindMutex, kindSemaphore or kindElection
 	store         store
 	keys          lease.Keys
 	owner         string
@@ -67,28 +68,59 @@ type Mutex struct {
 // [ErrInvalidOption] (a [*OptionError] naming the field) for the first one
 // that is wrong; it sends nothing to Redis.
 func NewMutex(client rueidis.Client, key string, opts ...Option) (*Mutex, error) {
+	return newLock(client, key, kindMutex, 0, opts)
+}
+
+// The kinds of lease that the Mutex engine runs, as AcquireInfo.Kind and
+// the other Observer infos name them.
+const (
+	kindMutex     = "mutex"
+	kindSemaphore = "semaphore"
+	kindElection  = "election"
+)
+
+// newLock builds the engine behind a Mutex, a Semaphore (permits > 0) or an
+// Election, with its store.
+func newLock(client rueidis.Client, key, kind string, permits int, opts []Option) (*Mutex, error) {
 	if client == nil {
 		return nil, invalid("client", "is nil")
 	}
-	m, err := newMutex(key, opts)
+	m, err := newMutex(key, opts, func(o *options) error {
+		if kind == kindElection && o.ownerSet {
+			return invalid("owner", "does not apply to an election: each candidate proclaims its own value in Campaign")
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	m.client = client
+	m.client, m.kind = client, kind
+	switch kind {
+	case kindSemaphore:
+		m.keys = m.keys.Semaphore(permits)
+	case kindElection:
+		m.keys = m.keys.Election()
+	}
 	if m.store, err = lease.NewWithAck(client, m.ack); err != nil {
 		return nil, invalid("replica ack", "%v", err) // newMutex checked it
 	}
 	return m, nil
 }
 
-// newMutex checks key and opts and builds a Mutex without a store.
-func newMutex(key string, opts []Option) (*Mutex, error) {
+// newMutex checks key and opts and builds a Mutex without a store. extra,
+// if given, checks the options further before the common checks.
+func newMutex(key string, opts []Option, extra ...func(*options) error) (*Mutex, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, invalid("option", "is nil")
 		}
 		opt.apply(&o)
+	}
+	for _, check := range extra {
+		if err := check(&o); err != nil {
+			return nil, err
+		}
 	}
 	if err := lease.CheckName(key); err != nil {
 		return nil, invalid("key", "%v", unwrapName(err))
@@ -129,6 +161,7 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 		return nil, err
 	}
 	return &Mutex{
+		kind:          kindMutex,
 		keys:          keys,
 		owner:         o.owner,
 		ttl:           o.ttl.Truncate(time.Millisecond),
@@ -197,7 +230,7 @@ func (m *Mutex) Owner() string { return m.owner }
 // does not reach Redis, an orphan expires within the TTL). Lock is safe for
 // concurrent use.
 func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
-	return m.acquire(ctx, m.maxWait, m.retryInterval, m.polling, false)
+	return m.acquire(ctx, m.owner, m.maxWait, m.retryInterval, m.polling, false)
 }
 
 // TryLock makes a single attempt to acquire the lock. If someone else holds
@@ -205,7 +238,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 // [*NotAcquiredError] that names the holder). Like [Mutex.Lock], ctx bounds
 // the attempt and the hold.
 func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
-	return m.acquire(ctx, 0, 0, false, true)
+	return m.acquire(ctx, m.owner, 0, 0, false, true)
 }
 
 // TryLockFor tries to acquire the lock for up to timeout, polling: it
@@ -222,9 +255,9 @@ func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Dura
 	case retryInterval < 0:
 		return nil, invalid("retry interval", "%v is negative", retryInterval)
 	case timeout == 0:
-		return m.acquire(ctx, 0, 0, false, true)
+		return m.acquire(ctx, m.owner, 0, 0, false, true)
 	}
-	return m.acquire(ctx, timeout, retryInterval, true, false)
+	return m.acquire(ctx, m.owner, timeout, retryInterval, true, false)
 }
 
 // cleanup cancels value (see lease.Client.Cancel) after an acquire call
@@ -256,7 +289,7 @@ func (m *Mutex) cleanup(ctx context.Context, value string) bool {
 	case r.Deleted:
 		m.log.Info("distlock: deleted a lease that a call gave up on")
 	}
-	deliverPass(m.queueKey(), r.Passed, sent)
+	deliverPasses(m.queueKey(), r, sent)
 	return true
 }
 

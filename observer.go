@@ -25,7 +25,8 @@ type Observer interface {
 // AcquireInfo describes one call to Lock, TryLock or TryLockFor.
 type AcquireInfo struct {
 	Key      string        // the lease key
-	Owner    string        // the Mutex's owner id
+	Kind     string        // "mutex", "semaphore" or "election"
+	Owner    string        // the owner id in the value (an election's candidate value)
 	Wait     time.Duration // from the call to its outcome
 	Attempts int           // how many times Redis was asked
 	Token    int64         // the fencing token, when acquired
@@ -38,6 +39,7 @@ type AcquireInfo struct {
 // RenewInfo describes one renewal attempt.
 type RenewInfo struct {
 	Key     string
+	Kind    string // "mutex", "semaphore" or "election"
 	Token   int64
 	Latency time.Duration // from sending the renewal to its outcome
 	// Err is nil when Redis confirmed the lease; a *LostError with reason
@@ -50,6 +52,7 @@ type RenewInfo struct {
 // TransitionInfo describes one change of a guard's state.
 type TransitionInfo struct {
 	Key   string
+	Kind  string // "mutex", "semaphore" or "election"
 	Token int64
 	From  State
 	To    State

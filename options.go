@@ -75,6 +75,7 @@ type options struct {
 	namespace     string
 	ttl           time.Duration
 	owner         string
+	ownerSet      bool // WithOwner was given
 	maxWait       time.Duration
 	claim         time.Duration
 	claimSet      bool // WithClaimWindow was given
@@ -119,7 +120,7 @@ func WithTTL(ttl time.Duration) Option {
 // and process id. Two acquisitions with the same owner id are still told
 // apart: each writes a value of its own.
 func WithOwner(id string) Option {
-	return optionFunc(func(o *options) { o.owner = id })
+	return optionFunc(func(o *options) { o.owner, o.ownerSet = id, true })
 }
 
 // WithMaxWait bounds how long [Mutex.Lock] waits before it returns an error

@@ -222,7 +222,7 @@ func (l *leaseLoop) startRenew(a *actor.Actor[guardMsg], results chan<- renewRes
 func (l *leaseLoop) onRenew(res renewResult) time.Duration {
 	ttl := l.m.ttl
 	now := time.Now()
-	info := RenewInfo{Key: l.m.keys.Lease, Token: l.g.token, Latency: now.Sub(res.sent), Err: res.err}
+	info := RenewInfo{Key: l.m.keys.Lease, Kind: l.m.kind, Token: l.g.token, Latency: now.Sub(res.sent), Err: res.err}
 	if res.err == nil && !res.r.OK {
 		info.Err = &LostError{Key: l.m.keys.Lease, Reason: LostRefused, Holder: lease.Owner(res.r.Holder)}
 	}
@@ -287,7 +287,7 @@ func (l *leaseLoop) markLost(cause *LostError) {
 
 // logger returns the Mutex's logger with this guard's attributes.
 func (l *leaseLoop) logger() *slog.Logger {
-	return l.m.log.With("owner", l.m.owner, "token", l.g.token)
+	return l.m.log.With("owner", lease.Owner(l.value), "token", l.g.token)
 }
 
 // debug reports whether debug messages are wanted; the hot paths check it
@@ -303,7 +303,7 @@ func (l *leaseLoop) setState(s State, err error) {
 	if s == Acquired && l.g.ending.Load() != 0 {
 		return
 	}
-	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: s, Err: err})
+	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Kind: l.m.kind, Token: l.g.token, From: l.state, To: s, Err: err})
 	l.state, l.since, l.cause = s, time.Now(), err
 	if !l.releasing {
 		l.g.snap.Store(&snapshot{state: s, deadline: l.deadline})
@@ -353,7 +353,7 @@ func (l *leaseLoop) release() releaseResult {
 	}
 	// The release passed the lock to the next in line; if that waiter is in
 	// this process, it wakes now rather than at the announcement.
-	deliverPass(l.m.queueKey(), r.Passed, sent)
+	deliverPasses(l.m.queueKey(), r, sent)
 	return releaseResult{deleted: r.Deleted, err: err}
 }
 
@@ -390,7 +390,7 @@ func (l *leaseLoop) finish(r releaseResult) {
 		l.logger().Debug("distlock: released", "outcome", final.String(), "left", l.leaving)
 	}
 	ev := Event{State: Released, Time: time.Now(), Err: err}
-	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Token: l.g.token, From: l.state, To: Released,
+	l.m.obs.ObserveTransition(TransitionInfo{Key: l.m.keys.Lease, Kind: l.m.kind, Token: l.g.token, From: l.state, To: Released,
 		Err: err, Held: ev.Time.Sub(l.acquired)})
 	l.g.final = outcome{state: final, err: err, event: ev}
 	l.state = Released // State has reported Released since the release began

@@ -353,14 +353,20 @@ func Settle(ctx context.Context) error {
 	return nil
 }
 
-// deliverPass tells the waiter of this process that a release sent at sent
-// passed the lease to, if there is one: it wakes at once instead of waiting
-// for the announcement.
-func deliverPass(k queueKey, p lease.Pass, sent time.Time) {
-	if p.Value == "" {
+// deliverPasses tells the waiters of this process that a release sent at
+// sent passed the lease (or a semaphore's permits) to, if there are any:
+// they wake at once instead of waiting for the announcement.
+func deliverPasses(k queueKey, r lease.Release, sent time.Time) {
+	if r.Passed.Value == "" {
 		return
 	}
-	if r := lookupRoom(k); r != nil && r.id == p.Room {
-		r.granted(p.Value, grantNote{token: p.Token, sent: sent})
+	room := lookupRoom(k)
+	if room == nil {
+		return
+	}
+	for _, p := range r.Passes() {
+		if room.id == p.Room {
+			room.granted(p.Value, grantNote{token: p.Token, sent: sent})
+		}
 	}
 }

@@ -40,6 +40,35 @@ type Keys struct {
 	// announced: a waiting room (one per process, client and lock) listens
 	// on Wake + ":" + its id. See [Keys.WakeChannel].
 	Wake string
+	// Leader is the sharded pub/sub channel on which an election announces
+	// every change of its leader (see [Keys.Election]).
+	Leader string
+	// Permits is 0 for a lock, whose lease is a string holding the one
+	// holder's value, and n >= 1 for a semaphore of n permits, whose lease
+	// is a sorted set of its holders' values scored by the server time (ms)
+	// at which each one's lease ends. See [Keys.Semaphore].
+	Permits int
+	// Announce makes the scripts of a lock publish every change of holder
+	// on the Leader channel; see [Keys.Election].
+	Announce bool
+	// Limit holds the permits of the last grant of a semaphore, for
+	// inspection; nothing decides on it.
+	Limit string
+}
+
+// Semaphore returns k for a semaphore of permits permits (at least 1): up
+// to permits values hold the lease at once, each with its own expiry.
+func (k Keys) Semaphore(permits int) Keys {
+	k.Permits = permits
+	return k
+}
+
+// Election returns k for an election: a lock whose scripts announce every
+// change of holder on [Keys.Leader], as "<token>\n<value>" for a new holder
+// and "<token>\n" when the holder with that token left without a successor.
+func (k Keys) Election() Keys {
+	k.Announce = true
+	return k
 }
 
 // WakeChannel returns the channel on which the waiting room room hears of
@@ -55,8 +84,12 @@ func (k Keys) Void(value string) string { return k.Lease + ":void:" + value }
 // with [CheckNamespace] and [CheckName].
 //
 // The lease key is "ns:{name}", the fencing key "ns:{name}:fence", the queue
-// "ns:{name}:queue" with its entries in "ns:{name}:waiters", and the wake
-// channels "ns:{name}:wake:<room>".
+// "ns:{name}:queue" with its entries in "ns:{name}:waiters", the wake
+// channels "ns:{name}:wake:<room>", an election's channel "ns:{name}:leader"
+// and a semaphore's record of its limit "ns:{name}:permits". A lock, a
+// semaphore and an election of the same name share these keys, so they
+// cannot be used side by side: the scripts of one refuse the lease of the
+// other with an error.
 func NewKeys(ns, name string) (Keys, error) {
 	if err := CheckNamespace(ns); err != nil {
 		return Keys{}, err
@@ -71,6 +104,8 @@ func NewKeys(ns, name string) (Keys, error) {
 		Queue:   base + ":queue",
 		Waiters: base + ":waiters",
 		Wake:    base + ":wake",
+		Leader:  base + ":leader",
+		Limit:   base + ":permits",
 	}, nil
 }
 

@@ -150,6 +150,8 @@ func TestNewKeysLayout(t *testing.T) {
 			Queue:   "distlock:{orders}:queue",
 			Waiters: "distlock:{orders}:waiters",
 			Wake:    "distlock:{orders}:wake",
+			Leader:  "distlock:{orders}:leader",
+			Limit:   "distlock:{orders}:permits",
 		}},
 		{"a:b", "c:d", lease.Keys{
 			Lease:   "a:b:{c:d}",
@@ -157,6 +159,8 @@ func TestNewKeysLayout(t *testing.T) {
 			Queue:   "a:b:{c:d}:queue",
 			Waiters: "a:b:{c:d}:waiters",
 			Wake:    "a:b:{c:d}:wake",
+			Leader:  "a:b:{c:d}:leader",
+			Limit:   "a:b:{c:d}:permits",
 		}},
 		{"ns", "zähler 1", lease.Keys{
 			Lease:   "ns:{zähler 1}",
@@ -164,6 +168,8 @@ func TestNewKeysLayout(t *testing.T) {
 			Queue:   "ns:{zähler 1}:queue",
 			Waiters: "ns:{zähler 1}:waiters",
 			Wake:    "ns:{zähler 1}:wake",
+			Leader:  "ns:{zähler 1}:leader",
+			Limit:   "ns:{zähler 1}:permits",
 		}},
 	}
 	for _, tt := range tests {

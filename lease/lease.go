@@ -60,7 +60,8 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // A voided value (see [Client.Cancel]) is refused and taken out of line.
 // All checks come before the first write, so a key of the wrong type or
 // content fails the script without leaving anything behind.
-var acquireScript = newScript(protocolLua + `
+var acquireScript = newScript(lockLua + protocolLua + `
+announcing = ARGV[6] == '1'
 local last, err = fence()
 if err then
   return err
@@ -124,7 +125,8 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // so that a waiter who gives up also unblocks a line whose grant lapsed.
 // A fencing or queue key of the wrong type or content does not stop the
 // delete: the lease is deleted and not passed on.
-var releaseScript = newScript(protocolLua + `
+var releaseScript = newScript(lockLua + protocolLua + `
+announcing = ARGV[3] == '1'
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
 local err
@@ -147,11 +149,17 @@ if cur or err then
   return {deleted}
 end
 local v, claim, room, now, ferr = first()
-if not v or ferr then
+if ferr then
   return {deleted}
 end
 local last, lerr = fence()
 if lerr then
+  return {deleted}
+end
+if not v then
+  if deleted == 1 then
+    announce(last, '')
+  end
   return {deleted}
 end
 local token, terr = passTo(last, now, v, claim, room)
@@ -159,6 +167,185 @@ if terr then
   return {deleted}
 end
 return {deleted, token, v, room}
+`)
+
+// lockLua and semLua define hold(value, ms, now), which makes value hold
+// the lease for ms milliseconds from now (the server clock in µs): a lock
+// writes its lease string; a semaphore adds value to its set of holders,
+// scored by the server time (ms) at which its lease ends, keeps the set at
+// least that long, and records the caller's limit (the permits it was
+// called with, set by the script's body) for inspection.
+var lockLua = `
+local function hold(v, ms, now)
+  redis.call('SET', KEYS[1], v, 'PX', ms)
+end
+`
+
+var semLua = `
+local limit
+local function hold(v, ms, now)
+  redis.call('ZADD', KEYS[1], string.format('%.0f', math.floor(now / 1000) + tonumber(ms)), v)
+  if redis.call('PTTL', KEYS[1]) < tonumber(ms) then
+    redis.call('PEXPIRE', KEYS[1], ms)
+  end
+  redis.call('SET', KEYS[1] .. ':permits', limit, 'PX', ` + retentionMs + `)
+end
+local function holders(now)
+  local t = redis.call('TYPE', KEYS[1]).ok
+  if t ~= 'zset' and t ~= 'none' then
+    return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. t .. ', not a semaphore; is the name used by a lock?')
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', math.floor(now / 1000))
+end
+`
+
+// semAcquireScript is acquireScript for a semaphore (see [Keys.Semaphore]).
+// ARGV[1] to ARGV[5] are those of acquireScript; ARGV[6] is the caller's
+// limit, the number of permits.
+//
+// Holders whose lease has ended are dropped first. The caller is granted a
+// permit, with the full TTL and a new token, when it holds one already (a
+// permit passed to it while it waited, or an earlier attempt whose reply was
+// lost), or when fewer than permits holders remain and nobody alive stands
+// in line ahead of it; free permits go to those ahead first, as a release
+// passes them. Otherwise it stands in line, as with acquireScript. The reply
+// has acquireScript's shape: pttl and holder name the holder whose lease
+// ends first, the moment a permit may come free without a release.
+var semAcquireScript = newScript(semLua + protocolLua + `
+local now = clock()
+local herr = holders(now)
+if herr then
+  return herr
+end
+local last, err = fence()
+if err then
+  return err
+end
+local value = ARGV[1]
+limit = ARGV[6]
+local permits = tonumber(limit)
+local function waiting(rank, ticket)
+  local soon = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if not soon[1] then
+    return {0, -2, '', rank, ticket, last}
+  end
+  return {0, tonumber(soon[2]) - math.floor(now / 1000), soon[1], rank, ticket, last}
+end
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  err = leave(value)
+  if err then
+    return err
+  end
+  return waiting(-1, 0)
+end
+if redis.call('ZSCORE', KEYS[1], value) then
+  err = leave(value)
+  if err then
+    return err
+  end
+  return grant(last, now, value, ARGV[2])
+end
+local held = redis.call('ZCARD', KEYS[1])
+while held < permits do
+  local v, claim, room, _, ferr = first()
+  if ferr then
+    return ferr
+  end
+  if not v or v == value then
+    if v then
+      leave(v)
+    end
+    return grant(last, now, value, ARGV[2])
+  end
+  local token, terr = passTo(last, now, v, claim, room)
+  if terr then
+    return terr
+  end
+  last, held = token, held + 1
+end
+if ARGV[3] == '0' then
+  return waiting(-1, 0)
+end
+local rank, ticket, serr = standInLine(now, value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
+if serr then
+  return serr
+end
+return waiting(rank, ticket)
+`)
+
+// semReleaseScript is releaseScript for a semaphore: it gives up the
+// caller's permit and passes every free permit to the first live waiters in
+// line, in order. ARGV[1] the value, ARGV[2] the void key's TTL in ms (Cancel
+// only), ARGV[3] unused, ARGV[4] the releaser's limit (at most that many
+// holders after the passes).
+//
+// Reply: {deleted, token, value, room, token, value, room, ...}: deleted is
+// 1 when the caller held a permit whose lease had not ended, followed by one
+// triple per waiter a permit was passed to.
+var semReleaseScript = newScript(semLua + protocolLua + `
+local value = ARGV[1]
+local now = clock()
+local err
+if KEYS[6] then
+  err = leave(value)
+end
+if holders(now) then
+  return {0}
+end
+local deleted = redis.call('ZREM', KEYS[1], value)
+if KEYS[6] then
+  redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
+end
+local out = {deleted}
+if err then
+  return out
+end
+limit = ARGV[4]
+local permits = tonumber(limit)
+local held = redis.call('ZCARD', KEYS[1])
+local last
+while held < permits do
+  local v, claim, room, _, ferr = first()
+  if not v or ferr then
+    break
+  end
+  if not last then
+    local lerr
+    last, lerr = fence()
+    if lerr then
+      break
+    end
+  end
+  local token, terr = passTo(last, now, v, claim, room)
+  if terr then
+    break
+  end
+  table.insert(out, token)
+  table.insert(out, v)
+  table.insert(out, room)
+  last, held = token, held + 1
+end
+return out
+`)
+
+// semRenewScript extends a semaphore holder's lease to ARGV[2] ms if its
+// value (ARGV[1]) still holds a permit whose lease has not ended. It never
+// re-creates one. Reply: {1} when extended, {0} when refused.
+var semRenewScript = newScript(`
+local s = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(s) ~= 'string' then
+  return {0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(s) <= now then
+  return {0}
+end
+redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return {1}
 `)
 
 // protocolLua defines the helpers of acquireScript and releaseScript. They
@@ -198,6 +385,18 @@ return {deleted, token, v, room}
 // are kept at least that long, so that a line whose waiters all died
 // disappears. It returns the value's rank and ticket.
 var protocolLua = `
+local announcing = false
+local function publish(ch, msg)
+  local r = redis.pcall('SPUBLISH', ch, msg)
+  if type(r) == 'table' and r.err then
+    redis.pcall('PUBLISH', ch, msg)
+  end
+end
+local function announce(token, v)
+  if announcing then
+    publish(KEYS[1] .. ':leader', string.format('%.0f', token) .. '\n' .. v)
+  end
+end
 local function fence()
   local raw = redis.pcall('GET', KEYS[2])
   if type(raw) == 'table' then
@@ -230,8 +429,9 @@ local function grant(last, now, value, ttl)
   if terr then
     return terr
   end
-  redis.call('SET', KEYS[1], value, 'PX', ttl)
+  hold(value, ttl, now)
   redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
+  announce(token, value)
   return {1, token}
 end
 local function foreign()
@@ -278,15 +478,12 @@ local function passTo(last, now, v, claim, room)
   if terr then
     return nil, terr
   end
-  redis.call('SET', KEYS[1], v, 'PX', claim)
+  hold(v, claim, now)
   redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
   redis.call('ZREM', KEYS[3], v)
   redis.call('HDEL', KEYS[4], v)
-  local ch, msg = KEYS[5] .. ':' .. room, string.format('%.0f', token) .. '\n' .. v
-  local r = redis.pcall('SPUBLISH', ch, msg)
-  if type(r) == 'table' and r.err then
-    redis.pcall('PUBLISH', ch, msg)
-  end
+  publish(KEYS[5] .. ':' .. room, string.format('%.0f', token) .. '\n' .. v)
+  announce(token, v)
   return token
 end
 local function standInLine(now, value, claim, room, ticket)
@@ -499,8 +696,15 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	if ttl < time.Millisecond {
 		return Grant{}, ErrBadTTL
 	}
-	res, w := c.exec(ctx, acquireScript, k.all(value),
-		[]string{value, ms(ttl), claim, room, strconv.FormatInt(ticket, 10)})
+	if err := k.check(); err != nil {
+		return Grant{}, err
+	}
+	s := acquireScript
+	if k.Permits > 0 {
+		s = semAcquireScript
+	}
+	res, w := c.exec(ctx, s, k.all(value),
+		[]string{value, ms(ttl), claim, room, strconv.FormatInt(ticket, 10), k.kindArg()})
 	arr, err := res.ToArray()
 	if err != nil {
 		return Grant{}, err
@@ -543,6 +747,32 @@ func (k Keys) all(value string) []string {
 	return []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake, k.Void(value)}
 }
 
+// ErrBadPermits is returned for a semaphore's [Keys] whose Permits is
+// negative, or which also asks for announcements (only a lock announces).
+var ErrBadPermits = errors.New("lease: invalid permits")
+
+func (k Keys) check() error {
+	switch {
+	case k.Permits < 0:
+		return fmt.Errorf("%w: %d", ErrBadPermits, k.Permits)
+	case k.Permits > 0 && k.Announce:
+		return fmt.Errorf("%w: a semaphore does not announce its holders", ErrBadPermits)
+	}
+	return nil
+}
+
+// kindArg is the scripts' last argument: a semaphore's permits, or for a
+// lock whether it announces its holders.
+func (k Keys) kindArg() string {
+	switch {
+	case k.Permits > 0:
+		return strconv.Itoa(k.Permits)
+	case k.Announce:
+		return "1"
+	}
+	return "0"
+}
+
 // Renewal is the outcome of [Client.Renew].
 type Renewal struct {
 	// OK reports whether the lease held the caller's value and was extended.
@@ -564,7 +794,11 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 		// PEXPIRE with 0 or less would delete the lease.
 		return Renewal{}, ErrBadTTL
 	}
-	res, w := c.exec(ctx, renewScript, []string{k.Lease}, []string{value, ms(ttl)})
+	s := renewScript
+	if k.Permits > 0 {
+		s = semRenewScript
+	}
+	res, w := c.exec(ctx, s, []string{k.Lease}, []string{value, ms(ttl)})
 	arr, err := res.ToArray()
 	if err != nil {
 		return Renewal{}, err
@@ -595,6 +829,17 @@ type Release struct {
 	Deleted bool
 	// Passed names the waiter the lease was passed to, if it was.
 	Passed Pass
+	// More names the other waiters that a semaphore's release passed a
+	// free permit to, after Passed, in the order of the line.
+	More []Pass
+}
+
+// Passes returns every pass the release made, in order.
+func (r Release) Passes() []Pass {
+	if r.Passed.Value == "" {
+		return nil
+	}
+	return append([]Pass{r.Passed}, r.More...)
 }
 
 // Pass is a grant that a release made to a waiter in line. Its Value is
@@ -626,7 +871,7 @@ const releaseTries = 8
 // lease, a retry reports it as no longer holding value (and the grant that
 // call made is announced on the waiter's channel only).
 func (c *Client) Release(ctx context.Context, k Keys, value string) (Release, error) {
-	return c.release(ctx, k.all(value)[:5], []string{value})
+	return c.release(ctx, k, k.all(value)[:5], value, "0")
 }
 
 // Cancel gives value up for good, after an acquire with it whose outcome
@@ -640,15 +885,22 @@ func (c *Client) Cancel(ctx context.Context, k Keys, value string, ttl time.Dura
 	if ttl < time.Millisecond {
 		return Release{}, ErrBadTTL
 	}
-	return c.release(ctx, k.all(value), []string{value, ms(ttl)})
+	return c.release(ctx, k, k.all(value), value, ms(ttl))
 }
 
-// release runs releaseScript for Release and Cancel.
-func (c *Client) release(ctx context.Context, keys, args []string) (Release, error) {
+// release runs the release script of k's kind for Release and Cancel.
+func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void string) (Release, error) {
+	if err := k.check(); err != nil {
+		return Release{}, err
+	}
+	s, args := releaseScript, []string{value, void, k.kindArg()}
+	if k.Permits > 0 {
+		s, args = semReleaseScript, []string{value, void, "0", k.kindArg()}
+	}
 	var err error
 	for range releaseTries {
 		var arr []rueidis.RedisMessage
-		arr, err = c.run(ctx, releaseScript, keys, args).ToArray()
+		arr, err = c.run(ctx, s, keys, args).ToArray()
 		if err == nil {
 			return parseRelease(arr)
 		}
@@ -660,7 +912,7 @@ func (c *Client) release(ctx context.Context, keys, args []string) (Release, err
 }
 
 func parseRelease(arr []rueidis.RedisMessage) (Release, error) {
-	if len(arr) != 1 && len(arr) != 4 {
+	if len(arr)%3 != 1 {
 		return Release{}, fmt.Errorf("%w to release: %d elements", ErrProtocol, len(arr))
 	}
 	deleted, err := arr[0].AsInt64()
@@ -668,13 +920,19 @@ func parseRelease(arr []rueidis.RedisMessage) (Release, error) {
 		return Release{}, fmt.Errorf("%w to release: %w", ErrProtocol, err)
 	}
 	r := Release{Deleted: deleted == 1}
-	if len(arr) == 4 {
+	for i := 1; i < len(arr); i += 3 {
+		var p Pass
 		var err1, err2, err3 error
-		r.Passed.Token, err1 = arr[1].AsInt64()
-		r.Passed.Value, err2 = arr[2].ToString()
-		r.Passed.Room, err3 = arr[3].ToString()
+		p.Token, err1 = arr[i].AsInt64()
+		p.Value, err2 = arr[i+1].ToString()
+		p.Room, err3 = arr[i+2].ToString()
 		if err := errors.Join(err1, err2, err3); err != nil {
 			return Release{}, fmt.Errorf("%w to release: %w", ErrProtocol, err)
+		}
+		if i == 1 {
+			r.Passed = p
+		} else {
+			r.More = append(r.More, p)
 		}
 	}
 	return r, nil
@@ -682,3 +940,84 @@ func parseRelease(arr []rueidis.RedisMessage) (Release, error) {
 
 // ms formats d in whole milliseconds, the unit of Redis's PX and PEXPIRE.
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// readScript reads who holds a lease now, for [Client.Read]. KEYS[1] the
+// lease, KEYS[2] the fencing key, KEYS[3] a semaphore's limit record.
+// Reply: {type, fence, limit, value, ttl ms, value, ttl ms, ...}, with the
+// holders in the order their leases end; fence and limit are "" when
+// missing or not integers.
+var readScript = newScript(`
+local t = redis.call('TYPE', KEYS[1]).ok
+local function int(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'string' and string.match(v, '^%d+$') then
+    return v
+  end
+  return ''
+end
+local out = {t, int(KEYS[2]), int(KEYS[3])}
+if t == 'string' then
+  table.insert(out, redis.call('GET', KEYS[1]))
+  table.insert(out, redis.call('PTTL', KEYS[1]))
+elseif t == 'zset' then
+  local tm = redis.call('TIME')
+  local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+  local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+  for i = 1, #r, 2 do
+    table.insert(out, r[i])
+    table.insert(out, tonumber(r[i + 1]) - now)
+  end
+end
+return out
+`)
+
+// Holding is one holder of a lease, as [Client.Read] found it.
+type Holding struct {
+	Value string        // the holder's value
+	TTL   time.Duration // how long its lease has left; negative for a lock's key without expiry
+}
+
+// Snapshot is what [Client.Read] found in Redis.
+type Snapshot struct {
+	// Type is the lease key's Redis type: "none" when nobody holds it,
+	// "string" for a lock or election, "zset" for a semaphore, anything
+	// else for a key that distlock did not write.
+	Type string
+	// Holders are the lease's holders, in the order their leases end.
+	Holders []Holding
+	// Fence is the last fencing token issued; 0 when none is kept. While
+	// a lock or election is held, it is its holder's token.
+	Fence int64
+	// Limit is the permits that a semaphore's last grant was made under;
+	// 0 when unknown.
+	Limit int
+}
+
+// Read returns who holds k's lease now, in one round trip that writes
+// nothing. It does not care what kind k is: the key's type says.
+func (c *Client) Read(ctx context.Context, k Keys) (Snapshot, error) {
+	arr, err := c.run(ctx, readScript, []string{k.Lease, k.Fence, k.Limit}, nil).ToArray()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if len(arr) < 3 || len(arr)%2 != 1 {
+		return Snapshot{}, fmt.Errorf("%w to read: %d elements", ErrProtocol, len(arr))
+	}
+	var s Snapshot
+	s.Type, _ = arr[0].ToString()
+	if f, _ := arr[1].ToString(); f != "" {
+		s.Fence, _ = strconv.ParseInt(f, 10, 64)
+	}
+	if l, _ := arr[2].ToString(); l != "" {
+		s.Limit, _ = strconv.Atoi(l)
+	}
+	for i := 3; i < len(arr); i += 2 {
+		v, err1 := arr[i].ToString()
+		ttl, err2 := arr[i+1].AsInt64()
+		if err := errors.Join(err1, err2); err != nil {
+			return Snapshot{}, fmt.Errorf("%w to read: %w", ErrProtocol, err)
+		}
+		s.Holders = append(s.Holders, Holding{Value: v, TTL: time.Duration(ttl) * time.Millisecond})
+	}
+	return s, nil
+}

@@ -42,6 +42,12 @@ func (c *Client) Subscribe(ctx context.Context, k Keys, room string, ready func(
 			granted(value, token)
 		}
 	}
+	return c.listen(ctx, channel, ready, onMessage)
+}
+
+// listen subscribes to channel, sharded or else plain, until ctx ends or
+// the subscription breaks, with the returns that Subscribe documents.
+func (c *Client) listen(ctx context.Context, channel string, ready func(), onMessage func(string)) error {
 	err := c.receive(ctx, channel, true, ready, onMessage)
 	if isUnknownCommand(err) {
 		err = c.receive(ctx, channel, false, ready, onMessage)
@@ -84,4 +90,22 @@ func (c *Client) receive(ctx context.Context, channel string, sharded bool, read
 func isUnknownCommand(err error) bool {
 	var re *rueidis.RedisError
 	return errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown command")
+}
+
+// SubscribeLeader listens for the changes of holder that an election's
+// scripts announce on [Keys.Leader] (see [Keys.Election]), as Subscribe
+// listens for grants: changed is called with the new holder's value and
+// token, or with an empty value and the token of the holder that left
+// without a successor. The same returns as Subscribe's apply; after any
+// but ctx's, changes may have been missed, and the caller should read the
+// lease before relying on what it heard.
+func (c *Client) SubscribeLeader(ctx context.Context, k Keys, ready func(), changed func(value string, token int64)) error {
+	onMessage := func(msg string) {
+		tok, value, ok := strings.Cut(msg, "\n")
+		token, err := strconv.ParseInt(tok, 10, 64)
+		if ok && err == nil {
+			changed(value, token)
+		}
+	}
+	return c.listen(ctx, k.Leader, ready, onMessage)
 }
