@@ -275,7 +275,7 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 		}
 	}()
 	e := w.e
-	a.Go(func() { w.subscribe(ctx) })
+	a.Go(func() { w.subscribe(ctx, a) })
 	w.read(ctx, a, s)
 	for {
 		select {
@@ -288,7 +288,7 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 			case observeMsg:
 				ch := msg.ch
 				s.observers[ch] = context.AfterFunc(msg.ctx, func() {
-					_ = w.act.Send(context.Background(), unobserveMsg{ch: ch})
+					_ = a.Send(context.Background(), unobserveMsg{ch: ch})
 				})
 				if s.known {
 					offerLeader(ch, s.cur.leader)
@@ -397,20 +397,20 @@ func (w *watcher) set(s *watchState, v view) {
 
 // subscribe keeps the watcher subscribed to the election's channel until
 // ctx ends, and reports announcements and the subscription's state.
-func (w *watcher) subscribe(ctx context.Context) {
+func (w *watcher) subscribe(ctx context.Context, a *actor.Actor[watchMsg]) {
 	e := w.e
 	backoff := minResubscribe
 	for {
 		err := e.read.SubscribeLeader(ctx, e.m.keys, func() {
-			_ = w.act.Send(ctx, subMsg{up: true})
+			_ = a.Send(ctx, subMsg{up: true})
 		}, func(value string, token int64) {
-			_ = w.act.Send(ctx, announceMsg{v: announced(value, token)})
+			_ = a.Send(ctx, announceMsg{v: announced(value, token)})
 		})
 		if ctx.Err() != nil {
 			return
 		}
 		noPubSub := errors.Is(err, lease.ErrNoPubSub)
-		_ = w.act.Send(ctx, subMsg{noPubSub: noPubSub})
+		_ = a.Send(ctx, subMsg{noPubSub: noPubSub})
 		if noPubSub {
 			return // the watcher polls
 		}

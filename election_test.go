@@ -60,7 +60,7 @@ func TestElectionCampaignObserveResign(t *testing.T) {
 		assert.NoError(t, err)
 		bDone <- g
 	}()
-	waitQueueLen(t, srv, "distlock:{leader}:queue", 1)
+	waitInLine(t, srv, "distlock:{leader}", 1)
 	_, err = ga.Release(ctx)
 	require.NoError(t, err)
 	lb := nextLeader(t, obs, promptly, func(l distlock.Leader) bool { return l.Value == "10.0.0.2:8080" })

@@ -2,13 +2,11 @@ package distlock_test
 
 import (
 	"context"
-	"errors"
+	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -98,7 +96,7 @@ func TestSemaphoreFIFOAcrossClients(t *testing.T) {
 				got <- res{i, g}
 			}
 		})
-		waitQueueLen(t, srv, "distlock:{fifo}:queue", int64(i+1))
+		waitInLine(t, srv, "distlock:{fifo}", int64(i+1))
 	}
 	for _, g := range held {
 		_, err := g.Release(ctx)
@@ -126,9 +124,10 @@ func TestSemaphoreFIFOAcrossClients(t *testing.T) {
 	}
 	c, d := take(), take()
 	assert.Equal(t, []int{0, 1, 2, 3}, append(sortPair(order[:2]), sortPair(order[2:])...))
-	c.Release(ctx)
-	d.Release(ctx)
+	release(t, c)
+	release(t, d)
 	wg.Wait()
+	requireNothingLeft(t, srv, "distlock:{fifo}")
 }
 
 func sortPair(p []int) []int {
@@ -138,15 +137,185 @@ func sortPair(p []int) []int {
 	return []int{p[0], p[1]}
 }
 
-// waitQueueLen waits until the line at key has n waiters.
-func waitQueueLen(t *testing.T, srv *redistest.Server, key string, n int64) {
+
+func newSemaphore(t *testing.T, srv *redistest.Server, key string, permits int, opts ...distlock.Option) *distlock.Semaphore {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		v, err := srv.MustDo("ZCARD", key).AsInt64()
-		return err == nil && v == n
-	}, 5*time.Second, 2*time.Millisecond)
+	s, err := distlock.NewSemaphore(redistest.NewClient(t, srv.ClientOption()), key, permits, opts...)
+	require.NoError(t, err)
+	return s
 }
 
-var _ = errors.Is
-var _ atomic.Int64
-var _ rueidis.Client
+// A holder that crashed gives its permit back when its lease ends, with
+// nobody running anything first: the waiter first in line wakes at that
+// moment; and when two leases end together, both waiters get a permit.
+func TestSemaphoreCrashedHoldersPermitsReturnAtExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	const ttl = 700 * time.Millisecond
+	key := "distlock:{crash}"
+	// Two crashed holders of the two permits, written by hand; read the
+	// clock before: their leases cannot end before written + ttl.
+	written := time.Now()
+	end := strconv.FormatInt(srvMillis(t, srv)+ttl.Milliseconds(), 10)
+	srv.MustDo("ZADD", key, end, "crashed#1", end, "crashed#2")
+	srv.MustDo("PEXPIRE", key, strconv.FormatInt(ttl.Milliseconds(), 10))
+	first := semAcquireAsync(t, t.Context(), newSemaphore(t, srv, "crash", 2, distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, key, 1)
+	second := semAcquireAsync(t, t.Context(), newSemaphore(t, srv, "crash", 2, distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, key, 2)
+	for _, ch := range []<-chan outcome{first, second} {
+		o := await(t, ch, ttl+promptly, "a waiter after the crashed holders' leases ended")
+		require.NoError(t, o.err)
+		late := o.at.Sub(written) - ttl
+		t.Logf("a permit %v after the crashed holders' leases ended", late)
+		assert.GreaterOrEqual(t, late, time.Duration(0), "granted before the lease ended")
+		assert.Less(t, late, 300*time.Millisecond, "took too long after the end of the lease")
+		release(t, o.g)
+	}
+	requireNothingLeft(t, srv, key)
+}
+
+// srvMillis returns the server's clock in ms.
+func srvMillis(t *testing.T, srv *redistest.Server) int64 {
+	t.Helper()
+	tm, err := srv.MustDo("TIME").AsStrSlice()
+	require.NoError(t, err)
+	sec, err1 := strconv.ParseInt(tm[0], 10, 64)
+	usec, err2 := strconv.ParseInt(tm[1], 10, 64)
+	require.NoError(t, err1)
+	require.NoError(t, err2)
+	return sec*1000 + usec/1000
+}
+
+// semAcquireAsync runs s.Acquire(ctx) in the background.
+func semAcquireAsync(t *testing.T, ctx context.Context, s *distlock.Semaphore) <-chan outcome {
+	t.Helper()
+	ch := make(chan outcome, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		g, err := s.Acquire(ctx)
+		ch <- outcome{g: g, err: err, at: time.Now()}
+	})
+	t.Cleanup(wg.Wait)
+	return ch
+}
+
+// Lowering the number of permits: holders above the new number keep their
+// permits and keep renewing; a caller with the new number is granted one
+// only once fewer than that remain.
+func TestSemaphoreLoweredPermits(t *testing.T) {
+	srv := redistest.Start(t)
+	const ttl = 300 * time.Millisecond
+	old := newSemaphore(t, srv, "pool", 4, distlock.WithTTL(ttl))
+	lowered := newSemaphore(t, srv, "pool", 2, distlock.WithTTL(ttl))
+	var held []*distlock.Guard
+	for range 3 {
+		g, err := old.TryAcquire(t.Context())
+		require.NoError(t, err)
+		held = append(held, g)
+	}
+	_, err := lowered.TryAcquire(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "3 held, the new limit is 2")
+	// The old holders keep renewing past several TTLs.
+	time.Sleep(3 * ttl)
+	for _, g := range held {
+		assert.Equal(t, distlock.Acquired, g.State())
+	}
+	release(t, held[0])
+	_, err = lowered.TryAcquire(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "2 held, the new limit is 2")
+	release(t, held[1])
+	g, err := lowered.TryAcquire(t.Context())
+	require.NoError(t, err, "1 held, the new limit is 2")
+	limit, err := srv.MustDo("GET", "distlock:{pool}:permits").AsInt64()
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, limit, "the limit of the last grant is recorded")
+	release(t, g)
+	release(t, held[2])
+}
+
+// Raising the number of permits takes effect at the next call made with
+// it: the permits it frees go to the waiters in line first, in order.
+func TestSemaphoreRaisedPermitsGoToTheLine(t *testing.T) {
+	srv := redistest.Start(t)
+	small := newSemaphore(t, srv, "pool", 1, distlock.WithTTL(longTTL))
+	g, err := small.Acquire(t.Context())
+	require.NoError(t, err)
+	w1 := semAcquireAsync(t, t.Context(), newSemaphore(t, srv, "pool", 1, distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, "distlock:{pool}", 1)
+	w2 := semAcquireAsync(t, t.Context(), newSemaphore(t, srv, "pool", 1, distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, "distlock:{pool}", 2)
+
+	big := newSemaphore(t, srv, "pool", 3, distlock.WithTTL(longTTL))
+	_, err = big.TryAcquire(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "the two free permits went to the two waiters")
+	o1 := await(t, w1, promptly, "the first waiter")
+	o2 := await(t, w2, promptly, "the second waiter")
+	require.NoError(t, o1.err)
+	require.NoError(t, o2.err)
+	assert.Less(t, o1.g.Token(), o2.g.Token(), "passed in the order of the line")
+	for _, g := range []*distlock.Guard{g, o1.g, o2.g} {
+		release(t, g)
+	}
+	requireNothingLeft(t, srv, "distlock:{pool}")
+}
+
+// A Semaphore and a Mutex of one name cannot be used side by side: each
+// refuses the other's lease with an error and writes nothing.
+func TestSemaphoreAndMutexOfOneNameRefuseEachOther(t *testing.T) {
+	srv := redistest.Start(t)
+	m := newMutex(t, srv.Client(), "shared", distlock.WithTTL(longTTL))
+	g, err := m.Lock(t.Context())
+	require.NoError(t, err)
+	s := newSemaphore(t, srv, "shared", 2)
+	_, err = s.TryAcquire(t.Context())
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
+	assert.Contains(t, err.Error(), "not a semaphore")
+	release(t, g)
+
+	sg, err := s.TryAcquire(t.Context())
+	require.NoError(t, err)
+	_, err = m.TryLock(t.Context())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "WRONGTYPE")
+	release(t, sg)
+	requireNothingLeft(t, srv, "distlock:{shared}")
+}
+
+func TestNewSemaphoreRefusesBadPermits(t *testing.T) {
+	srv := distlocktest.New(t)
+	for _, n := range []int{0, -1, distlock.MaxPermits + 1} {
+		_, err := distlock.NewSemaphore(srv.Client(), "pool", n)
+		var oe *distlock.OptionError
+		require.ErrorAs(t, err, &oe, "permits %d", n)
+		assert.Equal(t, "permits", oe.Field)
+		assert.ErrorIs(t, err, distlock.ErrInvalidOption)
+	}
+	_, err := distlock.NewSemaphore(nil, "pool", 1)
+	assert.ErrorIs(t, err, distlock.ErrInvalidOption)
+	_, err = distlock.NewSemaphore(srv.Client(), "a{b}", 1)
+	assert.ErrorIs(t, err, distlock.ErrInvalidOption)
+}
+
+// Waiters whose context ends leave the line at once and leave nothing
+// behind; the next release still reaches the live waiter behind them.
+func TestSemaphoreWaiterGivesUp(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newSemaphore(t, srv, "pool", 1, distlock.WithTTL(longTTL))
+	g, err := s.Acquire(t.Context())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	gone := semAcquireAsync(t, ctx, newSemaphore(t, srv, "pool", 1, distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, "distlock:{pool}", 1)
+	live := semAcquireAsync(t, t.Context(), newSemaphore(t, srv, "pool", 1, distlock.WithTTL(longTTL)))
+	waitInLine(t, srv, "distlock:{pool}", 2)
+	cancel()
+	o := await(t, gone, giveUpBound+promptly, "the cancelled waiter")
+	require.ErrorIs(t, o.err, context.Canceled)
+	waitInLine(t, srv, "distlock:{pool}", 1)
+	release(t, g)
+	o = await(t, live, promptly, "the live waiter")
+	require.NoError(t, o.err)
+	release(t, o.g)
+	requireNothingLeft(t, srv, "distlock:{pool}")
+}

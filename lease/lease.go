@@ -208,7 +208,8 @@ end
 // permit passed to it while it waited, or an earlier attempt whose reply was
 // lost), or when fewer than permits holders remain and nobody alive stands
 // in line ahead of it; free permits go to those ahead first, as a release
-// passes them. Otherwise it stands in line, as with acquireScript. The reply
+// passes them, and those left after the caller's to those behind it.
+// Otherwise it stands in line, as with acquireScript. The reply
 // has acquireScript's shape: pttl and holder name the holder whose lease
 // ends first, the moment a permit may come free without a release.
 var semAcquireScript = newScript(semLua + protocolLua + `
@@ -255,7 +256,25 @@ while held < permits do
     if v then
       leave(v)
     end
-    return grant(last, now, value, ARGV[2])
+    local reply = grant(last, now, value, ARGV[2])
+    if reply[1] ~= 1 then
+      return reply
+    end
+    -- Permits still free (several leases ended at once, or the limit was
+    -- raised) go to those behind the caller, as a release passes them.
+    last, held = reply[2], held + 1
+    while held < permits do
+      v, claim, room, _, ferr = first()
+      if not v or ferr then
+        break
+      end
+      local token, terr = passTo(last, now, v, claim, room)
+      if terr then
+        break
+      end
+      last, held = token, held + 1
+    end
+    return reply
   end
   local token, terr = passTo(last, now, v, claim, room)
   if terr then
