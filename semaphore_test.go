@@ -137,7 +137,6 @@ func sortPair(p []int) []int {
 	return []int{p[0], p[1]}
 }
 
-
 func newSemaphore(t *testing.T, srv *redistest.Server, key string, permits int, opts ...distlock.Option) *distlock.Semaphore {
 	t.Helper()
 	s, err := distlock.NewSemaphore(redistest.NewClient(t, srv.ClientOption()), key, permits, opts...)
