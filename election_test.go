@@ -5,10 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/distkit-go/distlock/internal/faultproxy"
+
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/distlocktest"
 	"github.com/distkit-go/distlock/internal/redistest"
 )
 
@@ -85,4 +89,155 @@ func TestElectionCampaignObserveResign(t *testing.T) {
 	cancel()
 	for range obs {
 	}
+}
+
+func newElection(t *testing.T, opt rueidis.ClientOption, name string, opts ...distlock.Option) *distlock.Election {
+	t.Helper()
+	e, err := distlock.NewElection(redistest.NewClient(t, opt), name, opts...)
+	require.NoError(t, err)
+	return e
+}
+
+// A leader cut off from Redis (dead, frozen or partitioned) loses its term
+// by its own clock before the lease ends; the candidate first in line leads
+// once it has, and the observers see the new leader right after.
+func TestElectionLeaderCutOff(t *testing.T) {
+	srv := redistest.Start(t)
+	const ttl = 600 * time.Millisecond
+	proxy, opt := throughProxy(t, srv)
+	old := newElection(t, opt, "lead", distlock.WithTTL(ttl))
+	g, err := old.Campaign(t.Context(), "old")
+	require.NoError(t, err)
+	lost := g.Subscribe(t.Context())
+
+	next := newElection(t, srv.ClientOption(), "lead", distlock.WithTTL(ttl))
+	type won struct {
+		g  *distlock.Guard
+		at time.Time
+	}
+	wonc := make(chan won, 1)
+	go func() {
+		g, err := next.Campaign(t.Context(), "next")
+		assert.NoError(t, err)
+		wonc <- won{g, time.Now()}
+	}()
+	waitInLine(t, srv, "distlock:{lead}", 1)
+	octx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	obs := newElection(t, srv.ClientOption(), "lead").Observe(octx)
+	nextLeader(t, obs, promptly, func(l distlock.Leader) bool { return l.Value == "old" })
+
+	cut := time.Now()
+	proxy.SetBoth(faultproxy.Blackhole)
+	var lostAt time.Time
+	for ev := range lost {
+		if ev.State == distlock.Lost {
+			lostAt = ev.Time
+			break
+		}
+	}
+	w := <-wonc
+	seen := nextLeader(t, obs, promptly, func(l distlock.Leader) bool { return l.Value == "next" })
+	seenAt := time.Now()
+	t.Logf("old leader lost %v after the cut, next leads %v after, observer saw it %v after", lostAt.Sub(cut), w.at.Sub(cut), seenAt.Sub(cut))
+	assert.True(t, lostAt.Before(w.at), "the old leader still believed it led when the next one began")
+	assert.Equal(t, w.g.Token(), seen.Token)
+	assert.Greater(t, seen.Token, g.Token())
+	assert.Less(t, seenAt.Sub(cut), ttl+promptly)
+	proxy.SetBoth(faultproxy.Pass)
+	release(t, w.g)
+	_, _ = g.Release(t.Context())
+	cancel()
+	for range obs {
+	}
+}
+
+// Where the server refuses pub/sub, observers poll and still see every
+// change, and the candidates still hand the lead over.
+func TestElectionWithoutPubSub(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustDo("ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-@pubsub")
+	opt := srv.ClientOption()
+	opt.Username, opt.Password = "app", "secret"
+	octx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	obs := newElection(t, opt, "lead").Observe(octx)
+	nextLeader(t, obs, promptly, distlock.Leader.IsZero)
+	a := newElection(t, opt, "lead", distlock.WithTTL(longTTL))
+	ga, err := a.Campaign(t.Context(), "a")
+	require.NoError(t, err)
+	nextLeader(t, obs, promptly, func(l distlock.Leader) bool { return l.Value == "a" })
+	release(t, ga)
+	nextLeader(t, obs, promptly, distlock.Leader.IsZero)
+	cancel()
+	for range obs {
+	}
+}
+
+// The observers of one Election share one subscription, which comes back
+// after the server drops it; a change made meanwhile is not missed.
+func TestElectionObserversShareOneSubscription(t *testing.T) {
+	srv := redistest.Start(t)
+	e := newElection(t, srv.ClientOption(), "lead")
+	octx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	o1, o2 := e.Observe(octx), e.Observe(octx)
+	for _, o := range []<-chan distlock.Leader{o1, o2} {
+		nextLeader(t, o, promptly, distlock.Leader.IsZero)
+	}
+	subscribers := func() int64 {
+		arr, err := srv.MustDo("PUBSUB", "SHARDNUMSUB", "distlock:{lead}:leader").ToArray()
+		require.NoError(t, err)
+		n, err := arr[1].AsInt64()
+		require.NoError(t, err)
+		return n
+	}
+	require.Eventually(t, func() bool { return subscribers() == 1 }, eventually, pollEvery)
+	srv.MustDo("CLIENT", "KILL", "TYPE", "pubsub")
+	g, err := newElection(t, srv.ClientOption(), "lead", distlock.WithTTL(longTTL)).Campaign(t.Context(), "x")
+	require.NoError(t, err)
+	for _, o := range []<-chan distlock.Leader{o1, o2} {
+		nextLeader(t, o, promptly, func(l distlock.Leader) bool { return l.Value == "x" })
+	}
+	require.Eventually(t, func() bool { return subscribers() == 1 }, eventually, pollEvery)
+	release(t, g)
+	cancel()
+	for range o1 {
+	}
+	for range o2 {
+	}
+	require.Eventually(t, func() bool { return subscribers() == 0 }, eventually, pollEvery, "the last observer left")
+}
+
+func TestElectionRefusesBadInput(t *testing.T) {
+	srv := distlocktest.New(t)
+	_, err := distlock.NewElection(srv.Client(), "lead", distlock.WithOwner("me"))
+	var oe *distlock.OptionError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "owner", oe.Field)
+	e, err := distlock.NewElection(srv.Client(), "lead")
+	require.NoError(t, err)
+	for _, v := range []string{"", "a\nb", string(make([]byte, 300))} {
+		_, err := e.Campaign(t.Context(), v)
+		var ae *distlock.ArgumentError
+		require.ErrorAs(t, err, &ae, "value %q", v)
+		assert.Equal(t, "value", ae.Arg)
+		assert.ErrorIs(t, err, distlock.ErrInvalidArgument)
+	}
+	//nolint:staticcheck // a nil ctx on purpose
+	_, err = e.Campaign(nil, "v")
+	assert.ErrorIs(t, err, distlock.ErrInvalidArgument)
+	//nolint:staticcheck // a nil ctx on purpose
+	_, ok := <-e.Observe(nil)
+	assert.False(t, ok, "Observe(nil) returns a closed channel")
+
+	// A semaphore of the same name is not an election.
+	s, err := distlock.NewSemaphore(srv.Client(), "lead", 2)
+	require.NoError(t, err)
+	g, err := s.TryAcquire(t.Context())
+	require.NoError(t, err)
+	_, err = e.Leader(t.Context())
+	assert.ErrorIs(t, err, distlock.ErrNotElection)
+	_, err = g.Release(t.Context())
+	require.NoError(t, err)
 }

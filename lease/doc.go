@@ -126,6 +126,48 @@
 //     whose acquisition had such a call outstanding releases with Cancel, so
 //     that the late call cannot put its value back in line.
 //
+// # Semaphores
+//
+// A semaphore of n permits ([Keys.Semaphore]) keeps its holders in a sorted
+// set at the lease key, each value scored by the server time (ms) at which
+// its lease ends; the set is kept as long as its last lease. It uses the
+// same fencing key, line, rooms and void markers as a lock, and the same
+// scripts in their semaphore form:
+//
+//   - acquire first drops the holders whose lease has ended, so a crashed
+//     holder's permit is free the moment its lease ends, whoever calls
+//     next. It grants a permit when the caller holds one already, or when
+//     fewer than n (the caller's n) remain and nobody alive is ahead of it
+//     in line; free permits go to those ahead first, and those left after
+//     the caller's to those behind. Otherwise the caller stands in line. A
+//     waiter's reply names the holder whose lease ends first and how long
+//     it has left: the first in line asks again at that moment.
+//   - release drops the caller's permit and passes free permits, while
+//     fewer than the releaser's n are held, to the first live waiters in
+//     line, each with its claim window, a token and an announcement in its
+//     room; the reply lists every pass.
+//   - renew extends a holder whose lease has not ended, and never adds one.
+//
+// The number of permits is an argument of each call, not a setting kept in
+// Redis (the key "ns:{name}:permits" records the number of the last grant,
+// for operators only): a caller never grants beyond its own number, and
+// holders beyond a number that was lowered keep their permits until they
+// give them up or lose them.
+//
+// The invariants of a lock hold for each permit, with "at most n values
+// hold the lease" in place of "at most one" for callers that agree on n.
+//
+// # Elections
+//
+// An election ([Keys.Election]) is a lock whose scripts also announce each
+// change of holder on the channel "ns:{name}:leader": every grant and pass
+// publishes "<token>\n<value>", and a release that frees the lease without
+// passing it publishes "<token>\n" with the token of the holder that left.
+// A lease that expires announces nothing; whoever follows the leader reads
+// the lease ([Client.Read]) when its TTL would run out. The fencing key
+// holds the current holder's token whenever the lease is held, since every
+// grant sets both.
+//
 // # Fencing tokens
 //
 // A token is the Redis server's clock in microseconds at the grant, raised

@@ -174,7 +174,10 @@ return {deleted, token, v, room}
 // writes its lease string; a semaphore adds value to its set of holders,
 // scored by the server time (ms) at which its lease ends, keeps the set at
 // least that long, and records the caller's limit (the permits it was
-// called with, set by the script's body) for inspection.
+// called with, set by the script's body) for inspection. semLua also
+// defines notSemaphore, which returns the error reply for a lease key of
+// another type (a lock's string), and dropEnded, which drops the holders
+// whose lease has ended.
 var lockLua = `
 local function hold(v, ms, now)
   redis.call('SET', KEYS[1], v, 'PX', ms)
@@ -190,11 +193,13 @@ local function hold(v, ms, now)
   end
   redis.call('SET', KEYS[1] .. ':permits', limit, 'PX', ` + retentionMs + `)
 end
-local function holders(now)
+local function notSemaphore()
   local t = redis.call('TYPE', KEYS[1]).ok
   if t ~= 'zset' and t ~= 'none' then
     return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. t .. ', not a semaphore; is the name used by a lock?')
   end
+end
+local function dropEnded(now)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', math.floor(now / 1000))
 end
 `
@@ -213,15 +218,17 @@ end
 // has acquireScript's shape: pttl and holder name the holder whose lease
 // ends first, the moment a permit may come free without a release.
 var semAcquireScript = newScript(semLua + protocolLua + `
-local now = clock()
-local herr = holders(now)
-if herr then
-  return herr
-end
-local last, err = fence()
+local err = notSemaphore()
 if err then
   return err
 end
+local last
+last, err = fence()
+if err then
+  return err
+end
+local now = clock()
+dropEnded(now)
 local value = ARGV[1]
 limit = ARGV[6]
 local permits = tonumber(limit)
@@ -308,9 +315,10 @@ local err
 if KEYS[6] then
   err = leave(value)
 end
-if holders(now) then
+if notSemaphore() then
   return {0}
 end
+dropEnded(now)
 local deleted = redis.call('ZREM', KEYS[1], value)
 if KEYS[6] then
   redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
