@@ -149,7 +149,7 @@ if cur or err then
   return {deleted}
 end
 local v, claim, room, now, ferr = first()
-if ferr then
+if ferr or not v and not (announcing and deleted == 1) then
   return {deleted}
 end
 local last, lerr = fence()
@@ -157,9 +157,7 @@ if lerr then
   return {deleted}
 end
 if not v then
-  if deleted == 1 then
-    announce(last, '')
-  end
+  announce(last, '')
   return {deleted}
 end
 local token, terr = passTo(last, now, v, claim, room)
