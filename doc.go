@@ -1,6 +1,8 @@
 // Package distlock is a distributed mutual-exclusion lock over Redis, for
 // work that many machines could do but only one should do at a time: a cron
-// job, leader duties, a critical section per customer or per order.
+// job, leader duties, a critical section per customer or per order. On the
+// same engine it offers a counting [Semaphore] (up to N holders at once) and
+// a leader [Election]; see the section "Semaphores and elections".
 //
 // A lock is a lease: a Redis key that names the holder and expires after a
 // TTL unless it is renewed. distlock renews it in the background, tells the
@@ -102,6 +104,35 @@
 //	if time.Until(g.Deadline()) < step {
 //		return errNoTimeLeft // or wait for the next renewal
 //	}
+//
+// # Semaphores and elections
+//
+// A [Semaphore] lets up to a fixed number of holders in at once. Each permit
+// is a lease of its own, and [Semaphore.Acquire], [Semaphore.TryAcquire]
+// and [Semaphore.TryAcquireFor] return the same [Guard] as Lock, renewed and
+// released the same way:
+//
+//	s, err := distlock.NewSemaphore(client, "video-encoders", 4)
+//	...
+//	g, err := s.Acquire(ctx) // waits in line while all 4 permits are held
+//	if err != nil {
+//		return err
+//	}
+//	defer g.Release(context.WithoutCancel(ctx))
+//	return encode(g.Context(), g.Token())
+//
+// A holder that dies gives its permit back when its lease ends, waiters are
+// served first come, first served, and every grant has a fencing token. What
+// happens when the number of permits changes between deployments is
+// written down on [Semaphore].
+//
+// An [Election] picks one leader among candidates. [Election.Campaign] waits
+// until the candidate leads and returns the Guard of its term; resigning is
+// [Guard.Release], which hands the lead to the next candidate at once. Anyone
+// can follow the leader with [Election.Observe] (a channel that always holds
+// the latest [Leader]) or ask once with [Election.Leader]. A term ends under
+// the same contract as a lock, and its token orders the writes of
+// successive leaders.
 //
 // # What the lock guarantees, and what it cannot
 //

@@ -298,3 +298,205 @@ func ExampleMutex_TryLock_runOnce() {
 	// ran the report: 1
 	// skipped it: 4
 }
+
+// Six workers share four permits: at most four run at once, and the other
+// two wait in line until a permit is given back. Each worker holds its
+// permit under the guard's context and gives it back with Release.
+func ExampleSemaphore() {
+	srv := exampleRedis()
+	defer srv.Close()
+	ctx := context.Background()
+
+	const permits, workers = 4, 6
+	s, err := distlock.NewSemaphore(srv.Client(), "video-encoders", permits, distlock.WithTTL(5*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	var (
+		mu         sync.Mutex
+		inside     int                   // workers holding a permit now
+		most       int                   // the most at once
+		tokens     []int64               // every grant's fencing token
+		full       bool                  // all permits have been held at once
+		firstBatch = make(chan struct{}) // closed then
+	)
+	encode := func(ctx context.Context, token int64) {
+		mu.Lock()
+		inside++
+		most = max(most, inside)
+		tokens = append(tokens, token)
+		if inside == permits && !full {
+			full = true
+			close(firstBatch)
+		}
+		mu.Unlock()
+		// The first four hold their permits until all four are in, so that
+		// the last two must wait for one.
+		select {
+		case <-firstBatch:
+		case <-ctx.Done(): // the permit is in doubt: stop
+		}
+		mu.Lock()
+		inside--
+		mu.Unlock()
+	}
+
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			g, err := s.Acquire(ctx) // waits in line while all permits are held
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer g.Release(context.WithoutCancel(ctx))
+			encode(g.Context(), g.Token())
+		})
+	}
+	wg.Wait()
+
+	distinct := make(map[int64]bool)
+	for _, tok := range tokens {
+		distinct[tok] = true
+	}
+	fmt.Println("workers that ran:", len(tokens))
+	fmt.Println("most at once:", most)
+	fmt.Println("distinct tokens:", len(distinct))
+	// Output:
+	// workers that ran: 6
+	// most at once: 4
+	// distinct tokens: 6
+}
+
+// TryAcquire makes one attempt; when every permit is held, the error says
+// how many there are.
+func ExampleSemaphore_TryAcquire() {
+	srv := exampleRedis()
+	defer srv.Close()
+	ctx := context.Background()
+
+	s, err := distlock.NewSemaphore(srv.Client(), "exports", 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		g, err := s.TryAcquire(ctx)
+		var full *distlock.NotAcquiredError
+		if errors.As(err, &full) {
+			fmt.Printf("export %d: skipped, all %d permits are held\n", i, full.Permits)
+			continue
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer g.Release(ctx)
+		fmt.Printf("export %d: running\n", i)
+	}
+	// Output:
+	// export 1: running
+	// export 2: running
+	// export 3: skipped, all 2 permits are held
+}
+
+// Two candidates campaign; an observer follows the leader. When the first
+// leader resigns (Release), the lead passes to the next in line, with a
+// higher fencing token.
+func ExampleElection() {
+	srv := exampleRedis()
+	defer srv.Close()
+	ctx := context.Background()
+
+	// Each candidate would be a process of its own, with its own Election.
+	newElection := func() *distlock.Election {
+		e, err := distlock.NewElection(srv.Client(), "scheduler", distlock.WithTTL(5*time.Second))
+		if err != nil {
+			log.Fatal(err)
+		}
+		return e
+	}
+	a, b, watcher := newElection(), newElection(), newElection()
+
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	leaders := watcher.Observe(watchCtx)
+	fmt.Println("observer:", <-leaders) // the current leader, at once
+	// nextLeader returns the next leader that is somebody, skipping a
+	// moment with nobody in between.
+	nextLeader := func() distlock.Leader {
+		for l := range leaders {
+			if !l.IsZero() {
+				return l
+			}
+		}
+		panic("the Observe channel closed")
+	}
+
+	first, err := a.Campaign(ctx, "node-a:8080") // nobody leads: a leads at once
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("observer: leader is", nextLeader().Value)
+
+	// b waits in line for the lead.
+	second := make(chan *distlock.Guard)
+	go func() {
+		g, err := b.Campaign(ctx, "node-b:8080")
+		if err != nil {
+			log.Fatal(err)
+		}
+		second <- g
+	}()
+
+	// a resigns; the release passes the lead to b.
+	if _, err := first.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	l := nextLeader()
+	fmt.Println("observer: leader is", l.Value)
+	g := <-second
+	fmt.Println("b's guard:", g.State())
+	fmt.Println("token of the new term is higher:", l.Token == g.Token() && g.Token() > first.Token())
+	g.Release(ctx)
+	// Output:
+	// observer: no leader
+	// observer: leader is node-a:8080
+	// observer: leader is node-b:8080
+	// b's guard: acquired
+	// token of the new term is higher: true
+}
+
+// Leader asks Redis once who leads. Since is when the term began, on the
+// Redis server's clock; the token is the leader guard's.
+func ExampleElection_Leader() {
+	srv := exampleRedis()
+	defer srv.Close()
+	ctx := context.Background()
+
+	e, err := distlock.NewElection(srv.Client(), "billing-primary")
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := e.Leader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("before:", l)
+
+	g, err := e.Campaign(ctx, "10.0.0.7:9000")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Release(ctx)
+	l, err = e.Leader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("leader:", l.Value)
+	fmt.Println("its token:", l.Token == g.Token())
+	fmt.Println("term began less than a minute ago:", time.Since(l.Since) < time.Minute)
+	// Output:
+	// before: no leader
+	// leader: 10.0.0.7:9000
+	// its token: true
+	// term began less than a minute ago: true
+}

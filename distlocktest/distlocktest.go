@@ -31,10 +31,11 @@
 //
 // A guard becomes Lost when its lease is deleted or overwritten behind its
 // back, which is what an operator, an expiry during a long pause or a Redis
-// restart does. [Server.ForceLoss] deletes the lease of a Mutex or a Guard;
-// [Server.DeleteLease] and [Server.OverwriteLease] do the same by key. The
-// holder finds out at its next renewal, a third of the TTL later, so give the
-// Mutex a short TTL in such a test:
+// restart does. [Server.ForceLoss] deletes the lease of a Mutex, a
+// Semaphore, an Election or a Guard; [Server.DeleteLease] and
+// [Server.OverwriteLease] do the same by key. The holder finds out at its
+// next renewal, a third of the TTL later, so give the Mutex a short TTL in
+// such a test:
 //
 //	func TestReportStopsWhenLockIsLost(t *testing.T) {
 //		srv := distlocktest.New(t)
@@ -65,6 +66,11 @@
 // The code under test usually builds its own Mutex; the test can build
 // another with the same name (and namespace, if any) and pass it to
 // ForceLoss: the lease key depends only on those.
+//
+// A semaphore keeps all its holders in one key, so ForceLoss of a Semaphore,
+// or of any one of its guards, takes every permit at once: every holder
+// becomes Lost at its next renewal, and the permits are free at once. An
+// election's key is its leader's lease: ForceLoss ends the current term.
 //
 // # Goroutines and processes
 //
@@ -116,7 +122,8 @@ func WithRealRedis() Option {
 	return func(c *config) { c.real = true }
 }
 
-// A Keyer names a lease key: a *distlock.Mutex or a *distlock.Guard.
+// A Keyer names a lease key: a *distlock.Mutex, *distlock.Semaphore,
+// *distlock.Election or *distlock.Guard.
 type Keyer interface {
 	Key() string
 }
@@ -227,10 +234,16 @@ func (s *Server) Close() {
 	})
 }
 
-// ForceLoss deletes the lease of lock, a *distlock.Mutex or a
-// *distlock.Guard, as an operator or an expiry would. The holder's guard
-// becomes Lost at its next renewal (within a third of the TTL), with reason
-// LostRefused; its context is cancelled then. ForceLoss waits for Redis's
+// ForceLoss deletes the lease of lock, a *distlock.Mutex, *distlock.Semaphore,
+// *distlock.Election or *distlock.Guard, as an operator or an expiry would.
+// The holder's guard becomes Lost at its next renewal (within a third of the
+// TTL), with reason LostRefused; its context is cancelled then.
+//
+// For a semaphore, the lease is the set of all its holders: ForceLoss of the
+// Semaphore or of any of its guards drops every permit, and every holder
+// becomes Lost. (A single holder's permit cannot be taken alone: nothing
+// outside its guard knows which entry of the set is its.) For an election,
+// ForceLoss ends the leader's term. ForceLoss waits for Redis's
 // answer (at most 5 s) and returns an error matching [ErrNoLease] if there was
 // no lease to delete, or the Redis error.
 func (s *Server) ForceLoss(lock Keyer) error {
@@ -257,12 +270,19 @@ func (s *Server) DeleteLease(key string) error {
 // its expiry, as if another client had taken the lock. The holder's guard
 // becomes Lost at its next renewal, and its LostError's Holder is value (only
 // the owner part if value has the "owner#uuid" form distlock writes). It
-// waits for Redis's answer (at most 5 s) and returns an error matching [ErrNoLease] if the key does not
-// exist (it never creates one), or the Redis error.
+// waits for Redis's answer (at most 5 s) and returns an error matching
+// [ErrNoLease] if the key does not exist (it never creates one), or the Redis
+// error.
+//
+// It serves the lease of a Mutex or an Election (a string). A semaphore's
+// key holds the set of its holders, which a string would replace with
+// something the semaphore's scripts refuse to touch, so OverwriteLease
+// leaves such a key alone and returns an error; use [Server.DeleteLease] or
+// [Server.ForceLoss] for a semaphore.
 func (s *Server) OverwriteLease(key, value string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
-	err := s.client.Do(ctx, s.client.B().Set().Key(key).Value(value).Xx().Keepttl().Build()).Error()
+	err := s.client.Do(ctx, s.client.B().Eval().Script(overwriteLua).Numkeys(1).Key(key).Arg(value).Build()).Error()
 	if rueidis.IsRedisNil(err) {
 		return fmt.Errorf("%w at %s", ErrNoLease, key)
 	}
@@ -271,3 +291,13 @@ func (s *Server) OverwriteLease(key, value string) error {
 	}
 	return nil
 }
+
+// overwriteLua is OverwriteLease's command: KEYS[1] the lease, ARGV[1] the
+// new value. It replies OK, nil when the key does not exist, or an error
+// when the key holds a semaphore's holders (a sorted set).
+const overwriteLua = `
+if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+  return redis.error_reply('ERR ' .. KEYS[1] .. ' holds the permits of a semaphore; delete it to take them all')
+end
+return redis.call('SET', KEYS[1], ARGV[1], 'XX', 'KEEPTTL')
+`

@@ -174,6 +174,113 @@ func TestOverwriteLease(t *testing.T) {
 	})
 }
 
+// A semaphore keeps every holder in its one key: ForceLoss of one guard
+// takes every permit, and every holder finds out at its next renewal; the
+// permits are free again at once.
+func TestForceLossSemaphore(t *testing.T) {
+	modes(t, func(t *testing.T, opts ...Option) {
+		s := New(t, opts...)
+		sem, err := distlock.NewSemaphore(s.Client(), "pool", 3, distlock.WithTTL(testTTL))
+		require.NoError(t, err)
+		var guards []*distlock.Guard
+		var events []<-chan distlock.Event
+		for range 2 {
+			g, err := sem.Acquire(t.Context())
+			require.NoError(t, err)
+			t.Cleanup(func() { _, _ = g.Release(context.Background()) })
+			guards = append(guards, g)
+			events = append(events, g.Subscribe(t.Context()))
+		}
+		require.NoError(t, s.ForceLoss(guards[0]))
+
+		for i, g := range guards {
+			lost := waitRefused(t, events[i])
+			assert.Empty(t, lost.Holder, "holder named by guard %d's loss", i)
+			assert.Equal(t, distlock.Lost, g.State(), "state of guard %d", i)
+		}
+		// All three permits are free: nobody holds one.
+		for range 3 {
+			g, err := sem.TryAcquire(t.Context())
+			require.NoError(t, err, "TryAcquire after ForceLoss")
+			assert.Greater(t, g.Token(), guards[1].Token(), "token of a new permit")
+			t.Cleanup(func() { _, _ = g.Release(context.Background()) })
+		}
+		assert.NoError(t, s.ForceLoss(sem), "ForceLoss of the Semaphore itself")
+	})
+}
+
+// OverwriteLease refuses a semaphore's key, which a string would make
+// unusable, and leaves the holders alone.
+func TestOverwriteLeaseRefusesSemaphore(t *testing.T) {
+	modes(t, func(t *testing.T, opts ...Option) {
+		s := New(t, opts...)
+		sem, err := distlock.NewSemaphore(s.Client(), "pool", 2, distlock.WithTTL(testTTL))
+		require.NoError(t, err)
+		g, err := sem.Acquire(t.Context())
+		require.NoError(t, err)
+		defer g.Release(context.Background())
+		events := g.Subscribe(t.Context())
+
+		err = s.OverwriteLease(sem.Key(), "intruder")
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, ErrNoLease)
+		assert.ErrorContains(t, err, "semaphore")
+		typ, err := do(t, s, "TYPE", sem.Key()).ToString()
+		require.NoError(t, err)
+		assert.Equal(t, "zset", typ, "type of the key after the refused overwrite")
+
+		// The holder's entry is still there, and its next renewal moves it on
+		// without a refusal.
+		score := func() float64 {
+			f, err := do(t, s, "ZSCORE", sem.Key(), holderValue(t, s, sem.Key())).AsFloat64()
+			require.NoError(t, err)
+			return f
+		}
+		before := score()
+		require.Eventually(t, func() bool { return score() > before }, eventually, pollEvery, "no renewal of the untouched permit")
+		for len(events) > 0 {
+			ev := <-events
+			var lost *distlock.LostError
+			if errors.As(ev.Err, &lost) {
+				assert.NotEqual(t, distlock.LostRefused, lost.Reason, "a renewal was refused after the refused overwrite")
+			}
+		}
+	})
+}
+
+// holderValue returns the only member of the semaphore set at key.
+func holderValue(t *testing.T, s *Server, key string) string {
+	t.Helper()
+	members, err := do(t, s, "ZRANGE", key, "0", "-1").AsStrSlice()
+	require.NoError(t, err)
+	require.Len(t, members, 1, "holders of %s", key)
+	return members[0]
+}
+
+// An election's key is the leader's lease: ForceLoss ends the term, and
+// the next candidate leads.
+func TestForceLossElection(t *testing.T) {
+	modes(t, func(t *testing.T, opts ...Option) {
+		s := New(t, opts...)
+		e, err := distlock.NewElection(s.Client(), "scheduler", distlock.WithTTL(testTTL))
+		require.NoError(t, err)
+		term, err := e.Campaign(t.Context(), "node-a")
+		require.NoError(t, err)
+		defer term.Release(context.Background())
+		events := term.Subscribe(t.Context())
+		require.NoError(t, s.ForceLoss(e))
+		waitRefused(t, events)
+
+		next, err := e.Campaign(t.Context(), "node-b")
+		require.NoError(t, err)
+		defer next.Release(context.Background())
+		l, err := e.Leader(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, "node-b", l.Value, "leader after ForceLoss")
+		assert.Greater(t, l.Token, term.Token(), "token of the next term")
+	})
+}
+
 // OverwriteLease keeps the key's expiry, as a client that took the lock
 // would have set one.
 func TestOverwriteLeaseKeepsExpiry(t *testing.T) {

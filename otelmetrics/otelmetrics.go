@@ -2,15 +2,18 @@
 // metrics. It is a module of its own, so that distlock itself does not
 // depend on OpenTelemetry.
 //
-// Build an [Observer] and hand it to every Mutex that should be measured:
+// Build an [Observer] and hand it to every Mutex, Semaphore and Election
+// that should be measured:
 //
 //	obs, err := otelmetrics.New(otelmetrics.WithMeterProvider(provider))
 //	if err != nil {
 //		return err
 //	}
 //	m, err := distlock.NewMutex(client, "nightly-report", distlock.WithObserver(obs))
+//	s, err := distlock.NewSemaphore(client, "encoders", 4, distlock.WithObserver(obs))
+//	e, err := distlock.NewElection(client, "scheduler", distlock.WithObserver(obs))
 //
-// One Observer serves any number of Mutexes; it is safe for concurrent use.
+// One Observer serves any number of them; it is safe for concurrent use.
 // Without [WithMeterProvider] it uses the global provider
 // ([otel.GetMeterProvider]).
 //
@@ -19,18 +22,20 @@
 // All instruments belong to the meter named [ScopeName].
 //
 //	name                        kind           unit          attributes
-//	distlock.acquisitions       Counter        {call}        distlock.outcome
-//	distlock.acquire.duration   Histogram      s             distlock.outcome
-//	distlock.acquire.attempts   Histogram      {attempt}     distlock.outcome
-//	distlock.renewals           Counter        {renewal}     distlock.outcome
-//	distlock.renewal.duration   Histogram      s             distlock.outcome
-//	distlock.lost               Counter        {event}       distlock.reason
-//	distlock.held               UpDownCounter  {lock}        (none)
-//	distlock.hold.duration      Histogram      s             distlock.outcome
+//	distlock.acquisitions       Counter        {call}        distlock.kind, distlock.outcome
+//	distlock.acquire.duration   Histogram      s             distlock.kind, distlock.outcome
+//	distlock.acquire.attempts   Histogram      {attempt}     distlock.kind, distlock.outcome
+//	distlock.renewals           Counter        {renewal}     distlock.kind, distlock.outcome
+//	distlock.renewal.duration   Histogram      s             distlock.kind, distlock.outcome
+//	distlock.lost               Counter        {event}       distlock.kind, distlock.reason
+//	distlock.held               UpDownCounter  {lock}        distlock.kind
+//	distlock.hold.duration      Histogram      s             distlock.kind, distlock.outcome
 //
-// distlock.acquisitions counts calls to Lock, TryLock and TryLockFor that
-// asked Redis, by outcome: "acquired", "not_acquired" (TryLock found the
-// lock held), "timeout" (the max wait or TryLockFor's timeout ran out),
+// distlock.acquisitions counts the calls that asked Redis for a lock, a
+// permit or a term (Mutex.Lock, TryLock and TryLockFor; Semaphore.Acquire,
+// TryAcquire and TryAcquireFor; Election.Campaign), by outcome:
+// "acquired", "not_acquired" (a single try found the lock held, or every
+// permit taken), "timeout" (the max wait or the try's timeout ran out),
 // "canceled" (the context ended) or "error" (Redis failed).
 // distlock.acquire.duration is the time each call took (for an acquired
 // lock, the wait), and distlock.acquire.attempts how many times it asked
@@ -43,11 +48,29 @@
 //
 // distlock.lost counts moves from Acquired to Lost, with the reason as
 // [distlock.LostReason] names it: "refused", "renew-failed" or "deadline".
-// distlock.held is the number of guards that are Acquired right now: it goes
-// up at an acquisition and at a regain, and down at a loss and at the
+// distlock.held is the number of guards that are Acquired right now: it
+// goes up at an acquisition and at a regain, and down at a loss and at the
 // release of a held lease. distlock.hold.duration is how long each guard
 // lived, recorded at its release, with outcome "released" or "lost" (the
 // lease had slipped before the release).
+//
+// # Locks, permits and terms
+//
+// A Semaphore's permit and an Election's term are leases kept exactly as a
+// Mutex's lock is, so the same instruments measure them. Every measurement
+// carries distlock.kind, which is "mutex", "semaphore" or "election" (the
+// Kind of [distlock.AcquireInfo] and of the other infos), so that a
+// dashboard can tell them apart:
+//
+//	distlock.held{distlock.kind="semaphore"}    permits held by this process
+//	distlock.held{distlock.kind="election"}     terms it leads (at most 1 per election)
+//	distlock.lost{distlock.kind="election"}     terms that ended in doubt
+//	distlock.acquisitions{distlock.kind="semaphore", distlock.outcome="not_acquired"}
+//	                                            tries that found every permit taken
+//
+// The attribute has three values, so it multiplies the number of series by
+// three at most. An info with an empty Kind (one that code outside distlock
+// made) is counted as "mutex".
 //
 // # The lock key as an attribute
 //
@@ -74,6 +97,8 @@ const ScopeName = "github.com/distkit-go/distlock/otelmetrics"
 
 // Attribute keys.
 const (
+	// KindKey is on every measurement: "mutex", "semaphore" or "election".
+	KindKey    = attribute.Key("distlock.kind")
 	OutcomeKey = attribute.Key("distlock.outcome")
 	ReasonKey  = attribute.Key("distlock.reason")
 	KeyKey     = attribute.Key("distlock.key")
@@ -90,7 +115,13 @@ var (
 	acquireOutcomes = []string{"acquired", "not_acquired", "timeout", "canceled", "error"}
 	renewOutcomes   = []string{"ok", "refused", "timeout", "error"}
 	holdOutcomes    = []string{"released", "lost"}
+	// kinds are the values of distlock.kind, as distlock's infos name them.
+	kinds = []string{"mutex", "semaphore", "election"}
 )
+
+// defaultKind stands for an info whose Kind is empty: infos made before
+// Kind existed described a Mutex.
+const defaultKind = "mutex"
 
 // An Option configures [New].
 type Option func(*config)
@@ -113,8 +144,8 @@ func WithKeyAttribute() Option {
 	return func(c *config) { c.withKey = true }
 }
 
-// Observer records a Mutex's acquisitions, renewals and state changes as
-// OpenTelemetry metrics. It implements [distlock.Observer]. Its methods do
+// Observer records the acquisitions, renewals and state changes of Mutexes,
+// Semaphores and Elections as OpenTelemetry metrics. It implements [distlock.Observer]. Its methods do
 // not block and are safe for concurrent use.
 type Observer struct {
 	withKey bool
@@ -128,9 +159,16 @@ type Observer struct {
 	held            metric.Int64UpDownCounter
 	holdDuration    metric.Float64Histogram
 
-	// attrs holds the attribute option of each outcome and reason, built
-	// once, for measurements without the key.
-	attrs map[attribute.KeyValue]metric.MeasurementOption
+	// attrs holds the attribute option of each kind with each outcome and
+	// reason, built once, for measurements without the key; kindOnly that
+	// of each kind alone. Both are only read after New.
+	attrs    map[attrKey]metric.MeasurementOption
+	kindOnly map[string]metric.MeasurementOption
+}
+
+type attrKey struct {
+	kind string
+	kv   attribute.KeyValue
 }
 
 var _ distlock.Observer = (*Observer)(nil)
@@ -146,7 +184,11 @@ func New(opts ...Option) (*Observer, error) {
 		c.provider = otel.GetMeterProvider()
 	}
 	meter := c.provider.Meter(ScopeName)
-	o := &Observer{withKey: c.withKey, attrs: make(map[attribute.KeyValue]metric.MeasurementOption)}
+	o := &Observer{
+		withKey:  c.withKey,
+		attrs:    make(map[attrKey]metric.MeasurementOption),
+		kindOnly: make(map[string]metric.MeasurementOption),
+	}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
 		c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
@@ -160,74 +202,89 @@ func New(opts ...Option) (*Observer, error) {
 		return h
 	}
 	o.acquisitions = counter("distlock.acquisitions", "{call}",
-		"Calls to Lock, TryLock and TryLockFor that asked Redis, by outcome.")
+		"Calls that asked Redis for a lock, a permit or a term, by kind and outcome.")
 	o.acquireDuration = seconds("distlock.acquire.duration",
-		"How long each Lock, TryLock or TryLockFor call took, by outcome.", acquireBuckets)
-	o.renewals = counter("distlock.renewals", "{renewal}", "Lease renewal attempts, by outcome.")
+		"How long each call for a lock, a permit or a term took, by kind and outcome.", acquireBuckets)
+	o.renewals = counter("distlock.renewals", "{renewal}", "Lease renewal attempts, by kind and outcome.")
 	o.renewDuration = seconds("distlock.renewal.duration",
-		"Latency of lease renewals, from sending to the answer, by outcome.", renewalBuckets)
-	o.lost = counter("distlock.lost", "{event}", "Moves of a guard from Acquired to Lost, by reason.")
+		"Latency of lease renewals, from sending to the answer, by kind and outcome.", renewalBuckets)
+	o.lost = counter("distlock.lost", "{event}", "Moves of a guard from Acquired to Lost, by kind and reason.")
 	o.holdDuration = seconds("distlock.hold.duration",
-		"How long each guard lived, recorded at its release, by outcome.", holdBuckets)
+		"How long each guard lived, recorded at its release, by kind and outcome.", holdBuckets)
 	var err error
 	o.acquireAttempts, err = meter.Int64Histogram("distlock.acquire.attempts", metric.WithUnit("{attempt}"),
-		metric.WithDescription("How many times each Lock, TryLock or TryLockFor call asked Redis, by outcome."),
+		metric.WithDescription("How many times each call for a lock, a permit or a term asked Redis, by kind and outcome."),
 		metric.WithExplicitBucketBoundaries(attemptBuckets...))
 	errs = append(errs, err)
 	o.held, err = meter.Int64UpDownCounter("distlock.held", metric.WithUnit("{lock}"),
-		metric.WithDescription("Guards in the Acquired state."))
+		metric.WithDescription("Guards in the Acquired state: locks, permits and terms held, by kind."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	var kvs []attribute.KeyValue
 	for _, v := range append(append(append([]string(nil), acquireOutcomes...), renewOutcomes...), holdOutcomes...) {
-		kv := OutcomeKey.String(v)
-		o.attrs[kv] = metric.WithAttributeSet(attribute.NewSet(kv))
+		kvs = append(kvs, OutcomeKey.String(v))
 	}
 	for _, r := range []distlock.LostReason{distlock.LostRefused, distlock.LostRenewFailed, distlock.LostDeadline} {
-		kv := ReasonKey.String(r.String())
-		o.attrs[kv] = metric.WithAttributeSet(attribute.NewSet(kv))
+		kvs = append(kvs, ReasonKey.String(r.String()))
+	}
+	for _, kind := range kinds {
+		k := KindKey.String(kind)
+		o.kindOnly[kind] = metric.WithAttributeSet(attribute.NewSet(k))
+		for _, kv := range kvs {
+			o.attrs[attrKey{kind, kv}] = metric.WithAttributeSet(attribute.NewSet(k, kv))
+		}
 	}
 	return o, nil
 }
 
-// attributes returns the measurement option for kv, plus the key when
-// asked for.
-func (o *Observer) attributes(kv attribute.KeyValue, key string) metric.MeasurementOption {
-	if o.withKey {
-		return metric.WithAttributeSet(attribute.NewSet(kv, KeyKey.String(key)))
+// attributes returns the measurement option for kind and kv, plus the key
+// when asked for.
+func (o *Observer) attributes(kind string, kv attribute.KeyValue, key string) metric.MeasurementOption {
+	if kind == "" {
+		kind = defaultKind
 	}
-	if opt, ok := o.attrs[kv]; ok {
+	if o.withKey {
+		return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind), kv, KeyKey.String(key)))
+	}
+	if opt, ok := o.attrs[attrKey{kind, kv}]; ok {
 		return opt
 	}
-	return metric.WithAttributeSet(attribute.NewSet(kv))
+	return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind), kv))
 }
 
-// keyOnly returns the measurement option for an instrument without
-// attributes of its own.
-func (o *Observer) keyOnly(key string) metric.MeasurementOption {
-	if o.withKey {
-		return metric.WithAttributeSet(attribute.NewSet(KeyKey.String(key)))
+// kindAttr returns the measurement option for an instrument without
+// attributes of its own: the kind, plus the key when asked for.
+func (o *Observer) kindAttr(kind, key string) metric.MeasurementOption {
+	if kind == "" {
+		kind = defaultKind
 	}
-	return metric.WithAttributeSet(*attribute.EmptySet())
+	if o.withKey {
+		return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind), KeyKey.String(key)))
+	}
+	if opt, ok := o.kindOnly[kind]; ok {
+		return opt
+	}
+	return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind)))
 }
 
-// ObserveAcquire records one call to Lock, TryLock or TryLockFor.
+// ObserveAcquire records one call for a lock, a permit or a term.
 func (o *Observer) ObserveAcquire(info distlock.AcquireInfo) {
 	ctx := context.Background()
-	attrs := o.attributes(OutcomeKey.String(acquireOutcome(info.Err)), info.Key)
+	attrs := o.attributes(info.Kind, OutcomeKey.String(acquireOutcome(info.Err)), info.Key)
 	o.acquisitions.Add(ctx, 1, attrs)
 	o.acquireDuration.Record(ctx, info.Wait.Seconds(), attrs)
 	o.acquireAttempts.Record(ctx, int64(info.Attempts), attrs)
 	if info.Err == nil {
-		o.held.Add(ctx, 1, o.keyOnly(info.Key))
+		o.held.Add(ctx, 1, o.kindAttr(info.Kind, info.Key))
 	}
 }
 
 // ObserveRenew records one renewal attempt.
 func (o *Observer) ObserveRenew(info distlock.RenewInfo) {
 	ctx := context.Background()
-	attrs := o.attributes(OutcomeKey.String(renewOutcome(info.Err)), info.Key)
+	attrs := o.attributes(info.Kind, OutcomeKey.String(renewOutcome(info.Err)), info.Key)
 	o.renewals.Add(ctx, 1, attrs)
 	o.renewDuration.Record(ctx, info.Latency.Seconds(), attrs)
 }
@@ -237,18 +294,18 @@ func (o *Observer) ObserveTransition(info distlock.TransitionInfo) {
 	ctx := context.Background()
 	switch {
 	case info.To == distlock.Lost && info.From == distlock.Acquired:
-		o.lost.Add(ctx, 1, o.attributes(ReasonKey.String(lostReason(info.Err)), info.Key))
-		o.held.Add(ctx, -1, o.keyOnly(info.Key))
+		o.lost.Add(ctx, 1, o.attributes(info.Kind, ReasonKey.String(lostReason(info.Err)), info.Key))
+		o.held.Add(ctx, -1, o.kindAttr(info.Kind, info.Key))
 	case info.To == distlock.Acquired && info.From == distlock.Lost:
-		o.held.Add(ctx, 1, o.keyOnly(info.Key))
+		o.held.Add(ctx, 1, o.kindAttr(info.Kind, info.Key))
 	case info.To == distlock.Released:
 		outcome := "released"
 		if info.From == distlock.Acquired {
-			o.held.Add(ctx, -1, o.keyOnly(info.Key))
+			o.held.Add(ctx, -1, o.kindAttr(info.Kind, info.Key))
 		} else {
 			outcome = "lost"
 		}
-		o.holdDuration.Record(ctx, info.Held.Seconds(), o.attributes(OutcomeKey.String(outcome), info.Key))
+		o.holdDuration.Record(ctx, info.Held.Seconds(), o.attributes(info.Kind, OutcomeKey.String(outcome), info.Key))
 	}
 }
 
