@@ -206,10 +206,13 @@ func TestHelp(t *testing.T) {
 	_, out, _ = runDistlock(t, "help", "run")
 	for _, want := range []string{"DISTLOCK_TOKEN", "75", "76", "125", "126", "127", "128+N", "--grace DURATION",
 		"-n, --nonblock, --try\n", "-w, --wait SECONDS\n", "-E, --conflict-exit-code CODE\n", "-c, --command LINE\n",
-		"-v, --verbose\n", "flock(1)"} {
+		"-v, --verbose\n", "flock(1)", "--permits N\n", "distlock run --permits 4"} {
 		assert.Contains(t, out, want)
 	}
 	_, out, _ = runDistlock(t, "help", "inspect")
+	for _, want := range []string{"semaphore", "election", "observers", "free_permits"} {
+		assert.Contains(t, out, want)
+	}
 	assert.Regexp(t, `(?m)^  0 +the lock is held`, out)
 	assert.Regexp(t, `(?m)^  1 +the lock is free`, out)
 }
