@@ -22,7 +22,13 @@ import (
 // checks that the exit status matches the state: exitHeld or exitFree.
 func inspectJSON(t *testing.T, srv *redistest.Server, args ...string) lockState {
 	t.Helper()
-	code, out, errOut := runDistlock(t, append([]string{"inspect", "--redis", srv.URL(), "--json"}, args...)...)
+	return inspectJSONAt(t, srv.URL(), args...)
+}
+
+// inspectJSONAt is inspectJSON for the Redis at url.
+func inspectJSONAt(t *testing.T, url string, args ...string) lockState {
+	t.Helper()
+	code, out, errOut := runDistlock(t, append([]string{"inspect", "--redis", url, "--json"}, args...)...)
 	var s lockState
 	require.NoError(t, json.Unmarshal([]byte(out), &s), "output: %s; stderr: %s", out, errOut)
 	assert.Equal(t, inspectStatus(t, s.State), code, "the exit status of a %s lock; stderr: %s", s.State, errOut)
@@ -407,4 +413,68 @@ func TestInspectExitCodes(t *testing.T) {
 	code, out, errOut = runDistlock(t, "inspect", "--redis", srv.URL(), "pool")
 	assert.Equal(t, exitFree, code, "stderr: %s", errOut)
 	assert.Contains(t, out, "  semaphore free  permits: 3 (as of the last grant), 3 free")
+}
+
+// On a cluster, inspect reads each semaphore and election on the node that
+// serves its slot, its observers included (PUBSUB SHARDNUMSUB counts only
+// the subscribers of that node).
+func TestInspectOnCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	addrs := cl.Addrs()
+	url := "redis://" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2]
+	client := cl.Client()
+	const ttl = 5 * time.Second
+
+	// One name in each third of the slots: one on each primary.
+	var names []string
+	for i := 0; len(names) < 3; i++ {
+		name := fmt.Sprintf("n%d", i)
+		if cl.Slot("{"+name+"}")*3/16384 == len(names) {
+			names = append(names, name)
+		}
+	}
+	for _, name := range names {
+		var guards []*distlock.Guard
+		for _, owner := range []string{"w-1", "w-2"} {
+			sem, err := distlock.NewSemaphore(client, name, 3, distlock.WithOwner(owner), distlock.WithTTL(ttl))
+			require.NoError(t, err)
+			g, err := sem.Acquire(t.Context())
+			require.NoError(t, err)
+			guards = append(guards, g)
+		}
+		s := inspectJSONAt(t, url, name)
+		assert.Equal(t, "semaphore", s.Kind, name)
+		assert.ElementsMatch(t, []string{"w-1", "w-2"}, owners(s), name)
+		assert.Equal(t, 3, s.Permits, name)
+		require.NotNil(t, s.FreePermits, name)
+		assert.Equal(t, 1, *s.FreePermits, name)
+		assert.Equal(t, guards[1].Token(), s.LastToken, name)
+		for _, g := range guards {
+			releaseGuard(t, g)
+		}
+	}
+
+	if raceEnabled {
+		t.Skip("Election.Observe races in startWatcher (election.go); see TestInspectElection")
+	}
+	for _, name := range names {
+		name := "e" + name // another key, in the same slot
+		e, err := distlock.NewElection(client, name, distlock.WithTTL(ttl))
+		require.NoError(t, err)
+		ctx, stop := context.WithCancel(t.Context())
+		leaders := e.Observe(ctx)
+		g, err := e.Campaign(t.Context(), "leader-of-"+name)
+		require.NoError(t, err)
+		awaitLeader(t, leaders, "leader-of-"+name)
+		require.Eventually(t, func() bool { return inspectJSONAt(t, url, name).Observers == 1 }, eventually, pollEvery,
+			"inspect never saw the observer of %s", name)
+		s := inspectJSONAt(t, url, name)
+		assert.Equal(t, "election", s.Kind, name)
+		assert.Equal(t, "leader-of-"+name, s.Owner, name)
+		assert.Equal(t, g.Token(), s.LastToken, name)
+		releaseGuard(t, g)
+		stop()
+		for range leaders { // closed once the observer has left
+		}
+	}
 }
