@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,23 +40,41 @@ its lease has left, the last fencing token issued for it, and who waits for
 it (the owners of the first 10 in line, first in line first). It only reads:
 it never changes the lock.
 
+KEY may also name a semaphore or an election; the type of its Redis key
+tells which. For a semaphore it shows the holders (their owners and how long
+each lease has left, the first 10 to end, and how many in all), its number
+of permits as of the last grant (the number is not kept as a rule: each
+caller brings its own), how many of them are free, the line and the last
+token. For an election it shows the leader (the value it proclaimed), its
+term token and lease, and how many observers follow it: the subscriptions
+to its leader channel, one per observed Election value in each process. A
+lock and an election that nobody observes look alike, and are shown as a
+lock.
+
 With --watch it prints the state, then one line for each change (a new
 holder, a release, a new token, an error) until interrupted; it polls every
 --interval. With --json each state is one JSON object per line:
 
-  {"time":"...","key":"distlock:{backup}","state":"held","owner":"db-2:4711",
-   "value":"db-2:4711#<uuid>","expires_in_ms":8734,"last_token":1760086512345678,
-   "waiting":2,"waiters":["db-1:812","db-3:77"]}
+  {"time":"...","key":"distlock:{backup}","state":"held","kind":"lock",
+   "owner":"db-2:4711","value":"db-2:4711#<uuid>","expires_in_ms":8734,
+   "last_token":1760086512345678,"waiting":2,"waiters":["db-1:812","db-3:77"]}
 
 state is "held", "free" or "error"; expires_in_ms is -1 for a key without
 expiry (not written by distlock); last_token is missing if the lock was never
-acquired (or not in the last 24 hours).
+acquired (or not in the last 24 hours). kind is "lock", "semaphore",
+"election" (when someone observes it), or missing for a free key that
+nothing tells more of. A semaphore has "holding" (how many hold a permit),
+"holders" (the first 10: owner, value, expires_in_ms), and "permits" and
+"free_permits" when known, instead of owner, value and expires_in_ms; an
+election has "observers".
 
 Flags may come before or after KEY.
 
 Exit status:
-  0      the lock is held (by anyone, even a key not written by distlock)
-  1      the lock is free
+  0      the lock is held (by anyone, even a key not written by distlock),
+         a semaphore has a holder, or an election a leader
+  1      the lock is free (a semaphore without holders, an election
+         without a leader)
   64     usage error
   125    Redis cannot be read, or the lock's keys hold something else
 With --watch, the state does not set the status: it is 0 when interrupted,
@@ -66,6 +85,7 @@ Examples:
   if distlock inspect nightly-report >/dev/null; then echo "still running"; fi
   distlock inspect --watch --interval 1s --namespace jobs nightly-report
   distlock inspect --json backup | jq .owner
+  distlock inspect --json workers | jq .free_permits
 
 Flags:
 `
@@ -121,35 +141,64 @@ func parseInspect(args []string) (inspectConfig, error) {
 	return c, nil
 }
 
-// inspectScript reads a lock's state in one step, so that the value, its TTL,
-// the token and the line belong together.
+// queueScript reads a lock's line of waiters, and the raw fencing key so
+// that inspect can tell a token from something else written there.
 //
-// KEYS[1] lease key, KEYS[2] fencing key, KEYS[3] the line of waiters.
+// KEYS[1] the line of waiters, KEYS[2] the fencing key.
 // ARGV[1] how many waiters to name.
-// Reply: {value or nil, pttl, last token or nil, waiters in line, the first
-// ARGV[1] of their values}. pttl is -2 when the lease key does not exist and
-// -1 when it has no expiry.
-var inspectScript = rueidis.NewLuaScriptReadOnly(`
-local n = redis.call('ZCARD', KEYS[3])
-local first = redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[1]) - 1)
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), n, first}
+// Reply: {waiters in line, the first ARGV[1] of their values, the fencing
+// key's value or nil}.
+var queueScript = rueidis.NewLuaScriptReadOnly(`
+local n = redis.call('ZCARD', KEYS[1])
+local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+return {n, first, redis.call('GET', KEYS[2])}
 `)
 
 // maxNamedWaiters is how many waiters inspect names, first in line first.
 const maxNamedWaiters = 10
 
-// lockState is what inspect reports about a lock at one moment. Its JSON
-// form is the --json output.
+// maxNamedHolders is how many holders of a semaphore inspect names, the
+// first lease to end first.
+const maxNamedHolders = 10
+
+// The kinds of lock that inspect tells apart, in lockState.Kind.
+const (
+	kindLock      = "lock"
+	kindSemaphore = "semaphore"
+	kindElection  = "election"
+)
+
+// lockState is what inspect reports about a lock, semaphore or election at
+// one moment. Its JSON form is the --json output.
 type lockState struct {
 	Time  time.Time `json:"time"`
 	Key   string    `json:"key"`   // the lease key, NAMESPACE:{KEY}
 	State string    `json:"state"` // "held", "free" or "error"
-	Owner string    `json:"owner,omitempty"`
-	Value string    `json:"value,omitempty"`
+	// Kind is what the key is, as far as Redis tells: "semaphore",
+	// "election" (someone observes its leader), "lock" (held, and nobody
+	// observes it: a lock, or an election without observers), or empty
+	// (free, and nothing tells).
+	Kind string `json:"kind,omitempty"`
+	// Owner, Value and ExpiresInMS describe the holder of a lock, or the
+	// leader of an election.
+	Owner string `json:"owner,omitempty"`
+	Value string `json:"value,omitempty"`
 	// ExpiresInMS is the remaining lease of a held lock, -1 if the key has
 	// no expiry.
 	ExpiresInMS *int64 `json:"expires_in_ms,omitempty"`
-	LastToken   int64  `json:"last_token,omitempty"`
+	// LastToken is the last fencing token issued: for a held lock or
+	// election, its holder's (an election's term token).
+	LastToken int64 `json:"last_token,omitempty"`
+	// Holding is how many hold a permit of a semaphore; Holders describes
+	// the first maxNamedHolders of them, the first lease to end first.
+	Holding int           `json:"holding,omitempty"`
+	Holders []holderState `json:"holders,omitempty"`
+	// Permits is the semaphore's number of permits as of its last grant (0:
+	// unknown); FreePermits is how many of them nobody holds, when known.
+	Permits     int  `json:"permits,omitempty"`
+	FreePermits *int `json:"free_permits,omitempty"`
+	// Observers is how many subscriptions follow an election's leader.
+	Observers int `json:"observers,omitempty"`
 	// Waiting is how many Lock calls stand in the lock's line; Waiters
 	// names the owners of the first ones, first in line first.
 	Waiting int      `json:"waiting"`
@@ -157,12 +206,28 @@ type lockState struct {
 	Error   string   `json:"error,omitempty"`
 }
 
+// holderState is one holder of a semaphore's permit.
+type holderState struct {
+	Owner       string `json:"owner"`
+	Value       string `json:"value"`
+	ExpiresInMS int64  `json:"expires_in_ms"`
+}
+
 // differs reports whether s and o describe different states, ignoring the
-// time and the lease's countdown.
+// time and the leases' countdowns.
 func (s lockState) differs(o lockState) bool {
 	noExpiry := func(l lockState) bool { return l.ExpiresInMS != nil && *l.ExpiresInMS < 0 }
-	return s.State != o.State || s.Value != o.Value || s.LastToken != o.LastToken ||
-		s.Waiting != o.Waiting || s.Error != o.Error || noExpiry(s) != noExpiry(o)
+	holders := func(l lockState) []string {
+		var vs []string
+		for _, h := range l.Holders {
+			vs = append(vs, h.Value)
+		}
+		return vs
+	}
+	return s.State != o.State || s.Kind != o.Kind || s.Value != o.Value || s.LastToken != o.LastToken ||
+		s.Waiting != o.Waiting || s.Error != o.Error || noExpiry(s) != noExpiry(o) ||
+		s.Holding != o.Holding || !slices.Equal(holders(s), holders(o)) ||
+		s.Permits != o.Permits || s.Observers != o.Observers
 }
 
 // runInspect implements "distlock inspect". Without --watch it returns nil
@@ -186,6 +251,7 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		return &exitStatus{code: exitFailed, err: err}
 	}
 	defer closeClient()
+	in := &inspector{rc: client, lc: lease.New(client), keys: keys}
 
 	emit := func(s lockState) error {
 		if cfg.json {
@@ -200,7 +266,7 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		return err
 	}
 	if !cfg.watch {
-		s, err := inspect(ctx, client, keys)
+		s, err := in.inspect(ctx)
 		if err == nil {
 			err = emit(s)
 		}
@@ -212,26 +278,33 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		}
 		return nil // held
 	}
-	if err := watch(ctx, client, keys, cfg.interval, emit); err != nil {
+	if err := in.watch(ctx, cfg.interval, emit); err != nil {
 		return &exitStatus{code: exitFailed, err: err}
 	}
 	return nil
 }
 
+// inspector reads the state of one lock, semaphore or election.
+type inspector struct {
+	rc   rueidis.Client
+	lc   *lease.Client
+	keys lease.Keys
+}
+
 // watch prints the lock's state, then every change, until ctx is done. A
 // Redis error is a state like any other: it is printed once, and watching
 // goes on.
-func watch(ctx context.Context, client rueidis.Client, keys lease.Keys, interval time.Duration, emit func(lockState) error) error {
+func (in *inspector) watch(ctx context.Context, interval time.Duration, emit func(lockState) error) error {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	var last *lockState
 	for {
-		s, err := inspect(ctx, client, keys)
+		s, err := in.inspect(ctx)
 		if ctx.Err() != nil {
 			return nil // interrupted: the normal end of a watch
 		}
 		if err != nil {
-			s = lockState{Time: time.Now(), Key: keys.Lease, State: "error", Error: err.Error()}
+			s = lockState{Time: time.Now(), Key: in.keys.Lease, State: "error", Error: err.Error()}
 		}
 		if last == nil || s.differs(*last) {
 			if err := emit(s); err != nil {
@@ -247,45 +320,120 @@ func watch(ctx context.Context, client rueidis.Client, keys lease.Keys, interval
 	}
 }
 
-// inspect reads the lock's state once.
-func inspect(ctx context.Context, client rueidis.Client, keys lease.Keys) (lockState, error) {
+// inspect reads the state once: the holders, the fencing token and the
+// permits in one round trip (lease.Client.Read, which the key's type tells
+// the kind by), the line of waiters in a second, and for a lock or
+// election the observers of its leader in a third. The holders, token and
+// permits belong together; the line and the observers may be a moment
+// newer.
+func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	ctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
+	keys := in.keys
 	s := lockState{Time: time.Now(), Key: keys.Lease, State: "free"}
-	arr, err := inspectScript.Exec(ctx, client, []string{keys.Lease, keys.Fence, keys.Queue},
-		[]string{strconv.Itoa(maxNamedWaiters)}).ToArray()
+	snap, err := in.lc.Read(ctx, keys)
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
 	}
-	if len(arr) != 5 {
-		return s, fmt.Errorf("reading %s: %d replies instead of 5", keys.Lease, len(arr))
+	arr, err := queueScript.Exec(ctx, in.rc, []string{keys.Queue, keys.Fence},
+		[]string{strconv.Itoa(maxNamedWaiters)}).ToArray()
+	if err != nil {
+		return s, fmt.Errorf("reading %s: %w", keys.Queue, err)
 	}
-	if n, err := arr[3].AsInt64(); err == nil {
+	if len(arr) != 3 {
+		return s, fmt.Errorf("reading %s: %d replies instead of 3", keys.Queue, len(arr))
+	}
+	if n, err := arr[0].AsInt64(); err == nil {
 		s.Waiting = int(n)
 	}
-	if values, err := arr[4].AsStrSlice(); err == nil {
+	if values, err := arr[1].AsStrSlice(); err == nil {
 		for _, v := range values {
 			s.Waiters = append(s.Waiters, lease.Owner(v))
 		}
 	}
-	pttl, err := arr[1].AsInt64()
-	if err != nil {
-		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
-	}
-	if v, err := arr[0].ToString(); err == nil {
-		s.State, s.Value, s.Owner = "held", v, lease.Owner(v)
-		s.ExpiresInMS = &pttl
-	} else if !rueidis.IsRedisNil(err) {
-		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
-	}
+	// Read reports a fencing key that holds no token as no token; say so
+	// instead.
 	if raw, err := arr[2].ToString(); err == nil {
-		if s.LastToken, err = strconv.ParseInt(raw, 10, 64); err != nil || s.LastToken <= 0 {
+		if n, err := strconv.ParseInt(raw, 10, 64); err != nil || n <= 0 {
 			return s, fmt.Errorf("fencing key %s holds %q, not a token", keys.Fence, raw)
 		}
 	} else if !rueidis.IsRedisNil(err) {
 		return s, fmt.Errorf("reading %s: %w", keys.Fence, err)
 	}
+	s.LastToken = snap.Fence
+
+	switch snap.Type {
+	case "zset":
+		s.Kind = kindSemaphore
+		s.semaphore(snap)
+		return s, nil
+	case "string":
+		if len(snap.Holders) != 1 {
+			return s, fmt.Errorf("reading %s: %d holders of a lock", keys.Lease, len(snap.Holders))
+		}
+		h := snap.Holders[0]
+		ms := h.TTL.Milliseconds()
+		if h.TTL < 0 {
+			ms = -1
+		}
+		s.State, s.Kind, s.Value, s.Owner, s.ExpiresInMS = "held", kindLock, h.Value, lease.Owner(h.Value), &ms
+	case "none":
+		if snap.Limit > 0 {
+			// A semaphore whose last holder has left.
+			s.Kind = kindSemaphore
+			s.semaphore(snap)
+			return s, nil
+		}
+	default:
+		return s, fmt.Errorf("%s holds a %s, not a lock, semaphore or election", keys.Lease, snap.Type)
+	}
+	// A lock or an election, or a free key: those who observe an election
+	// tell it from a lock. Not knowing is no error: a lock and an election
+	// without observers look alike anyway.
+	if n, err := in.observers(ctx); err == nil && n > 0 {
+		s.Kind, s.Observers = kindElection, n
+	}
 	return s, nil
+}
+
+// semaphore fills in s from a read of a semaphore.
+func (s *lockState) semaphore(snap lease.Snapshot) {
+	s.Holding = len(snap.Holders)
+	if s.Holding > 0 {
+		s.State = "held"
+	}
+	for _, h := range snap.Holders[:min(len(snap.Holders), maxNamedHolders)] {
+		s.Holders = append(s.Holders, holderState{Owner: lease.Owner(h.Value), Value: h.Value, ExpiresInMS: h.TTL.Milliseconds()})
+	}
+	if snap.Limit > 0 {
+		s.Permits = snap.Limit
+		free := max(snap.Limit-s.Holding, 0)
+		s.FreePermits = &free
+	}
+}
+
+// observers returns how many subscriptions follow the leader channel of an
+// election of this name: the sharded channel that the library subscribes
+// to, or the plain one on a server without sharded pub/sub, where the
+// library falls back to it.
+func (in *inspector) observers(ctx context.Context) (int, error) {
+	ch := in.keys.Leader
+	n, err := numsub(in.rc.Do(ctx, in.rc.B().PubsubShardnumsub().Channel(ch).Build()), ch)
+	var re *rueidis.RedisError
+	if errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown") {
+		n, err = numsub(in.rc.Do(ctx, in.rc.B().PubsubNumsub().Channel(ch).Build()), ch)
+	}
+	return n, err
+}
+
+// numsub reads the reply of PUBSUB NUMSUB or SHARDNUMSUB for ch: a flat
+// list of channels and counts (a map in RESP3).
+func numsub(res rueidis.RedisResult, ch string) (int, error) {
+	m, err := res.AsIntMap()
+	if err != nil {
+		return 0, err
+	}
+	return int(m[ch]), nil
 }
 
 // text is the human form of s: one line, prefixed with the time for a watch.
@@ -295,24 +443,33 @@ func (s lockState) text(withTime bool) string {
 		b.WriteString(s.Time.Format("15:04:05.000  "))
 	}
 	b.WriteString(s.Key)
-	switch s.State {
-	case "error":
+	switch {
+	case s.State == "error":
 		fmt.Fprintf(&b, "  error: %s", s.Error)
 		return b.String()
-	case "held":
+	case s.Kind == kindSemaphore:
+		s.semaphoreText(&b)
+	case s.State == "held" && s.Kind == kindElection:
+		fmt.Fprintf(&b, "  election led by %s", s.Owner)
+		s.expiryText(&b)
+		fmt.Fprintf(&b, "  term token %d", s.LastToken)
+	case s.State == "held":
 		fmt.Fprintf(&b, "  held by %s", s.Owner)
-		if ms := *s.ExpiresInMS; ms >= 0 {
-			fmt.Fprintf(&b, "  expires in %v", time.Duration(ms)*time.Millisecond)
-		} else {
-			b.WriteString("  with no expiry (not written by distlock)")
-		}
+		s.expiryText(&b)
+	case s.Kind == kindElection:
+		b.WriteString("  election without a leader")
 	default:
 		b.WriteString("  free")
 	}
-	if s.LastToken > 0 {
-		fmt.Fprintf(&b, "  last token %d", s.LastToken)
-	} else {
-		b.WriteString("  no token issued")
+	if s.State != "held" || s.Kind != kindElection {
+		if s.LastToken > 0 {
+			fmt.Fprintf(&b, "  last token %d", s.LastToken)
+		} else {
+			b.WriteString("  no token issued")
+		}
+	}
+	if s.Observers > 0 {
+		fmt.Fprintf(&b, "  observers: %d", s.Observers)
 	}
 	if s.Waiting > 0 {
 		fmt.Fprintf(&b, "  %d waiting: %s", s.Waiting, strings.Join(s.Waiters, ", "))
@@ -321,4 +478,38 @@ func (s lockState) text(withTime bool) string {
 		}
 	}
 	return b.String()
+}
+
+// expiryText writes how long the lease of a held lock or election has left.
+func (s lockState) expiryText(b *strings.Builder) {
+	if ms := *s.ExpiresInMS; ms >= 0 {
+		fmt.Fprintf(b, "  expires in %v", time.Duration(ms)*time.Millisecond)
+	} else {
+		b.WriteString("  with no expiry (not written by distlock)")
+	}
+}
+
+// semaphoreText writes the holders and permits of a semaphore:
+//
+//	semaphore held by 2: a (expires in 4.2s), b (expires in 3.1s)  permits: 4 (as of the last grant), 2 free
+func (s lockState) semaphoreText(b *strings.Builder) {
+	if s.Holding == 0 {
+		b.WriteString("  semaphore free")
+	} else {
+		fmt.Fprintf(b, "  semaphore held by %d: ", s.Holding)
+		for i, h := range s.Holders {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(b, "%s (expires in %v)", h.Owner, time.Duration(h.ExpiresInMS)*time.Millisecond)
+		}
+		if s.Holding > len(s.Holders) {
+			fmt.Fprintf(b, ", and %d more", s.Holding-len(s.Holders))
+		}
+	}
+	if s.Permits > 0 {
+		fmt.Fprintf(b, "  permits: %d (as of the last grant), %d free", s.Permits, *s.FreePermits)
+	} else {
+		b.WriteString("  permits: unknown")
+	}
 }

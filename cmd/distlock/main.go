@@ -2,7 +2,8 @@
 //
 //	distlock run [flags] KEY [--] COMMAND [ARGS...]   run a command while holding a lock
 //	distlock run [flags] KEY -c 'COMMAND LINE'        the same, through sh -c
-//	distlock inspect [flags] KEY                      show who holds a lock; --watch follows it
+//	distlock run --permits N [flags] KEY ...          the same, under one of N permits of a semaphore
+//	distlock inspect [flags] KEY                      show who holds a lock, semaphore or election; --watch follows it
 //	distlock demo [flags]                             a few workers contend for one lock
 //
 // Run "distlock help" for an overview and "distlock help COMMAND" for the
@@ -39,10 +40,12 @@ Usage:
   distlock run [flags] KEY -c 'COMMAND LINE'
         run COMMAND while holding the lock KEY: wait for it, keep it renewed,
         stop the command if it is lost, release it when the command exits;
-        -n, -w, -E and -c work as they do for flock(1)
+        -n, -w, -E and -c work as they do for flock(1); --permits N runs it
+        under one of N permits of a semaphore instead, so N run at once
   distlock inspect [flags] KEY
         show who holds the lock KEY, for how long, and its last fencing
-        token; exit status 0 if it is held, 1 if it is free
+        token (or a semaphore's holders and permits, or an election's
+        leader); exit status 0 if it is held, 1 if it is free
   distlock demo [flags]
         a few workers contend for one lock and print their transitions
   distlock help [COMMAND]
@@ -59,6 +62,9 @@ Examples:
 
   # wait at most 30 seconds; a shell command line, with the fencing token
   distlock run -w 30 backup -c 'pg_dump app > "/backup/$DISTLOCK_TOKEN.sql"'
+
+  # at most 4 transcodes at once across all machines; the others wait
+  distlock run --permits 4 transcode -- ./transcode.sh
 
   # is it held? who holds it now? follow every change until Ctrl-C
   if distlock inspect backup >/dev/null; then echo busy; fi

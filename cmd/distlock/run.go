@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/distkit-go/distlock"
 )
 
@@ -65,6 +67,15 @@ the first word after KEY that is not a flag, or after "--"; everything from
 there on is the command's. With -c, the command is one string that sh -c
 runs, so it may use pipes, redirections and $DISTLOCK_TOKEN.
 
+With --permits N, KEY names a semaphore of N permits instead of a lock,
+and the command runs while holding one of them: up to N commands run at
+once, and the others wait in line (or, with -n and -w, give up) as they
+would for the lock. Each permit has its own lease and fencing token, and
+every other flag means what it means for the lock. All the runs of one KEY
+should pass the same N: a semaphore and a lock of one name share keys and
+refuse each other, and each caller brings its own N (see "distlock help
+inspect" for what it shows).
+
 If the lock is lost while the command runs (the lease could not be renewed in
 time, or someone deleted or took over the key), distlock sends the command
 SIGTERM, then SIGKILL after --grace, and exits with status 76.
@@ -81,17 +92,18 @@ arrives while distlock is still waiting for the lock ends the wait.
 
 For flock(1) users: -n, -w, -E, -c and -v mean what they mean there, but
 the default -E is 75, not 1; -c runs sh, not $SHELL; and -w also takes
-durations such as 1m30s. The lock is always exclusive (no -s), and is
-released when the command exits (no -u, -o or -F).
+durations such as 1m30s. The lock is exclusive (no -s; --permits N lets N
+commands share it), and is released when the command exits (no -u, -o or -F).
 
 Exit status:
   the command's    the command exited on its own
   128+N            the command was killed by signal N, or distlock got
                    signal N while still waiting for the lock
   64               usage error
-  75               not acquired: -n found the lock held, or -w ran out
+  75               not acquired: -n found the lock held (or all the
+                   permits of --permits), or -w ran out
                    (set another code with -E)
-  76               the lock was lost before the command finished (the
+  76               the lock (or permit) was lost before the command finished (the
                    command's own status is printed on stderr)
   125              distlock failed: Redis unreachable or erroring
   126              the command cannot be executed
@@ -102,6 +114,7 @@ Examples:
   distlock run -n --ttl 10s backup -c 'pg_dump app > "/backup/$DISTLOCK_TOKEN.sql"'
   distlock run -w 5m --grace 30s migrate -- ./migrate up
   distlock run -w 0.5 -E 0 cache-warm ./warm.sh   # held for 0.5s more: exit 0
+  distlock run --permits 4 transcode -- ./transcode.sh   # up to 4 at once
 
 Flags:
 `
@@ -117,6 +130,7 @@ type runConfig struct {
 	command      string
 	grace        time.Duration
 	owner        string
+	permits      int // with --permits: a semaphore of that many permits; 0 without
 	foreground   bool
 	verbose      bool
 }
@@ -139,6 +153,7 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	alias(fs, "c", "command")
 	fs.DurationVar(&c.grace, "grace", defaultGrace, "after the lock is lost, how long (`DURATION`) the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
 	fs.StringVar(&c.owner, "owner", "", "owner `ID` written into the lock, shown by \"distlock inspect\" (default HOST:PID, of distlock)")
+	fs.IntVar(&c.permits, "permits", 0, "run under one of `N` permits of a semaphore named KEY (N >= 1), so that up to N commands run at once, instead of under the lock KEY")
 	fs.BoolVar(&c.foreground, "foreground", false, "keep the command in distlock's process group, so that it can use the terminal (default: true when run from an interactive shell)")
 	fs.BoolVar(&c.verbose, "v", false, "say on stderr what distlock does: the wait, the acquisition, the command's start and end, failed renewals, the release")
 	alias(fs, "v", "verbose")
@@ -184,6 +199,8 @@ func parseRun(args []string) (runConfig, error) {
 		return c, usagef("-E %d: the exit status must be 0 to 255", c.conflictCode)
 	case c.grace < 0:
 		return c, usagef("--grace must not be negative")
+	case set["permits"] && c.permits < 1:
+		return c, usagef("--permits %d: a semaphore needs at least 1 permit", c.permits)
 	}
 	if commandSet {
 		c.argv = []string{shell, "-c", c.command}
@@ -271,6 +288,15 @@ func (r *runner) logf(format string, args ...any) {
 	fmt.Fprintf(r.stderr, "distlock run: "+format+"\n", args...)
 }
 
+// held names what the command runs under, for messages: "lock" or
+// "permit".
+func (r *runner) held() string {
+	if r.cfg.permits > 0 {
+		return "permit"
+	}
+	return "lock"
+}
+
 func (r *runner) verbosef(format string, args ...any) {
 	if r.cfg.verbose {
 		r.logf(format, args...)
@@ -318,7 +344,7 @@ func (r *runner) run(ctx context.Context) error {
 	if cfg.verbose {
 		opts = append(opts, distlock.WithObserver(&runObserver{r: r}))
 	}
-	m, err := distlock.NewMutex(client, cfg.key, opts...)
+	m, err := newLocker(client, cfg, opts)
 	if err != nil {
 		return usageError{err}
 	}
@@ -334,7 +360,7 @@ func (r *runner) run(ctx context.Context) error {
 	// during the wait (and at the very end, after the release).
 	lockCtx, cancelLock := context.WithCancelCause(ctx)
 	defer cancelLock(nil)
-	r.verbosef("waiting for %s on %s as %q", m.Key(), where, cfg.owner)
+	r.verbosef("waiting for %s on %s as %q", m.what, where, cfg.owner)
 	g, err := r.acquire(lockCtx, cancelLock, m, sigs)
 	if err != nil {
 		return err
@@ -351,7 +377,7 @@ func (r *runner) run(ctx context.Context) error {
 	if lost != nil {
 		// supervise has said why; this says what became of the command.
 		r.release(g)
-		return &exitStatus{code: exitLost, err: fmt.Errorf("the lock was lost while the command ran; the command %s", describe(ps))}
+		return &exitStatus{code: exitLost, err: fmt.Errorf("the %s was lost while the command ran; the command %s", r.held(), describe(ps))}
 	}
 	// The lease may also have slipped unnoticed just before the command
 	// exited: a release that finds the key gone or taken says so.
@@ -359,6 +385,33 @@ func (r *runner) run(ctx context.Context) error {
 		return &exitStatus{code: exitLost, err: fmt.Errorf("%s; the command %s", message(slipped), describe(ps))}
 	}
 	return &exitStatus{code: exitCode(ps)}
+}
+
+// locker is what "distlock run" holds while the command runs: the lock
+// KEY, or with --permits a permit of the semaphore KEY.
+type locker struct {
+	what string // for messages: the lease key, and the permits
+	wait func(context.Context) (*distlock.Guard, error)
+	try  func(context.Context) (*distlock.Guard, error)
+}
+
+// newLocker returns the lock or semaphore that cfg asks for.
+func newLocker(client rueidis.Client, cfg runConfig, opts []distlock.Option) (*locker, error) {
+	if cfg.permits == 0 {
+		m, err := distlock.NewMutex(client, cfg.key, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &locker{what: m.Key(), wait: m.Lock, try: m.TryLock}, nil
+	}
+	s, err := distlock.NewSemaphore(client, cfg.key, cfg.permits, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &locker{
+		what: fmt.Sprintf("a permit of %s (%d permits)", s.Key(), s.Permits()),
+		wait: s.Acquire, try: s.TryAcquire,
+	}, nil
 }
 
 // signalCause is the cause of lockCtx when a signal ended the wait.
@@ -373,7 +426,7 @@ func (s *signalCause) Error() string { return "received " + s.sig.String() }
 // acquire waits for the lock, or makes a single attempt with -n or -w 0. A
 // signal ends the wait with status 128+N. Other failures are an
 // *exitStatus with the documented code.
-func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCauseFunc, m *distlock.Mutex, sigs <-chan os.Signal) (*distlock.Guard, error) {
+func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCauseFunc, m *locker, sigs <-chan os.Signal) (*distlock.Guard, error) {
 	waiting := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
@@ -387,9 +440,9 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	var g *distlock.Guard
 	var err error
 	if r.cfg.singleAttempt() {
-		g, err = m.TryLock(lockCtx)
+		g, err = m.try(lockCtx)
 	} else {
-		g, err = m.Lock(lockCtx)
+		g, err = m.wait(lockCtx)
 	}
 	close(waiting)
 	<-watched
@@ -410,7 +463,7 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 			r.release(g)
 		}
 		return nil, &exitStatus{code: exitSignalBase + signalNumber(sc.sig),
-			err: fmt.Errorf("%v while waiting for %s", sc, m.Key())}
+			err: fmt.Errorf("%v while waiting for %s", sc, m.what)}
 	}
 	switch {
 	case err == nil:
@@ -518,7 +571,7 @@ func (r *runner) release(g *distlock.Guard) error {
 		if err := context.Cause(g.Context()); errors.Is(err, distlock.ErrLost) {
 			return err
 		}
-		return fmt.Errorf("the lock %s was lost before the command finished (found at release)", g.Key())
+		return fmt.Errorf("the %s %s was lost before the command finished (found at release)", r.held(), g.Key())
 	}
 	r.verbosef("released %s", g.Key())
 	return nil

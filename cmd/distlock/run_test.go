@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -260,4 +261,112 @@ func TestRunExitCodes(t *testing.T) {
 	for i := 1; i <= 12; i++ {
 		assertFree(t, srv, fmt.Sprintf("k%d", i))
 	}
+}
+
+// Three "distlock run --permits 2" for one key: two run at once, the third
+// waits in line and runs once one of them has finished, with a larger
+// token. Meanwhile -n gives up with 75, and inspect shows the semaphore.
+func TestRunPermits(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	const key = "pool"
+	names := []string{"a", "b", "c"}
+	procs := make(map[string]*proc)
+	for _, name := range names {
+		procs[name] = start(t, nil, cmdline(runArgs(srv, "--permits", "2", "--ttl", "2s", key), childArgs(t, dir, name)...)...)
+	}
+	// Two get a permit and start; the third stands in line.
+	var running, waiting []string
+	require.Eventually(t, func() bool {
+		s := inspectJSON(t, srv, key)
+		return s.Holding == 2 && s.Waiting == 1
+	}, eventually, pollEvery, "never two holders and one waiter")
+	for _, name := range names {
+		if started(dir, name) {
+			running = append(running, name)
+		} else {
+			waiting = append(waiting, name)
+		}
+	}
+	// A holder's command may not have reported yet; the waiter's cannot
+	// have started.
+	for len(running) < 2 && len(waiting) > 1 {
+		require.Eventually(t, func() bool {
+			return slices.ContainsFunc(waiting, func(n string) bool { return started(dir, n) })
+		}, eventually, pollEvery)
+		running, waiting = nil, nil
+		for _, name := range names {
+			if started(dir, name) {
+				running = append(running, name)
+			} else {
+				waiting = append(waiting, name)
+			}
+		}
+	}
+	require.Len(t, running, 2, "commands running under 2 permits")
+	require.Len(t, waiting, 1)
+	first, second, third := running[0], running[1], waiting[0]
+	repFirst, repSecond := waitReport(t, dir, first), waitReport(t, dir, second)
+	assert.NotEqual(t, token(t, repFirst), token(t, repSecond), "two permits with one token")
+
+	s := inspectJSON(t, srv, key)
+	assert.Equal(t, "semaphore", s.Kind)
+	assert.ElementsMatch(t, []string{repFirst.Owner, repSecond.Owner}, owners(s))
+	assert.Equal(t, 2, s.Permits)
+	require.NotNil(t, s.FreePermits)
+	assert.Zero(t, *s.FreePermits)
+	assert.Equal(t, []string{fmt.Sprintf("%s:%d", hostname(t), procs[third].cmd.Process.Pid)}, s.Waiters)
+
+	code, _, errOut := runDistlock(t, cmdline(runArgs(srv, "--permits", "2", "-n", key), childArgs(t, dir, "try")...)...)
+	assert.Equal(t, exitNotAcquired, code, "-n with every permit held; stderr: %s", errOut)
+	assert.Contains(t, errOut, "all 2 permits")
+	assert.False(t, started(dir, "try"))
+
+	// Still two at most: the third waits until one of the two has finished.
+	assert.False(t, started(dir, third), "%s ran while %s and %s held both permits", third, first, second)
+	letExit(t, dir, first)
+	assert.Equal(t, 0, procs[first].wait(t), "%s's stderr: %s", first, &procs[first].stderr)
+	repThird := waitReport(t, dir, third)
+	assert.Greater(t, token(t, repThird), max(token(t, repFirst), token(t, repSecond)), "tokens must increase")
+	assert.Equal(t, fmt.Sprintf("%s:%d", hostname(t), procs[third].cmd.Process.Pid), repThird.Owner)
+	assert.ElementsMatch(t, []string{repSecond.Owner, repThird.Owner}, owners(inspectJSON(t, srv, key)))
+
+	for _, name := range []string{second, third} {
+		letExit(t, dir, name)
+		assert.Equal(t, 0, procs[name].wait(t), "%s's stderr: %s", name, &procs[name].stderr)
+	}
+	s = inspectJSON(t, srv, key)
+	assert.Equal(t, "free", s.State)
+	assert.Zero(t, s.Holding)
+}
+
+func hostname(t *testing.T) string {
+	t.Helper()
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	return host
+}
+
+func TestRunPermitsUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	cases := []struct {
+		permits string
+		stderr  string
+	}{
+		{"0", "--permits 0: a semaphore needs at least 1 permit"},
+		{"-1", "--permits -1: a semaphore needs at least 1 permit"},
+		{"two", `invalid value "two" for flag -permits`},
+		{"1048577", "permits"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.permits, func(t *testing.T) {
+			code, _, errOut := runDistlock(t, cmdline(runArgs(srv, "--permits", tc.permits, "k"), "true")...)
+			assert.Equal(t, exitUsage, code, "stderr: %s", errOut)
+			assert.Contains(t, errOut, tc.stderr)
+			assert.Contains(t, errOut, "Run 'distlock help run' for usage.")
+		})
+	}
+	keys, err := srv.MustDo("KEYS", "*").AsStrSlice()
+	require.NoError(t, err)
+	assert.Empty(t, keys, "a refused run touched Redis")
 }
