@@ -67,7 +67,10 @@ if err then
   return err
 end
 local value = ARGV[1]
-local cur = redis.call('GET', KEYS[1])
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. redis.call('TYPE', KEYS[1]).ok .. ', not a lock; is the name used by a semaphore?')
+end
 if redis.call('EXISTS', KEYS[6]) == 1 then
   err = leave(value)
   if err then

@@ -509,7 +509,7 @@ func TestWrongTypeLeaseKey(t *testing.T) {
 
 	g, err := e.lc.Acquire(ctxFor(t), k, value, ttl)
 	require.Error(t, err, "Acquire on a hash: got %+v, want an error", g)
-	assert.Contains(t, err.Error(), "WRONGTYPE")
+	assert.Contains(t, err.Error(), "holds a hash, not a lock")
 	_, isRedisErr := rueidis.IsRedisErr(err)
 	assert.True(t, isRedisErr, "got %T, want a Redis error", err)
 	assert.Equal(t, lease.Grant{}, g)

@@ -303,13 +303,6 @@ func TestInspectSemaphore(t *testing.T) {
 }
 
 func TestInspectElection(t *testing.T) {
-	if raceEnabled {
-		// WORKAROUND, to remove once election.go is fixed: startWatcher
-		// assigns w.act after actor.Start has started w.run, whose
-		// subscribe callbacks read w.act (a data race, and a nil w.act if
-		// the subscription is confirmed first). Observe trips it here.
-		t.Skip("Election.Observe races in startWatcher (election.go); runs without -race")
-	}
 	srv := redistest.Start(t)
 	const ttl = 5 * time.Second
 	e, err := distlock.NewElection(srv.Client(), "boss", distlock.WithTTL(ttl))
@@ -454,9 +447,6 @@ func TestInspectOnCluster(t *testing.T) {
 		}
 	}
 
-	if raceEnabled {
-		t.Skip("Election.Observe races in startWatcher (election.go); see TestInspectElection")
-	}
 	for _, name := range names {
 		name := "e" + name // another key, in the same slot
 		e, err := distlock.NewElection(client, name, distlock.WithTTL(ttl))
