@@ -218,3 +218,27 @@ func TestReplicaAckRenewal(t *testing.T) {
 	require.Equal(t, distlock.Acquired, ev.State, "the guard should regain its lease")
 	assert.Equal(t, distlock.Released, release(t, g))
 }
+
+// WithReplicaAck on a Semaphore: a granted permit is on the replica once
+// Acquire returns; one the replicas did not acknowledge is taken back, and
+// the permit is free again.
+func TestReplicaAckSemaphore(t *testing.T) {
+	rs := startReplicated(t)
+	c := rs.primary.Client()
+	s, err := distlock.NewSemaphore(c, "acked", 2, distlock.WithReplicaAck(1, ackTimeout))
+	require.NoError(t, err)
+	g, err := s.Acquire(t.Context())
+	require.NoError(t, err)
+	n, err := rs.replica.MustDo("ZCARD", s.Key()).AsInt64()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n, "the permit is on the replica after an acknowledged Acquire")
+	assert.Equal(t, distlock.Released, release(t, g))
+
+	s2, err := distlock.NewSemaphore(c, "two", 2, distlock.WithReplicaAck(2, ackTimeout))
+	require.NoError(t, err)
+	_, err = s2.TryAcquire(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotReplicated)
+	n, err = rs.primary.MustDo("ZCARD", s2.Key()).AsInt64()
+	require.NoError(t, err)
+	assert.Zero(t, n, "an unacknowledged permit was left behind")
+}
