@@ -254,7 +254,7 @@ func (a *acquirer) granted(token int64, sent time.Time, ttl time.Duration) (*Gua
 // if that is past) when it is held that long. Otherwise (a late wake-up,
 // or WithReplicaAck, which must see an acknowledged write first) we claim
 // it by calling AcquireOrQueue again: the lease holds our value, so Redis
-// grants it to us for the full TTL, with a new token.
+// grants it to us for the full TTL (a lock keeps the grant's token).
 func (a *acquirer) queue() (*Guard, error) {
 	m := a.m
 	r := a.room

@@ -37,10 +37,12 @@
 // # Scripts
 //
 // acquire (Client.Acquire, Client.AcquireOrQueue) grants the lease to the
-// caller, with the full TTL and a new token, when the lease holds the
-// caller's value already (a grant passed to it while it waited, or an
-// attempt whose reply was lost), or when the lease is free and nobody alive
-// stands in line ahead of the caller. When the lease is free and someone
+// caller with the full TTL when the lease holds the caller's value already
+// (a grant passed to it while it waited, or an attempt whose reply was
+// lost), keeping that grant's token, or, with a new token, when the lease
+// is free and nobody alive stands in line ahead of the caller. (A
+// semaphore's holder that asks again gets a new token: the fencing key
+// holds only the last of its holders' tokens.) When the lease is free and someone
 // alive is ahead, the script passes the lease to the first of them (exactly
 // as release does) and the caller waits. A caller that waits stands in line
 // (AcquireOrQueue only): a new place at the end, or the place of the ticket
@@ -84,7 +86,7 @@
 //     third of the window in (at once if that is past); otherwise, and
 //     always when it must see a write acknowledged by replicas, it claims the
 //     grant by asking again (1): the lease holds its value, so acquire
-//     grants it the full TTL with a new token.
+//     grants it the full TTL, with the grant's token.
 //  4. Gone: the call gave up (ctx, max wait). It returns at once; in the
 //     background, Cancel voids its value, takes it out of line and, if the
 //     lease had been passed to it, deletes it and passes it on.

@@ -54,7 +54,10 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // The lease is granted to the caller when it is free and nobody alive stands
 // in line ahead of the caller, and when it already holds the caller's value
 // (a grant made to it while it waited, or an earlier attempt whose reply was
-// lost): the caller gets the full TTL and a new token in both cases. When it
+// lost): the caller gets the full TTL in both cases, with a new token in the
+// first and, in the second, the token of the grant it already had (the
+// fencing key's, since every grant sets both; a new one if that key was
+// lost). When it
 // is free but someone alive stands in line ahead, the script passes it to
 // the first of them, exactly as a release does, and the caller waits.
 // A voided value (see [Client.Cancel]) is refused and taken out of line.
@@ -82,6 +85,13 @@ if cur == value then
   err = leave(value)
   if err then
     return err
+  end
+  if last > 0 then
+    -- The last grant was to this value: the same acquisition asks again.
+    -- It keeps its token, so a term has one token and nothing changes
+    -- hands (nothing to announce).
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, last}
   end
   return grant(last, clock(), value, ARGV[2])
 end
@@ -173,7 +183,9 @@ return {deleted, token, v, room}
 // lockLua and semLua define hold(value, ms, now), which makes value hold
 // the lease for ms milliseconds from now (the server clock in µs): a lock
 // writes its lease string; a semaphore adds value to its set of holders,
-// scored by the server time (ms) at which its lease ends, keeps the set at
+// scored by the server time (ms, rounded up, so that a lease never ends
+// before now + ms; it ends when the clock's whole ms reach the score) at
+// which its lease ends, keeps the set at
 // least that long, and records the caller's limit (the permits it was
 // called with, set by the script's body) for inspection. semLua also
 // defines notSemaphore, which returns the error reply for a lease key of
@@ -188,7 +200,7 @@ end
 var semLua = `
 local limit
 local function hold(v, ms, now)
-  redis.call('ZADD', KEYS[1], string.format('%.0f', math.floor(now / 1000) + tonumber(ms)), v)
+  redis.call('ZADD', KEYS[1], string.format('%.0f', math.ceil(now / 1000) + tonumber(ms)), v)
   if redis.call('PTTL', KEYS[1]) < tonumber(ms) then
     redis.call('PEXPIRE', KEYS[1], ms)
   end
@@ -369,7 +381,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(s) <= now then
   return {0}
 end
-redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+local up = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', up + tonumber(ARGV[2])), ARGV[1])
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -704,7 +717,8 @@ func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 // has not lapsed, for that waiter's claim window, and announces the grant
 // (value and token) on the channel of the waiter's room. The waiter then
 // either renews the lease to its TTL, or calls AcquireOrQueue again, which
-// grants it the full TTL with a new token since the lease holds its value.
+// grants it the full TTL, with the grant's token, since the lease holds its
+// value.
 // A waiter must call AcquireOrQueue again before its claim window has passed
 // since the last call, or its place lapses and the line skips it. See
 // doc.go for the whole protocol.
