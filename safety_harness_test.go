@@ -605,8 +605,9 @@ func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
 }
 
 // classify recognises the lease scripts by their arguments: acquire and
-// release are given the fencing key (acquire with five arguments, release
-// with one or, behind Cancel, two), renewals the lease key alone.
+// release are given the fencing key (acquire with five arguments, or six
+// since the scripts take the lock's kind last; release with fewer),
+// renewals the lease key alone.
 func classify(args []string) (c wireCall, ok bool) {
 	if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
 		return c, false
@@ -619,7 +620,7 @@ func classify(args []string) (c wireCall, ok bool) {
 	c.key, c.value = keys[0], argv[0]
 	ttlArg := ""
 	switch {
-	case n >= 2 && strings.HasSuffix(keys[1], ":fence") && len(argv) == 5:
+	case n >= 2 && strings.HasSuffix(keys[1], ":fence") && (len(argv) == 5 || len(argv) == 6):
 		c.kind, ttlArg = acquireCall, argv[1]
 		if ms, err := strconv.ParseInt(argv[2], 10, 64); err == nil {
 			c.claim = time.Duration(ms) * time.Millisecond
