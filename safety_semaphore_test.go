@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -564,13 +565,7 @@ func (s *semWorld) finish(t *testing.T, got ...*holding) {
 	t.Helper()
 	for _, h := range append(s.held, got...) {
 		if h != nil && !h.isReleased() {
-			h.mu.Lock()
-			losses := h.losses
-			h.mu.Unlock()
-			for _, l := range losses {
-				t.Logf("%s (token %d) lost at %v: %v (deadline %v)", h.c.name, h.token, l.at, l.err, l.deadline)
-			}
-			h.mustRelease(t, distlock.Released)
+			s.releaseHeld(t, h)
 		}
 	}
 	for _, wt := range s.waiters {
@@ -578,6 +573,32 @@ func (s *semWorld) finish(t *testing.T, got ...*holding) {
 			_, _ = h.release()
 		}
 	}
+}
+
+// releaseHeld releases a guard that no fault touched, which should still
+// hold. If it lost its lease, that fails the test unless the scheduling
+// delay since its grant used up a renewal's budget: then the machine, not
+// the library, may have taken the lease, and the test says so (safety is
+// still checked on the history).
+func (w *world) releaseHeld(t *testing.T, h *holding) {
+	t.Helper()
+	st, err := h.release()
+	if st != distlock.Lost {
+		require.NoError(t, err, "release of %s", h.c.name)
+		require.Equal(t, distlock.Released, st, "Release of %s (token %d)", h.c.name, h.token)
+		return
+	}
+	h.mu.Lock()
+	losses := slices.Clone(h.losses)
+	h.mu.Unlock()
+	late := w.delayed(h.granted, time.Now())
+	if late >= renewalBudget(w.ttl) {
+		t.Logf("%s (token %d) lost its lease (%v), but the scheduling delay reached %v (%d times the probe's worst), "+
+			"more than a renewal's budget of %v", h.c.name, h.token, losses, late, stepHops, renewalBudget(w.ttl))
+		return
+	}
+	t.Errorf("%s (token %d), untouched by the fault, lost its lease: %v (scheduling delay %v)", h.c.name, h.token,
+		losses, late)
 }
 
 // TestSafetySemaphoreHolderPaused: a semaphore of two permits, one held by
@@ -689,9 +710,8 @@ func TestSafetySemaphorePartition(t *testing.T) {
 		assert.Zero(t, ha.regainCount(), "a regained a permit that w holds")
 		ha.mustRelease(t, distlock.Lost)
 		assert.ElementsMatch(t, []string{"b", "w"}, w.holders(), "the permits' holders in Redis after a's release")
-		assert.Equal(t, distlock.Acquired, hw.g.State())
-		hs[1].mustRelease(t, distlock.Released)
-		hw.mustRelease(t, distlock.Released)
+		w.releaseHeld(t, hs[1])
+		w.releaseHeld(t, hw)
 		r := w.checkWith("sem-2", w.permitConfig(permits))
 		assert.Equal(t, permits, r.Peak, "the permits were never all held at once")
 		assert.Zero(t, r.Unchecked, "L1 unchecked for some samples")
@@ -746,8 +766,7 @@ func TestSafetySemaphoreRedisRestarted(t *testing.T) {
 			h.mustRelease(t, distlock.Lost)
 		}
 		for _, h := range got {
-			assert.Equal(t, distlock.Acquired, h.g.State())
-			h.mustRelease(t, distlock.Released)
+			w.releaseHeld(t, h)
 		}
 		r := w.checkWith("sem-8", w.permitConfig(permits))
 		assert.Equal(t, permits, r.Peak)
