@@ -55,6 +55,9 @@ func runHelper(role string) int {
 	if role == benchRole {
 		return runBenchHelper() // bench_procs_test.go
 	}
+	if role == permitRole {
+		return runPermitHelper() // safety_semaphore_test.go
+	}
 	if role != holderRole {
 		fmt.Fprintln(os.Stderr, "unknown helper role", role)
 		return 2

@@ -33,6 +33,21 @@ func (o Overlap) String() string {
 	return fmt.Sprintf("overlap: %v reported Acquired %v after %v was granted", o.First, o.By, o.Second)
 }
 
+// Crowd is a breach of L2 for a key of several permits: when Grant was
+// granted, more than Permits-1 acquisitions granted before it (by token)
+// reported Acquired afterwards, so that with Grant more than Permits held
+// the key at once. Earlier lists them.
+type Crowd struct {
+	Grant   Acq
+	Earlier []Acq
+	Permits int
+}
+
+func (c Crowd) String() string {
+	return fmt.Sprintf("more than %d at once: %v was granted while %d granted before it still reported Acquired "+
+		"after its grant: %v", c.Permits, c.Grant, len(c.Earlier), c.Earlier)
+}
+
 // Report is what [Check] found in a history. The counts describe the
 // history; the slices list breaches of the contract, each in words.
 type Report struct {
@@ -47,13 +62,28 @@ type Report struct {
 	Writes    int   // accepted counter writes
 	Refused   int   // counter calls refused for a stale token
 	Final     int64 // the counter value the accepted writes lead to (per key, summed)
+	// Peak is the largest number of acquisitions of one key that held it
+	// over a common stretch of time, each from its grant to the start of
+	// its last State sample that returned Acquired. A test that means to
+	// fill every permit checks that it did.
+	Peak         int
+	Observations int // Observed ops
+	// UnknownTerms counts the distinct tokens that observers saw and that
+	// no Granted op of the key carries (a candidate that was killed before
+	// it recorded its grant, or a term nobody recorded).
+	UnknownTerms int
 
 	L1          []string  // held samples past the deadline the confirmed writes allow
 	Overlaps    []Overlap // L2
+	Crowds      []Crowd   // L2 for keys of several permits
 	TokenOrder  []string  // L3: a token not above the one granted before it
 	Stale       []string  // accepted counter calls with a token below one accepted before
 	LostUpdates []string  // accepted writes not based on the counter's current value
 	Malformed   []string  // ops that contradict the record itself
+	// Observers lists what observers saw against the record: a term older
+	// than one they had seen, a term again after they saw it end, or a
+	// leader under a token that another acquisition was granted.
+	Observers []string
 }
 
 // maxListed is how many breaches of one kind Err spells out.
@@ -77,10 +107,16 @@ func (r Report) Err() error {
 	}
 	add("L1 held past the deadline", r.L1)
 	add("L2 overlaps", overlaps)
+	crowds := make([]string, len(r.Crowds))
+	for i, c := range r.Crowds {
+		crowds[i] = c.String()
+	}
+	add("L2 more holders than permits", crowds)
 	add("L3 token order", r.TokenOrder)
 	add("stale counter calls accepted", r.Stale)
 	add("lost updates", r.LostUpdates)
 	add("malformed ops", r.Malformed)
+	add("observers", r.Observers)
 	return errors.Join(errs...)
 }
 
@@ -89,10 +125,12 @@ func (r Report) Err() error {
 func (r Report) Summary() string {
 	return fmt.Sprintf("acquisitions=%d samples=%d held_samples=%d l1_unchecked=%d "+
 		"l1_violations=%d overlaps=%d token_order_violations=%d "+
-		"reads=%d writes=%d stale_refused=%d stale_accepted=%d lost_updates=%d malformed=%d",
+		"reads=%d writes=%d stale_refused=%d stale_accepted=%d lost_updates=%d malformed=%d "+
+		"crowds=%d peak=%d observations=%d observer_violations=%d unknown_terms=%d",
 		r.Acquisitions, r.Samples, r.HeldSamples, r.Unchecked,
 		len(r.L1), len(r.Overlaps), len(r.TokenOrder),
-		r.Reads, r.Writes, r.Refused, len(r.Stale), len(r.LostUpdates), len(r.Malformed))
+		r.Reads, r.Writes, r.Refused, len(r.Stale), len(r.LostUpdates), len(r.Malformed),
+		len(r.Crowds), r.Peak, r.Observations, len(r.Observers), r.UnknownTerms)
 }
 
 type acqID struct {
@@ -106,13 +144,44 @@ type acqState struct {
 	granted  bool
 	samples  []Op // held samples
 	confirms []Op
+	sent     Mono // the earliest Sent of confirms, or 0
 }
 
-// Check checks a history against L1, L2, L3 and the counter's rules; see the
-// package documentation. Ops may come in any order, except that a counter's
-// Read and Write ops must be in the order the counter applied them, as
-// [Counter] records them.
-func Check(ops []Op) Report {
+// Config says what the keys of a history allow. The zero Config is for
+// locks: one holder per key.
+type Config struct {
+	// Permits maps the keys that allow several holders at once (a
+	// semaphore's lease key) to how many. A key not listed allows one.
+	Permits map[string]int
+}
+
+// permits returns how many holders key allows.
+func (c Config) permits(key string) int { return max(c.Permits[key], 1) }
+
+// Check checks a history of locks; it is Config{}.Check.
+func Check(ops []Op) Report { return Config{}.Check(ops) }
+
+// Check checks a history against L1, L2, L3, the counter's rules and the
+// observers' rules; see the package documentation. Ops may come in any
+// order, except that a counter's Read and Write ops must be in the order
+// the counter applied them, as [Counter] records them, and an observer's
+// Observed ops in the order it received them.
+//
+// For a key of one holder, L2 and L3 are checked in grant order, as the
+// grants were made one after another. For a key of n > 1 holders:
+//
+//   - L2: when an acquisition was granted, at most n-1 acquisitions with
+//     smaller tokens may report Acquired after that moment. Each of them
+//     held its lease in Redis from its grant until it last reported
+//     Acquired (a correct guard does not report Acquired past its lease,
+//     and a renewal never revives a lease that ended), so each held a
+//     permit when Redis made the later grant;
+//   - L3: tokens are distinct, and an acquisition granted (Lock returned)
+//     before another's grant write was even sent has the smaller token.
+//     The send time is the earliest Sent of the later acquisition's
+//     Confirmed ops; acquisitions without one are only checked for
+//     distinct tokens.
+func (c Config) Check(ops []Op) Report {
 	var r Report
 	acqs := make(map[acqID]*acqState)
 	get := func(op Op) *acqState {
@@ -147,6 +216,11 @@ func Check(ops []Op) Report {
 		case Confirmed:
 			a := get(op)
 			a.confirms = append(a.confirms, op)
+			if op.Sent != 0 && (a.sent == 0 || op.Sent < a.sent) {
+				a.sent = op.Sent
+			}
+		case Observed:
+			r.Observations++
 		case Lost, Regained, Released, Read, Write:
 		default:
 			r.Malformed = append(r.Malformed, fmt.Sprintf("op of unknown kind: %v", op))
@@ -171,12 +245,142 @@ func Check(ops []Op) Report {
 		r.checkL1(a)
 		byKey[a.Key] = append(byKey[a.Key], a)
 	}
-	for _, list := range byKey {
-		r.checkOrder(list)
+	for key, list := range byKey {
+		if n := c.permits(key); n > 1 {
+			r.checkPermits(list, n)
+		} else {
+			r.checkOrder(list)
+		}
+		r.Peak = max(r.Peak, peak(list))
 	}
 	r.checkCounter(ops)
+	r.checkObservers(ops, byKey)
 	slices.SortFunc(r.Overlaps, func(a, b Overlap) int { return cmp.Compare(a.Second.Granted, b.Second.Granted) })
+	slices.SortFunc(r.Crowds, func(a, b Crowd) int { return cmp.Compare(a.Grant.Granted, b.Grant.Granted) })
 	return r
+}
+
+// checkPermits checks L2 and L3 among the acquisitions of a key of n > 1
+// permits; see [Config.Check].
+func (r *Report) checkPermits(list []*acqState, n int) {
+	byToken := slices.Clone(list)
+	slices.SortFunc(byToken, func(a, b *acqState) int { return cmp.Compare(a.Token, b.Token) })
+	for i, a := range byToken {
+		if i > 0 && a.Token == byToken[i-1].Token {
+			r.TokenOrder = append(r.TokenOrder, fmt.Sprintf("%v has the token of %v", a.Acq, byToken[i-1].Acq))
+		}
+		var earlier []Acq
+		for _, e := range byToken[:i] {
+			if e.LastHeld > a.Granted {
+				earlier = append(earlier, e.Acq)
+			}
+		}
+		if len(earlier) > n-1 {
+			r.Crowds = append(r.Crowds, Crowd{Grant: a.Acq, Earlier: earlier, Permits: n})
+		}
+	}
+	for _, a := range list {
+		if a.sent == 0 {
+			continue
+		}
+		for _, e := range list {
+			if e != a && e.Granted < a.sent && e.Token >= a.Token {
+				r.TokenOrder = append(r.TokenOrder, fmt.Sprintf("%v was granted %v before the grant of %v was sent, "+
+					"with a token not below it", e.Acq, a.sent.Sub(e.Granted), a.Acq))
+			}
+		}
+	}
+}
+
+// peak returns the largest number of the acquisitions in list whose spans,
+// from grant to last held sample, share an instant.
+func peak(list []*acqState) int {
+	type edge struct {
+		at    Mono
+		delta int
+	}
+	var edges []edge
+	for _, a := range list {
+		if a.LastHeld > a.Granted {
+			edges = append(edges, edge{a.Granted, 1}, edge{a.LastHeld, -1})
+		}
+	}
+	// An end before a start at the same instant: spans that only touch do
+	// not count as together.
+	slices.SortFunc(edges, func(x, y edge) int { return cmp.Or(cmp.Compare(x.at, y.at), cmp.Compare(x.delta, y.delta)) })
+	cur, most := 0, 0
+	for _, e := range edges {
+		cur += e.delta
+		most = max(most, cur)
+	}
+	return most
+}
+
+// checkObservers checks the Observed ops of each observer of each key, in
+// the order recorded: the tokens of the leaders an observer sees never go
+// down; once it has seen that nobody leads after a term, it never sees that
+// term again; and a leader seen under a token is the one that the token
+// was granted to, for every observer.
+func (r *Report) checkObservers(ops []Op, byKey map[string][]*acqState) {
+	type observer struct{ key, name string }
+	type seenState struct {
+		highest int64 // the highest token seen
+		ended   bool  // nobody led when last seen, after highest
+	}
+	seen := make(map[observer]*seenState)
+	type term struct {
+		key   string
+		token int64
+	}
+	leaders := make(map[term]string) // what observers saw first under each token granted to nobody known
+	granted := make(map[term]string) // whom each token was granted to
+	for key, list := range byKey {
+		for _, a := range list {
+			granted[term{key, a.Token}] = a.Client
+		}
+	}
+	unknown := make(map[term]bool)
+	for _, op := range ops {
+		if op.Kind != Observed {
+			continue
+		}
+		o := observer{op.Key, op.Client}
+		s := seen[o]
+		if s == nil {
+			s = &seenState{}
+			seen[o] = s
+		}
+		if op.Token == 0 {
+			if op.Leader != "" {
+				r.Malformed = append(r.Malformed, fmt.Sprintf("%v: a leader without a token", op))
+			}
+			s.ended = true
+			continue
+		}
+		switch {
+		case op.Token < s.highest:
+			r.Observers = append(r.Observers, fmt.Sprintf("%v: after token %d", op, s.highest))
+		case op.Token == s.highest && s.ended:
+			r.Observers = append(r.Observers, fmt.Sprintf("%v: the term again after it was seen to end", op))
+		}
+		if op.Token > s.highest {
+			s.highest, s.ended = op.Token, false
+		}
+		t := term{op.Key, op.Token}
+		if to, ok := granted[t]; ok {
+			if to != op.Leader {
+				r.Observers = append(r.Observers, fmt.Sprintf("%v: the token was granted to %s", op, to))
+			}
+			continue
+		}
+		unknown[t] = true
+		if first, ok := leaders[t]; !ok {
+			leaders[t] = op.Leader
+		} else if first != op.Leader {
+			r.Observers = append(r.Observers, fmt.Sprintf("%v: another observer saw %q under this token", op, first))
+		}
+	}
+	r.UnknownTerms = len(unknown)
 }
 
 // checkL1 checks that every held sample of a started before the latest

@@ -16,6 +16,12 @@
 //   - the counter accepts no operation with a token below one it already
 //     accepted, and no accepted write loses an update.
 //
+// A key may allow several holders at once (a semaphore's permits; see
+// [Config]): then the history may show up to that many at once, and L2
+// and L3 take the form that fits. An election is a key of one holder, whose
+// observers add what they saw ([Observed]); Check makes sure that no
+// observer saw the terms out of order, or a leader under another's token.
+//
 // Times are readings of the machine's monotonic clock ([Mono]), so ops
 // recorded by a helper process line up with the test's own.
 package history
@@ -93,6 +99,10 @@ const (
 	// Write: a holder wrote Value to the [Counter] with Token; OK says
 	// whether the counter accepted it.
 	Write
+	// Observed: an observer of an election, named by Client, learnt that
+	// Leader leads with Token (both empty: that nobody leads). At is when
+	// the observer received it.
+	Observed
 )
 
 var kindNames = [...]string{
@@ -104,6 +114,7 @@ var kindNames = [...]string{
 	Confirmed: "confirmed",
 	Read:      "read",
 	Write:     "write",
+	Observed:  "observed",
 }
 
 func (k Kind) String() string {
@@ -144,6 +155,12 @@ type Op struct {
 	Held   bool   `json:"held,omitzero"`  // Sample: Acquired; Released: returned Released
 	Value  int64  `json:"value,omitzero"` // Read and Write
 	OK     bool   `json:"ok,omitzero"`    // Read and Write: accepted
+	// Sent, for Confirmed, is a time before Redis applied the write, if the
+	// recorder knows one (0 otherwise): the call's send time for an acquire
+	// or a renewal; for a grant passed to a waiter, the send time of a call
+	// that found the waiter still in line.
+	Sent   Mono   `json:"sent,omitzero"`
+	Leader string `json:"leader,omitzero"` // Observed: the leader's value
 }
 
 func (o Op) String() string {
@@ -155,6 +172,8 @@ func (o Op) String() string {
 		s += fmt.Sprintf(" until %d", o.Until)
 	case Read, Write:
 		s += fmt.Sprintf(" value %d ok=%t", o.Value, o.OK)
+	case Observed:
+		s = fmt.Sprintf("%s %s by %s: leader %q token %d at %d", o.Kind, o.Key, o.Client, o.Leader, o.Token, o.At)
 	}
 	return s
 }
