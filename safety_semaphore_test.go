@@ -48,7 +48,6 @@ const (
 	permits   = 2 // the semaphore's permits
 )
 
-
 // permitCall is one acquire call that left its value in line (or at least
 // not granted), as a permitWire saw it.
 type permitCall struct {
