@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -222,28 +223,39 @@ type semFigures struct {
 // release call, lies within its lease in Redis).
 func semFiguresOf(b *testing.B, phase time.Duration, permits int, parts []phaseResult, u usage) semFigures {
 	b.Helper()
+	type span struct {
+		proc                 int
+		granted, held, freed int64 // µs from the phase's start
+	}
 	type edge struct {
 		at    int64
 		delta int
+		span  int // index in spans
 	}
 	var (
 		f             semFigures
 		acq           []int
 		waits, wakes  []time.Duration
 		edges         []edge
+		spans         []span
 		cmds, held    int64
 		cpu, runDelay time.Duration
 		phaseEnd      = phase.Microseconds()
 		clip          = func(t int64) int64 { return min(max(t, 0), phaseEnd) }
 	)
-	for _, p := range parts {
+	for j, p := range parts {
 		for _, e := range p.Errs {
 			b.Error(e)
 		}
 		acq = append(acq, p.Acq...)
 		for i, w := range p.Waits {
 			waits = append(waits, time.Duration(w)*time.Microsecond)
-			edges = append(edges, edge{p.Held[i], +1}, edge{p.Freed[i], -1})
+			sp := span{proc: j, held: p.Held[i], freed: p.Freed[i]}
+			if i < len(p.Granted) {
+				sp.granted = p.Granted[i]
+			}
+			edges = append(edges, edge{sp.held, +1, len(spans)}, edge{sp.freed, -1, len(spans)})
+			spans = append(spans, sp)
 			held += clip(p.Freed[i]) - clip(p.Held[i])
 			if i < len(p.Granted) {
 				wakes = append(wakes, time.Duration(p.Held[i]-p.Granted[i])*time.Microsecond)
@@ -261,13 +273,22 @@ func semFiguresOf(b *testing.B, phase time.Duration, permits int, parts []phaseR
 	// Releases before acquisitions at the same µs: a span ends before the
 	// next one begins.
 	slices.SortFunc(edges, func(x, y edge) int { return cmp.Or(cmp.Compare(x.at, y.at), cmp.Compare(x.delta, y.delta)) })
-	n := 0
+	open := make(map[int]bool)
 	for _, e := range edges {
-		n += e.delta
-		f.atOnce = max(f.atOnce, n)
-	}
-	if f.atOnce > permits {
-		b.Errorf("%d holders at once, more than the %d permits", f.atOnce, permits)
+		if e.delta < 0 {
+			delete(open, e.span)
+			continue
+		}
+		open[e.span] = true
+		f.atOnce = max(f.atOnce, len(open))
+		if len(open) == permits+1 {
+			var desc strings.Builder
+			for i := range open {
+				sp := spans[i]
+				fmt.Fprintf(&desc, "\n  process %d: granted %d µs, held %d..%d µs", sp.proc, sp.granted, sp.held, sp.freed)
+			}
+			b.Errorf("%d holders at once, more than the %d permits (µs from the phase's start):%s", len(open), permits, desc.String())
+		}
 	}
 	f.rate = float64(total) / phase.Seconds()
 	f.cmdsPerAcq = float64(cmds) / float64(total)
@@ -367,6 +388,11 @@ func reportSemaphore(b *testing.B, d time.Duration, sem, mutex []semFigures) {
 	fair := func(f semFigures) float64 { return f.fairness }
 	p50 := func(f semFigures) float64 { return ms(f.p50) }
 	p99 := func(f semFigures) float64 { return ms(f.p99) }
+	// ceiling is the rate at which the participants and Redis, at their
+	// CPU cost per acquisition, would take every CPU of the machine.
+	ceiling := func(f semFigures) float64 {
+		return float64(runtime.NumCPU()) * float64(time.Second) / float64(f.cpuPerAcq+f.redisPerAcq)
+	}
 	s, m := pick(sem, rate), pick(mutex, rate)
 	sc, sf := pick(sem, cmds), pick(sem, fair)
 
@@ -379,6 +405,7 @@ func reportSemaphore(b *testing.B, d time.Duration, sem, mutex []semFigures) {
 	b.ReportMetric(pick(mutex, fair).median, "mutex-fairness")
 	b.ReportMetric(pick(sem, p50).median, "p50-wait-ms")
 	b.ReportMetric(pick(sem, p99).median, "p99-wait-ms")
+	b.ReportMetric(pick(sem, ceiling).median, "cpu-ceiling-acq/s")
 
 	var t strings.Builder
 	fmt.Fprintf(&t, "%s: %d processes × 1 worker, hold %v of busy work, %d rounds × %v per variant; median (min..max) over rounds\n",
@@ -414,6 +441,7 @@ func reportSemaphore(b *testing.B, d time.Duration, sem, mutex []semFigures) {
 	row("machine CPU/acq", durµs(func(f semFigures) time.Duration { return f.machinePerAcq }), 0, " µs")
 	row("run-queue wait/acq", durµs(func(f semFigures) time.Duration { return f.runDelayPerAcq }), 0, " µs")
 	row("machine busy", func(f semFigures) float64 { return 100 * f.busy }, 0, " %")
+	row("CPU ceiling acq/s", ceiling, 0, "")
 	fmt.Fprintf(&t, "  target acq/s ≥ 3× the Mutex: %s (median ratio %.2f)\n", metOrNot(ratio.median >= 3), ratio.median)
 	fmt.Fprintf(&t, "  target ≤ 3 commands/acq: %s (median %.2f)\n", metOrNot(sc.median <= 3), sc.median)
 	fmt.Fprintf(&t, "  target fairness ≥ 0.9: %s (median %.2f)\n", metOrNot(sf.median >= 0.9), sf.median)
