@@ -236,6 +236,10 @@ type semFigures struct {
 	// whole machine; and the participants' run-queue wait.
 	cpuPerAcq, redisPerAcq, machinePerAcq, runDelayPerAcq time.Duration
 	busy                                                  float64 // share of the machine's CPU busy
+	// The run-queue wait in the phase of the process with the fewest
+	// acquisitions and of the one with the most: what the scheduler did to
+	// fairness.
+	fewestDelay, mostDelay time.Duration
 }
 
 // semFiguresOf computes a phase's figures from its participants' results.
@@ -315,6 +319,18 @@ func semFiguresOf(b *testing.B, phase time.Duration, permits int, parts []phaseR
 	f.cmdsPerAcq = float64(cmds) / float64(total)
 	if most := slices.Max(acq); most > 0 {
 		f.fairness = float64(slices.Min(acq)) / float64(most)
+	}
+	if len(acq) == len(parts) { // one worker per process
+		fewest, most := 0, 0
+		for i := range acq {
+			if acq[i] < acq[fewest] {
+				fewest = i
+			}
+			if acq[i] > acq[most] {
+				most = i
+			}
+		}
+		f.fewestDelay, f.mostDelay = time.Duration(parts[fewest].RunDelay), time.Duration(parts[most].RunDelay)
 	}
 	f.p50, f.p99, _ = percentiles(waits)
 	if len(wakes) > 0 {
@@ -432,7 +448,7 @@ func reportSemaphore(b *testing.B, d time.Duration, sem, mutex []semFigures) {
 	fmt.Fprintf(&t, "%s: %d processes × 1 worker, hold %v of busy work, %d rounds × %v per variant; median (min..max) over rounds\n",
 		b.Name(), semProcesses, holdFor, len(sem), d)
 	line := func(name string, cells ...string) {
-		fmt.Fprintf(&t, "  %-22s", name)
+		fmt.Fprintf(&t, "  %-24s", name)
 		for _, c := range cells {
 			fmt.Fprintf(&t, " %-30s", c)
 		}
@@ -461,6 +477,8 @@ func reportSemaphore(b *testing.B, d time.Duration, sem, mutex []semFigures) {
 	row("Redis CPU/acq", durµs(func(f semFigures) time.Duration { return f.redisPerAcq }), 1, " µs")
 	row("machine CPU/acq", durµs(func(f semFigures) time.Duration { return f.machinePerAcq }), 0, " µs")
 	row("run-queue wait/acq", durµs(func(f semFigures) time.Duration { return f.runDelayPerAcq }), 0, " µs")
+	row("  in fewest-acq process", func(f semFigures) float64 { return ms(f.fewestDelay) }, 0, " ms")
+	row("  in most-acq process", func(f semFigures) float64 { return ms(f.mostDelay) }, 0, " ms")
 	row("machine busy", func(f semFigures) float64 { return 100 * f.busy }, 0, " %")
 	row("CPU ceiling acq/s", ceiling, 0, "")
 	fmt.Fprintf(&t, "  target acq/s ≥ 3× the Mutex: %s (median ratio %.2f)\n", metOrNot(ratio.median >= 3), ratio.median)
