@@ -1,10 +1,13 @@
 package distlock_test
 
 // The benchmarks of issue 11: a Semaphore contended by processes, measured
-// side by side with a Mutex in the same run, and an Election followed by
-// observers in other processes.
+// side by side with a Mutex in the same run, an Election followed by
+// observers in other processes, and what the lease scripts cost Redis (to
+// check that the Mutex did not get slower when the scripts learned about
+// semaphores and elections). See BENCHMARKS.md, "Semaphore and election".
 //
 //	go test -run '^$' -bench 'SemaphoreProcesses|ElectionObservers' -benchtime 1x .
+//	go test -run '^$' -bench LeaseScripts -benchtime 3x .
 //
 // As in bench_procs_test.go, every process is the test binary started again
 // by helperproc, with a rueidis client of its own; commands are counted on
