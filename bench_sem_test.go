@@ -50,20 +50,6 @@ const (
 	electRole = "bench-election"
 )
 
-// init runs this file's helpers. runHelper (safety_helper_test.go), which
-// TestMain calls, knows only the roles of the fault suite and of
-// bench_procs_test.go; these roles are dispatched here instead, before
-// TestMain runs, so that this file is the only one the benchmarks add to.
-// In a normal test run Role is empty and init does nothing.
-func init() {
-	switch helperproc.Role() {
-	case semRole:
-		os.Exit(runSemHelper())
-	case electRole:
-		os.Exit(runElectHelper())
-	}
-}
-
 // Settings of BenchmarkSemaphoreProcesses.
 const (
 	semPermits   = 4

@@ -58,6 +58,12 @@ func runHelper(role string) int {
 	if role == permitRole {
 		return runPermitHelper() // safety_semaphore_test.go
 	}
+	switch role {
+	case semRole:
+		return runSemHelper() // bench_sem_test.go
+	case electRole:
+		return runElectHelper() // bench_sem_test.go
+	}
 	if role != holderRole {
 		fmt.Fprintln(os.Stderr, "unknown helper role", role)
 		return 2
