@@ -534,6 +534,58 @@ func TestSemaphoreAcquireDoesNotBarge(t *testing.T) {
 	})
 }
 
+// TestSemaphoreFirstWaiterPassesTheRest: when several permits are free
+// (several leases ended at once, or the limit was raised), the first waiter
+// who calls takes one and passes those left to the waiters behind it, up to
+// the limit it was called with.
+func TestSemaphoreFirstWaiterPassesTheRest(t *testing.T) {
+	t.Run("ended holders", func(t *testing.T) {
+		e := newEnv(t)
+		k := semKeys(t, 3)
+		x, y, z := lease.NewValue("x"), lease.NewValue("y"), lease.NewValue("z")
+		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
+		require.True(t, e.acquire(t, k, y, endTTL).Acquired)
+		e.mustAcquire(t, k, z)
+		a := newWaiter("a", "ra", liveClaim)
+		b := newWaiter("b", "rb", liveClaim)
+		c := newWaiter("c", "rc", liveClaim)
+		for i, w := range []*waiter{a, b, c} {
+			e.mustQueue(t, k, w, x, i)
+		}
+		heard := subscribe(t, e.lc, k, "rb")
+		e.waitEnded(t, k, x)
+		e.waitEnded(t, k, y)
+
+		g := e.queue(t, k, a)
+		require.True(t, g.Acquired, "the first waiter with two permits free: %+v", g)
+		assert.ElementsMatch(t, []string{z, a.value, b.value}, e.members(t, k), "holders: want a's and a pass to b")
+		e.assertHolds(t, k, b.value, liveClaim)
+		pass := nextAnnouncement(t, heard, "rb")
+		assert.Equal(t, b.value, pass.value)
+		assert.Greater(t, pass.token, g.Token, "token of the pass to b, made after a's grant")
+		assert.Equal(t, pass.token, e.fence(t, k))
+		assert.False(t, e.inLine(t, k, b.value), "b still stands in line")
+		e.mustQueue(t, k, c, z, 0)
+	})
+	t.Run("raised limit", func(t *testing.T) {
+		e := newEnv(t)
+		k1, k3 := semKeys(t, 1), semKeys(t, 3)
+		x := lease.NewValue("x")
+		e.mustAcquire(t, k1, x)
+		a := newWaiter("a", "ra", liveClaim)
+		b := newWaiter("b", "rb", liveClaim)
+		c := newWaiter("c", "rc", liveClaim)
+		for i, w := range []*waiter{a, b, c} {
+			e.mustQueue(t, k1, w, x, i)
+		}
+		g, err := e.lc.AcquireOrQueue(ctxFor(t), k3, a.value, queueTTL, a.place)
+		require.NoError(t, err)
+		require.True(t, g.Acquired, "the first waiter under a raised limit: %+v", g)
+		assert.ElementsMatch(t, []string{x, a.value, b.value}, e.members(t, k3), "holders: want a's and a pass to b")
+		e.mustQueue(t, k3, c, x, 0)
+	})
+}
+
 // TestSemaphoreLoweredLimit: holders above a lowered limit keep their
 // permits and renew them; callers with the lower limit are granted nothing,
 // and releases made with it pass nothing on, until fewer than that many
