@@ -641,7 +641,7 @@ func TestSemaphoreLoweredLimit(t *testing.T) {
 
 // TestSemaphoreAndLockShareNoKey: a semaphore's scripts on a lock's lease
 // fail with an error that says so, and a lock's scripts on a semaphore's
-// fail with WRONGTYPE; neither writes anything. Renew and Release refuse
+// likewise; neither writes anything. Renew and Release refuse
 // without an error, and write nothing either.
 func TestSemaphoreAndLockShareNoKey(t *testing.T) {
 	place := lease.Place{Claim: liveClaim, Room: "room"}
@@ -688,10 +688,11 @@ func TestSemaphoreAndLockShareNoKey(t *testing.T) {
 		for _, k := range []lease.Keys{lock, lock.Election()} {
 			g, err := e.lc.Acquire(ctxFor(t), k, v, queueTTL)
 			require.Error(t, err, "lock Acquire on a semaphore: got %+v", g)
-			assert.Contains(t, err.Error(), "WRONGTYPE")
+			assert.Contains(t, err.Error(), "not a lock")
+			assert.Contains(t, err.Error(), k.Lease)
 			g, err = e.lc.AcquireOrQueue(ctxFor(t), k, v, queueTTL, place)
 			require.Error(t, err, "lock AcquireOrQueue on a semaphore: got %+v", g)
-			assert.Contains(t, err.Error(), "WRONGTYPE")
+			assert.Contains(t, err.Error(), "not a lock")
 			for _, val := range []string{x, v} {
 				r, err := e.lc.Renew(ctxFor(t), k, val, queueTTL)
 				require.NoError(t, err)
