@@ -323,13 +323,13 @@ return waiting(rank, ticket)
 // triple per waiter a permit was passed to.
 var semReleaseScript = newScript(semLua + protocolLua + `
 local value = ARGV[1]
+if notSemaphore() then
+  return {0}
+end
 local now = clock()
 local err
 if KEYS[6] then
   err = leave(value)
-end
-if notSemaphore() then
-  return {0}
 end
 dropEnded(now)
 local deleted = redis.call('ZREM', KEYS[1], value)
