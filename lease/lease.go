@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -63,7 +64,7 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // A voided value (see [Client.Cancel]) is refused and taken out of line.
 // All checks come before the first write, so a key of the wrong type or
 // content fails the script without leaving anything behind.
-var acquireScript = newScript(lockLua + protocolLua + `
+var acquireScript = newScript(lockProtocol() + `
 announcing = ARGV[6] == '1'
 local last, err = fence()
 if err then
@@ -138,7 +139,7 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // so that a waiter who gives up also unblocks a line whose grant lapsed.
 // A fencing or queue key of the wrong type or content does not stop the
 // delete: the lease is deleted and not passed on.
-var releaseScript = newScript(lockLua + protocolLua + `
+var releaseScript = newScript(lockProtocol() + `
 announcing = ARGV[3] == '1'
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
@@ -180,23 +181,27 @@ end
 return {deleted, token, v, room}
 `)
 
-// lockLua and semLua define hold(value, ms, now), which makes value hold
-// the lease for ms milliseconds from now (the server clock in µs): a lock
-// writes its lease string; a semaphore adds value to its set of holders,
-// scored by the server time (ms, rounded up, so that a lease never ends
-// before now + ms; it ends when the clock's whole ms reach the score) at
-// which its lease ends, keeps the set at
-// least that long, and records the caller's limit (the permits it was
-// called with, set by the script's body) for inspection. semLua also
-// defines notSemaphore, which returns the error reply for a lease key of
-// another type (a lock's string), and dropEnded, which drops the holders
-// whose lease has ended.
-var lockLua = `
-local function hold(v, ms, now)
-  redis.call('SET', KEYS[1], v, 'PX', ms)
-end
-`
+// protocolLua calls hold(value, ms, now) to make value hold the lease for
+// ms milliseconds from now (the server clock in µs). For a lock that is a
+// single SET, which lockProtocol writes in place of each call rather than
+// defining a function: Redis builds every local function of a script anew
+// at each call, and this keeps a lock's scripts, the release above all, as
+// cheap for Redis as they were before semaphores.
+func lockProtocol() string {
+	return holdCall.ReplaceAllString(protocolLua, "redis.call('SET', KEYS[1], $1, 'PX', $2)")
+}
 
+// holdCall matches the calls of hold in protocolLua.
+var holdCall = regexp.MustCompile(`\bhold\((\w+), (\w+), now\)`)
+
+// semLua defines a semaphore's hold: it adds the value to the set of
+// holders, scored by the server time in ms at which its lease ends (rounded
+// up, so that a lease never ends before now + ms: it ends once the clock's
+// whole ms reach the score), keeps the set at least that long, and records
+// the caller's limit (the permits it was called with, set by the script's
+// body) for inspection. It also defines notSemaphore, which returns the
+// error reply for a lease key of another type (a lock's string), and
+// dropEnded, which drops the holders whose lease has ended.
 var semLua = `
 local limit
 local function hold(v, ms, now)
