@@ -661,3 +661,24 @@ func TestStateIsLostOnceTheContextSaysSo(t *testing.T) {
 		release(t, g)
 	}
 }
+
+// The other way round: whoever receives the Lost event finds the guard's
+// context cancelled, with the loss as its cause.
+func TestContextIsCancelledOnceTheLostEventComes(t *testing.T) {
+	srv := redistest.Start(t)
+	for range 20 {
+		m := newMutex(t, srv.Client(), "res", distlock.WithTTL(300*time.Millisecond))
+		g, err := m.Lock(t.Context())
+		require.NoError(t, err)
+		ctx := g.Context()
+		events := g.Subscribe(t.Context())
+		srv.MustDo("DEL", m.Key())
+		for ev := range events {
+			if ev.State == distlock.Lost {
+				break
+			}
+		}
+		require.ErrorIs(t, context.Cause(ctx), distlock.ErrLost, "the context right after the Lost event")
+		release(t, g)
+	}
+}

@@ -278,10 +278,10 @@ func (l *leaseLoop) markLost(cause *LostError) {
 	if l.state != Acquired {
 		return
 	}
-	// State first: whoever sees the context cancelled must not then read
-	// Acquired from State.
-	l.setState(Lost, cause)
-	l.g.cancel(cause)
+	// State first, then the context, then the event: whoever sees the
+	// context cancelled must not then read Acquired from State, and whoever
+	// receives the Lost event finds the context cancelled.
+	l.setStateThen(Lost, cause, func() { l.g.cancel(cause) })
 	l.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
 }
 
@@ -299,7 +299,11 @@ func (l *leaseLoop) debug() bool {
 // setState records a transition, publishes it to State and to subscribers.
 // Once the guard's end has begun (even if the loop has not seen it yet) it
 // does not regain the lease: the guard never reports Acquired again.
-func (l *leaseLoop) setState(s State, err error) {
+func (l *leaseLoop) setState(s State, err error) { l.setStateThen(s, err, nil) }
+
+// setStateThen is setState that runs then, if not nil, after State reports
+// s and before the subscribers are told.
+func (l *leaseLoop) setStateThen(s State, err error, then func()) {
 	if s == Acquired && l.g.ending.Load() != 0 {
 		return
 	}
@@ -307,6 +311,9 @@ func (l *leaseLoop) setState(s State, err error) {
 	l.state, l.since, l.cause = s, time.Now(), err
 	if !l.releasing {
 		l.g.snap.Store(&snapshot{state: s, deadline: l.deadline})
+	}
+	if then != nil {
+		then()
 	}
 	l.subs.publish(Event{State: s, Time: l.since, Err: err})
 }
