@@ -34,7 +34,9 @@ package distlock_test
 //     than N live leases never lasted while a live waiter of an unfaulted
 //     process stood in line beyond a bound (a push and a round trip away
 //     from faults, claim windows after one); a waiter a release passed a
-//     permit to returned soon after (checkIdle).
+//     permit to returned soon after (checkIdle); a lease that ended
+//     (a dead holder's, or a lapsed pass) went to the live waiter first in
+//     line within a refresh period, usually at once (checkEndedLeases).
 //   - W3: a cancelled Acquire returned at once (checkGiveUps).
 //   - W5: once everyone had left, no holders, queue keys, void keys, wake
 //     subscriptions or waiting rooms remained (checkLeftovers; goroutines:
@@ -264,6 +266,7 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 	r.checkOrder(calls)
 	r.checkPasses(calls)
 	r.checkIdle(calls)
+	r.checkEndedLeases(calls)
 	r.checkLeftovers()
 
 	var acquired, cancelled, killed, failed int
@@ -312,7 +315,9 @@ func (r *semRound) pending() []string {
 	return out
 }
 
-// move makes one random move, with the odds of round.move.
+// move makes one random move, with the odds of round.move except that a
+// kill is likelier (40 in a thousand rather than 15), for the sake of
+// leases that end without a release (checkEndedLeases).
 func (r *semRound) move(calm bool) {
 	t := r.t
 	gap := time.Duration(r.rng.Int64N(int64(randomGap)))
@@ -360,7 +365,7 @@ func (r *semRound) move(calm bool) {
 				r.mu.Unlock()
 			})
 		}
-	case n < 715:
+	case n < 740:
 		if p := r.pickProc(procUp); p != nil && r.killable() {
 			r.kill(p)
 		}
@@ -1330,6 +1335,110 @@ func (r *semRound) checkIdle(cs semCalls) {
 		"handoff_median_remote_quiet", median, "idle_max_quiet", worstQuiet, "idle_max_faulted", worstFaulted,
 		"handoff_max_quiet", worst, "bound_quiet", randomIdleQuiet, "bound_faulted", randomIdleFaulted)
 	assert.Empty(t, breaches, "W1: a permit sat idle while a live waiter stood in line")
+}
+
+// checkEndedLeases checks the part of W1 that needs no release: a lease
+// that ends (its holder died, or a permit passed to a waiter lapsed) frees
+// its permit for the first in line as it ends. The first in line asks
+// Redis at the end of the lease that ends first (as its last call told
+// it), and in any case within a refresh period (half a claim window), so
+// when the first in line at the end of a lease is a waiter with a live
+// place whose process was not cut off near, it must be granted a permit
+// (or have returned) within randomRefresh plus a hand-off, plus any Redis
+// pause near, widened by the scheduling delay measured meanwhile. A lease counts as ended when the
+// sampler listed it with little left and then no more, and no release of
+// its value was sent.
+func (r *semRound) checkEndedLeases(cs semCalls) {
+	// Releases that may have reached Redis: all but those that failed
+	// while their process was cut off (killed or partitioned) throughout.
+	released := map[string]bool{}
+	for _, c := range cs.all {
+		if c.kind == releaseCall && (c.err == nil || !r.cutOff(c.proc, c.start, c.end)) {
+			released[c.value] = true
+		}
+	}
+	var breaches []string
+	var waits []time.Duration
+	ended, checked := 0, 0
+	for i := 1; i < len(r.samples); i++ {
+		prev, s := r.samples[i-1], r.samples[i]
+		for _, h := range prev.holders {
+			if released[h.Value] || slices.ContainsFunc(s.holders, func(o lease.Holding) bool { return o.Value == h.Value }) {
+				continue
+			}
+			end := prev.at.Add(h.TTL)
+			if end.After(s.end.Add(clockSlop)) {
+				continue // gone before its end: dropped by a script on another ground
+			}
+			ended++
+			// The line at the end: the last sample that started before it
+			// (a waiter that takes the permit at once is out of line in the
+			// next).
+			j := sort.Search(len(r.samples), func(k int) bool { return !r.samples[k].at.Before(end) }) - 1
+			if j < 0 || len(r.samples[j].line) == 0 {
+				continue
+			}
+			x := r.byName[lease.Owner(r.samples[j].line[0])]
+			bound := randomRefresh + randomHandOff
+			// A fault elsewhere does not delay the waiter: it asks at the
+			// end by its own timer, and a call that fails (a reset, a
+			// dropped subscription) is sent again within a refresh period.
+			// A fault of its own process's path does, and a Redis pause
+			// delays everything by its length.
+			if x == nil || !x.start.Before(end) || !x.pendingAt(end) ||
+				r.cutOffNear(x.proc.idx, end.Add(-randomShadow), end.Add(bound)) ||
+				!placeHeld(cs.inLineCalls(x.name), randomClaim, end.Add(-clockSlop), end.Add(clockSlop)) {
+				continue
+			}
+			bound += r.pausedWithin(end.Add(-randomPauseMax), end.Add(bound+randomPauseMax))
+			checked++
+			done := x.returned
+			if at, ok := r.grantedBy(cs, x); ok && at.After(end.Add(-clockSlop)) && (done.IsZero() || at.Before(done)) {
+				done = at
+			}
+			if done.IsZero() {
+				breaches = append(breaches, fmt.Sprintf("%s, first in line when %s's lease ended at %s, was never granted a permit",
+					x.name, lease.Owner(h.Value), end.Format("15:04:05.000")))
+				continue
+			}
+			wait := max(done.Sub(end), 0)
+			waits = append(waits, wait)
+			if bound += r.w.delayed(end, done); wait > bound {
+				breaches = append(breaches, fmt.Sprintf("%s, first in line when %s's lease ended at %s, got a permit %v later "+
+					"(bound %v)", x.name, lease.Owner(h.Value), end.Format("15:04:05.000"), wait, bound))
+			}
+		}
+	}
+	var median, worst time.Duration
+	if len(waits) > 0 {
+		slices.Sort(waits)
+		median, worst = waits[len(waits)/2], waits[len(waits)-1]
+	}
+	figure(r.t, "random-sem-ended", "ended", ended, "checked", checked, "wait_median", median, "wait_max", worst,
+		"bound", randomRefresh+randomHandOff, "breaches", len(breaches))
+	assert.Empty(r.t, breaches, "W1: ended leases not taken by the live waiter first in line")
+}
+
+// cutOff reports whether process p was killed or partitioned throughout
+// [from, to]: nothing it sent then reached Redis.
+func (r *semRound) cutOff(p int, from, to time.Time) bool {
+	for _, f := range r.faults {
+		if f.proc == p && (f.kind == "kill" || f.kind == "partition") && !f.start.After(from) && (f.end.IsZero() || !f.end.Before(to)) {
+			return true
+		}
+	}
+	return false
+}
+
+// cutOffNear reports whether process p was killed or partitioned at any
+// time in [from, to].
+func (r *semRound) cutOffNear(p int, from, to time.Time) bool {
+	for _, f := range r.faults {
+		if f.proc == p && (f.kind == "kill" || f.kind == "partition") && !f.start.After(to) && (f.end.IsZero() || !f.end.Before(from)) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkLeftovers checks W5 once everyone has left: no holders, no queue
