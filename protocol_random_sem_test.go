@@ -24,9 +24,10 @@ package distlock_test
 //     counting for each guard the span from its grant to its last sample
 //     that said Acquired, over which its permit was alive in Redis
 //     (checkAtMostN); Redis never listed more than N live holders; every
-//     grant carried a token never issued before, above the last token
-//     Redis showed before the grant was sent and no higher than the one it
-//     showed after the reply (checkTokens).
+//     grant carried a token never issued before, above every token granted
+//     by a call answered before it was sent, above the last token Redis
+//     showed before it was sent and no higher than the one Redis showed
+//     after its reply (checkTokens).
 //   - W2 order (checkOrder): no waiter got a permit while one that joined
 //     the line before it still waited with a place its calls prove alive.
 //   - W1 no idle permit: a release that freed a permit while a live waiter
@@ -768,9 +769,9 @@ type semCalls struct {
 	grants  map[int64]semGrant   // every grant seen in a reply, by token
 	// byOwnerGrants are the grants by the owner of their value.
 	byOwnerGrants map[string][]semGrant
-	// firstHeld is, by owner, when the sampler first listed its value as a
-	// holder, and what was left of the lease then.
-	firstHeld map[string]heldSeen
+	// held is, by owner, every sample that listed its value as a holder,
+	// with what was left of the lease then.
+	held map[string][]heldSeen
 }
 
 // heldSeen is a sample's view of one holder.
@@ -791,7 +792,7 @@ type semGrant struct {
 // calls gathers the calls of every process.
 func (r *semRound) calls() semCalls {
 	cs := semCalls{byOwner: make(map[string][]semCall), grants: make(map[int64]semGrant),
-		byOwnerGrants: make(map[string][]semGrant), firstHeld: make(map[string]heldSeen)}
+		byOwnerGrants: make(map[string][]semGrant), held: make(map[string][]heldSeen)}
 	var dup []string
 	add := func(g semGrant) {
 		if old, ok := cs.grants[g.token]; ok {
@@ -823,9 +824,8 @@ func (r *semRound) calls() semCalls {
 	}
 	for _, s := range r.samples {
 		for _, h := range s.holders {
-			if o := lease.Owner(h.Value); cs.firstHeld[o].s.at.IsZero() {
-				cs.firstHeld[o] = heldSeen{s: s, left: h.TTL}
-			}
+			o := lease.Owner(h.Value)
+			cs.held[o] = append(cs.held[o], heldSeen{s: s, left: h.TTL})
 		}
 	}
 	assert.Empty(r.t, dup, "L3: a token granted twice")
@@ -1097,10 +1097,39 @@ func (r *semRound) grantedBy(cs semCalls, x *semWaiter) (time.Time, bool) {
 	if x.token != 0 {
 		note(time.UnixMicro(x.token))
 	}
-	if h, ok := cs.firstHeld[x.name]; ok {
-		note(earlier(h.s.end, h.s.at.Add(h.left-randomClaim+clockSlop)))
+	if hs := cs.held[x.name]; len(hs) > 0 {
+		note(hs[0].grantedBy())
 	}
 	return at, !at.IsZero()
+}
+
+// grantedBy returns the latest time by which the lease that h saw was
+// granted: by the end of the sample, and at least a claim window before
+// the lease ends (a pass lasts the claim window, a grant or a renewal the
+// TTL, which is longer).
+func (h heldSeen) grantedBy() time.Time {
+	return earlier(h.s.end, h.s.at.Add(h.left-randomClaim+clockSlop))
+}
+
+// grantedWithin reports whether the record shows a grant to x's value that
+// may have been made within [from, to]: a token of that time, or a lease
+// that a sample saw and that may have been granted then.
+func (r *semRound) grantedWithin(cs semCalls, x *semWaiter, from, to time.Time) bool {
+	in := func(t time.Time) bool { return !t.Before(from.Add(-clockSlop)) && !t.After(to.Add(clockSlop)) }
+	for _, g := range cs.grantsTo(x.name) {
+		if in(time.UnixMicro(g.token)) {
+			return true
+		}
+	}
+	if x.token != 0 && in(time.UnixMicro(x.token)) {
+		return true
+	}
+	for _, h := range cs.held[x.name] {
+		if h.s.end.After(from) && !h.grantedBy().After(to.Add(clockSlop)) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkOrder checks W2, as round.checkOrder does for the lock: no waiter B
@@ -1195,8 +1224,8 @@ func (r *semRound) checkPasses(cs semCalls) {
 			if x == nil || x.name == releaser || !x.pendingAt(c.end) || r.faulted(x.proc.idx, s.at, c.end, shadow) {
 				continue
 			}
-			if at, ok := r.grantedBy(cs, x); ok && !at.Before(s.at.Add(-randomClaim)) && !at.After(c.end) {
-				continue
+			if r.grantedWithin(cs, x, s.at.Add(-randomClaim), c.end) {
+				continue // a permit was passed to it meanwhile, which took it out of line
 			}
 			checked++
 			if placeHeld(cs.inLineCalls(x.name), randomClaim, c.start.Add(-clockSlop), c.end.Add(clockSlop)) {
