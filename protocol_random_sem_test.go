@@ -1484,15 +1484,19 @@ func (r *semRound) checkLeftovers() {
 	}
 	// An ended lease stays in the set until a script drops it, and the set
 	// expires when its last lease has ended: a TTL at most.
-	waitFor(t, safetyTTL+slack, "the semaphore's keys to go", func() bool { return len(left()) == 0 })
-	waitFor(t, eventually, "the wake subscriptions and waiting rooms to end", func() bool {
+	subscriptions := func() []string {
 		sharded, err := srv.MustDo("PUBSUB", "SHARDCHANNELS", keys.Wake+":*").AsStrSlice()
 		require.NoError(t, err)
 		plain, err := srv.MustDo("PUBSUB", "CHANNELS", keys.Wake+":*").AsStrSlice()
 		require.NoError(t, err)
-		return len(sharded)+len(plain) == 0 && distlock.RoomsOf(keys.Lease) == 0
-	})
-	if t.Failed() {
-		t.Logf("left: keys %v, rooms %d", left(), distlock.RoomsOf(keys.Lease))
+		return append(sharded, plain...)
+	}
+	if !assert.Eventually(t, func() bool { return len(left()) == 0 }, safetyTTL+slack, pollEvery,
+		"W5: the semaphore's keys did not go") {
+		t.Logf("left: %v", left())
+	}
+	if !assert.Eventually(t, func() bool { return len(subscriptions()) == 0 && distlock.RoomsOf(keys.Lease) == 0 },
+		eventually, pollEvery, "W5: wake subscriptions or waiting rooms did not end") {
+		t.Logf("left: subscriptions %v, rooms %d", subscriptions(), distlock.RoomsOf(keys.Lease))
 	}
 }
