@@ -25,3 +25,21 @@ func Rooms() int {
 	}
 	return n
 }
+
+// RoomsOf returns how many waiting rooms the process has for the lease key
+// leaseKey, on any client: a parallel test that owns the key checks that
+// its own rooms are gone without counting other tests' rooms.
+func RoomsOf(leaseKey string) int {
+	n := 0
+	for i := range roomShards {
+		s := &roomShards[i]
+		s.mu.Lock()
+		for k := range s.m {
+			if k.lease == leaseKey {
+				n++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
