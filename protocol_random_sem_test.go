@@ -611,9 +611,6 @@ func (cs semCalls) grantedWithin(x *rwaiter, from, to time.Time) bool {
 	return false
 }
 
-// checkOrder checks W2, as round.checkOrder does for the lock: no waiter B
-// was granted a permit while a waiter A that joined the line before it
-// still waited with a place its calls prove alive and had not been granted
 // What the checks of the line (lineRecord) read of the semaphore's record.
 
 func (cs semCalls) inLine(name string) []wireCall { return cs.inLineCalls(name) }
