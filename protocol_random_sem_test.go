@@ -53,8 +53,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -93,98 +91,14 @@ const (
 // of this file.
 func TestRandomSemaphore(t *testing.T) {
 	t.Parallel()
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv(randomSeedVar); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		require.NoError(t, err, "%s=%q", randomSeedVar, v)
-		seed = n
-	}
-	ops := semRandomOps
-	if v := os.Getenv(randomOpsVar); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err, "%s=%q", randomOpsVar, v)
-		require.Positive(t, n, "%s=%q", randomOpsVar, v)
-		ops = n
-	}
-	for i := range runs(t, 1) {
-		s := seed + uint64(i)
-		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
-			t.Logf("seed %d (replay the moves with %s=%d)", s, randomSeedVar, s)
-			runSemRound(t, s, ops)
-		})
-	}
+	runRandomRounds(t, semRandomOps, runSemRound)
 }
 
-// semProc is a process of a round: one rueidis client behind one proxy.
-type semProc struct {
-	idx   int
-	name  string
-	proxy *faultproxy.Proxy
-	wire  *semWire
-	calls sync.WaitGroup // its Acquire calls and their holds
-	// Guarded by semRound.mu:
-	state   procState
-	changed chan struct{} // closed and replaced at every change of state
-}
-
-// semWaiter is one Acquire call, with its own owner id (so that the
-// holders and the line name it) and its own Semaphore.
-type semWaiter struct {
-	name   string
-	proc   *semProc
-	sem    *distlock.Semaphore
-	cancel context.CancelFunc
-	hold   time.Duration
-	start  time.Time
-	done   chan struct{} // closed when Acquire has returned
-
-	// Guarded by semRound.mu:
-	seq       int // order of joining the line; -1 until then
-	returned  time.Time
-	err       error
-	token     int64
-	gaveUp    time.Time
-	cancelled bool
-	killed    bool
-}
-
-// semSample is one read of the holders, the fence and the line.
-type semSample struct {
-	at, end time.Time
-	fence   int64
-	holders []lease.Holding // live leases only, with what is left of each
-	line    []string
-}
-
-// has reports whether name stands in line.
-func (s *semSample) has(name string) bool {
-	return slices.ContainsFunc(s.line, func(v string) bool { return lease.Owner(v) == name })
-}
-
-// semRound is one randomized run.
+// semRound is one randomized run on a semaphore.
 type semRound struct {
-	t       *testing.T
-	w       *world
-	keys    lease.Keys
-	permits int
-	rng     *rand.Rand // the driver's only
-	ctx     context.Context
-	procs   []*semProc
-	admin   rueidis.Client
-
-	wg      sync.WaitGroup // the waiters (and their holds) and the sampler
-	faultWG sync.WaitGroup // the goroutines that end faults
-
-	mu       sync.Mutex
-	waiters  []*semWaiter
-	joined   []*semWaiter
-	byName   map[string]*semWaiter
-	faults   []faultSpan
-	paused   bool
-	samples  []semSample
-	newer    chan struct{}
-	nextName int
-	moves    map[string]int
+	*round
+	keys  lease.Keys
+	wires []*semWire // by process
 }
 
 // semSampleScript reads, in one step, the last token, the live holders with
@@ -209,55 +123,47 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 	keys, err := lease.NewKeys(distlock.DefaultNamespace, w.lock)
 	require.NoError(t, err)
 	w.key = keys.Lease
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &semRound{
-		t: t, w: w, keys: keys, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), ctx: ctx,
-		admin:  redistest.NewClient(t, rueidis.ClientOption{InitAddress: []string{w.srv.Addr()}, DisableCache: true}),
-		byName: make(map[string]*semWaiter), newer: make(chan struct{}), moves: make(map[string]int),
-	}
+	r := &semRound{keys: keys}
+	script := rueidis.NewLuaScript(semSampleScript)
+	r.round = newRound(t, w, seed, roundKind{
+		call: "Acquire", unit: "a permit", figure: "random-sem", widen: true, maxHold: semRandomMaxHold,
+		// A kill is likelier than in the lock's rounds (40 in a thousand
+		// rather than 15), for the sake of leases that end without a
+		// release (checkEndedLeases).
+		killOdds: 40,
+		newCall: func(p *rproc, name string) func(context.Context) (*distlock.Guard, error) {
+			s, err := distlock.NewSemaphore(r.wires[p.idx], w.lock, r.permits, distlock.WithTTL(w.ttl), distlock.WithOwner(name))
+			require.NoError(t, err)
+			return s.Acquire
+		},
+		read: func(ctx context.Context, admin rueidis.Client) (lineSample, error) {
+			var s lineSample
+			arr, err := script.Exec(ctx, admin, []string{keys.Lease, keys.Fence, keys.Queue}, nil).ToArray()
+			if err != nil || len(arr) != 3 {
+				return s, fmt.Errorf("sample: %v (%d values)", err, len(arr))
+			}
+			if f, _ := arr[0].ToString(); f != "" {
+				s.fence, _ = strconv.ParseInt(f, 10, 64)
+			}
+			hs, _ := arr[1].AsStrSlice()
+			for i := 0; i+1 < len(hs); i += 2 {
+				ms, _ := strconv.ParseInt(hs[i+1], 10, 64)
+				s.holders = append(s.holders, lease.Holding{Value: hs[i], TTL: time.Duration(ms) * time.Millisecond})
+			}
+			s.line, _ = arr[2].AsStrSlice()
+			return s, nil
+		},
+	})
 	r.permits = semRandomMinPermits + r.rng.IntN(semRandomMaxPermits-semRandomMinPermits+1)
 	t.Logf("%d permits", r.permits)
 	for i := range randomProcs {
-		name := fmt.Sprintf("p%d", i)
 		p := faultproxy.New(t, w.srv.Addr())
 		rc := redistest.NewClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: true})
 		openConnections(t, rc)
-		r.procs = append(r.procs, &semProc{idx: i, name: name, proxy: p, wire: &semWire{Client: rc}, changed: make(chan struct{})})
+		r.wires = append(r.wires, &semWire{Client: rc})
+		r.addProc(fmt.Sprintf("p%d", i), p)
 	}
-	t.Cleanup(func() {
-		cancel()
-		r.faultWG.Wait()
-		r.wg.Wait()
-	})
-	sampling, stopSampling := context.WithCancel(ctx)
-	r.wg.Go(func() { r.sample(sampling) })
-
-	began := time.Now()
-	calm := false
-	for i := range ops {
-		if i%randomPhase == 0 {
-			calm = r.rng.IntN(2) == 0
-		}
-		r.move(calm)
-	}
-	moved := time.Since(began)
-
-	r.faultWG.Wait()
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		for _, wt := range r.allWaiters() {
-			<-wt.done
-		}
-	}()
-	select {
-	case <-drained:
-	case <-time.After(randomDrain):
-		t.Fatalf("waiters still waiting %v after the last move: %v", randomDrain, r.pending())
-	}
-	drainedIn := time.Since(began) - moved
-	stopSampling()
-	r.wg.Wait()
+	moved, drainedIn := r.run(ops)
 
 	calls := r.calls()
 	report := r.checkL1(calls)
@@ -268,25 +174,11 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 	r.checkPasses(calls)
 	r.checkIdle(calls)
 	r.checkEndedLeases(calls)
-	r.checkLeftovers()
+	// The fencing key and the record of the permits are kept on purpose
+	// (lease.FenceRetention).
+	r.checkLeftovers(keys, true, keys.Fence, keys.Limit)
 
-	var acquired, cancelled, killed, failed int
-	for _, wt := range r.waiters {
-		if wt.err != nil && !wt.cancelled && !wt.killed {
-			t.Logf("Acquire of %s failed after %v: %v (faults near: %v)", wt.name, wt.returned.Sub(wt.start), wt.err,
-				r.faultsNear(wt.start, wt.returned))
-		}
-		switch {
-		case wt.token != 0:
-			acquired++
-		case wt.killed:
-			killed++
-		case wt.cancelled:
-			cancelled++
-		default:
-			failed++
-		}
-	}
+	acquired, cancelled, killed, failed := r.tally()
 	longest, most := 0, 0
 	for _, s := range r.samples {
 		longest, most = max(longest, len(s.line)), max(most, len(s.holders))
@@ -296,399 +188,6 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 		"line_max", longest, "holders_max", most, "samples", len(r.samples), "l1_unchecked", report.Unchecked,
 		"worst_sched_delay", w.probe.worst())
 	t.Logf("moves: %v", r.moves)
-}
-
-func (r *semRound) allWaiters() []*semWaiter {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.waiters)
-}
-
-func (r *semRound) pending() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, wt := range r.waiters {
-		if wt.returned.IsZero() {
-			out = append(out, wt.name)
-		}
-	}
-	return out
-}
-
-// move makes one random move, with the odds of round.move except that a
-// kill is likelier (40 in a thousand rather than 15), for the sake of
-// leases that end without a release (checkEndedLeases).
-func (r *semRound) move(calm bool) {
-	t := r.t
-	gap := time.Duration(r.rng.Int64N(int64(randomGap)))
-	n := r.rng.IntN(1000)
-	if calm && n >= 560 {
-		n = 1000
-	}
-	switch {
-	case n < 420:
-		if p := r.pickProc(procUp); p != nil && len(r.pending()) < randomMaxWaiting {
-			r.join(p)
-			r.moves["join"]++
-		}
-	case n < 560:
-		if wt := r.pickWaiting(); wt != nil {
-			r.cancel(wt)
-			r.moves["cancel"]++
-		}
-	case n < 590:
-		r.fault("pubsub-kill", -1, func() { r.w.srv.MustDo("CLIENT", "KILL", "TYPE", "pubsub") }, 0, nil)
-	case n < 620:
-		if p := r.pickProc(procUp); p != nil {
-			r.fault("reset", p.idx, p.proxy.Reset, 0, nil)
-		}
-	case n < 660:
-		if p := r.pickProc(procUp); p != nil {
-			d := randomPartitionMin + time.Duration(r.rng.Int64N(int64(randomPartitionMax-randomPartitionMin)))
-			r.setState(p, procPartitioned)
-			r.fault("partition", p.idx, func() { p.proxy.SetBoth(faultproxy.Blackhole) }, d, func() {
-				p.proxy.Heal()
-				r.setState(p, procUp)
-			})
-		}
-	case n < 700:
-		r.mu.Lock()
-		paused := r.paused
-		r.paused = true
-		r.mu.Unlock()
-		if !paused {
-			d := randomPauseMin + time.Duration(r.rng.Int64N(int64(randomPauseMax-randomPauseMin)))
-			r.fault("redis-pause", -1, r.w.srv.Pause, d, func() {
-				r.w.srv.Resume()
-				r.mu.Lock()
-				r.paused = false
-				r.mu.Unlock()
-			})
-		}
-	case n < 740:
-		if p := r.pickProc(procUp); p != nil && r.killable() {
-			r.kill(p)
-		}
-	default:
-		gap *= 4
-	}
-	select {
-	case <-time.After(gap):
-	case <-t.Context().Done():
-	}
-}
-
-// fault is round.fault for this round.
-func (r *semRound) fault(kind string, proc int, begin func(), d time.Duration, end func()) {
-	r.moves[kind]++
-	r.mu.Lock()
-	i := len(r.faults)
-	r.faults = append(r.faults, faultSpan{kind: kind, proc: proc, start: time.Now()})
-	r.mu.Unlock()
-	begin()
-	if end == nil {
-		r.endFault(i)
-		return
-	}
-	r.faultWG.Go(func() {
-		select {
-		case <-time.After(d):
-		case <-r.ctx.Done():
-		}
-		end()
-		r.endFault(i)
-	})
-}
-
-func (r *semRound) endFault(i int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.faults[i].end = time.Now()
-}
-
-// kill is round.kill for this round: the process's proxy drops everything,
-// its waiting calls are given up, its holders release into the void, and
-// after randomKilledFor it comes back as a new process.
-func (r *semRound) kill(p *semProc) {
-	r.moves["kill"]++
-	r.mu.Lock()
-	i := len(r.faults)
-	r.faults = append(r.faults, faultSpan{kind: "kill", proc: p.idx, start: time.Now()})
-	r.mu.Unlock()
-	p.proxy.SetBoth(faultproxy.Blackhole)
-	var victims []*semWaiter
-	r.mu.Lock()
-	r.setStateLocked(p, procKilled)
-	for _, wt := range r.waiters {
-		if wt.proc == p && wt.returned.IsZero() {
-			wt.gaveUp, wt.killed = time.Now(), true
-			victims = append(victims, wt)
-		}
-	}
-	r.mu.Unlock()
-	for _, wt := range victims {
-		wt.cancel()
-	}
-	r.faultWG.Go(func() {
-		select {
-		case <-time.After(randomKilledFor):
-		case <-r.ctx.Done():
-		}
-		p.calls.Wait()
-		p.proxy.Heal()
-		r.setState(p, procUp)
-		r.endFault(i)
-	})
-}
-
-func (r *semRound) killable() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, p := range r.procs {
-		if p.state == procKilled {
-			return false
-		}
-	}
-	return true
-}
-
-func (r *semRound) setState(p *semProc, s procState) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.setStateLocked(p, s)
-}
-
-func (r *semRound) setStateLocked(p *semProc, s procState) {
-	p.state = s
-	close(p.changed)
-	p.changed = make(chan struct{})
-}
-
-func (r *semRound) pickProc(s procState) *semProc {
-	r.mu.Lock()
-	var in []*semProc
-	for _, p := range r.procs {
-		if p.state == s {
-			in = append(in, p)
-		}
-	}
-	r.mu.Unlock()
-	if len(in) == 0 {
-		return nil
-	}
-	return in[r.rng.IntN(len(in))]
-}
-
-func (r *semRound) pickWaiting() *semWaiter {
-	r.mu.Lock()
-	var in []*semWaiter
-	for _, wt := range r.joined {
-		if wt.returned.IsZero() && wt.gaveUp.IsZero() && wt.proc.state != procKilled {
-			in = append(in, wt)
-		}
-	}
-	r.mu.Unlock()
-	if len(in) == 0 {
-		return nil
-	}
-	return in[r.rng.IntN(len(in))]
-}
-
-// join starts an Acquire call in process p and waits until it stands in
-// line or has returned, so that the order of joining is the order of the
-// places in line.
-func (r *semRound) join(p *semProc) {
-	t := r.t
-	r.mu.Lock()
-	r.nextName++
-	name := fmt.Sprintf("%s.w%d", p.name, r.nextName)
-	r.mu.Unlock()
-	s, err := distlock.NewSemaphore(p.wire, r.w.lock, r.permits, distlock.WithTTL(r.w.ttl), distlock.WithOwner(name))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(r.ctx)
-	wt := &semWaiter{
-		name: name, proc: p, sem: s, cancel: cancel, hold: time.Duration(r.rng.Int64N(int64(semRandomMaxHold))),
-		start: time.Now(), done: make(chan struct{}), seq: -1,
-	}
-	r.mu.Lock()
-	r.waiters = append(r.waiters, wt)
-	r.byName[name] = wt
-	r.mu.Unlock()
-	p.calls.Add(1)
-	r.wg.Go(func() { r.runWaiter(ctx, wt) })
-
-	timeout := time.NewTimer(eventually)
-	defer timeout.Stop()
-	for in := false; !in; {
-		r.mu.Lock()
-		in = len(r.samples) > 0 && r.samples[len(r.samples)-1].has(name)
-		newer := r.newer
-		r.mu.Unlock()
-		if in {
-			break
-		}
-		select {
-		case <-newer:
-		case <-wt.done:
-			in = true
-		case <-timeout.C:
-			t.Fatalf("%s neither stood in line nor returned within %v", name, eventually)
-		}
-	}
-	r.mu.Lock()
-	wt.seq = len(r.joined)
-	r.joined = append(r.joined, wt)
-	r.mu.Unlock()
-}
-
-func (r *semRound) cancel(wt *semWaiter) {
-	r.mu.Lock()
-	wt.gaveUp, wt.cancelled = time.Now(), true
-	r.mu.Unlock()
-	wt.cancel()
-	select {
-	case <-wt.done:
-	case <-time.After(eventually):
-		r.t.Fatalf("Acquire of %s still running %v after its ctx was cancelled", wt.name, eventually)
-	}
-}
-
-// runWaiter runs wt's Acquire call and, if it gets a permit, watches the
-// guard (State samples and events go to the world's history), holds the
-// permit and releases it.
-func (r *semRound) runWaiter(ctx context.Context, wt *semWaiter) {
-	defer wt.proc.calls.Done()
-	g, err := wt.sem.Acquire(ctx)
-	now := time.Now()
-	r.mu.Lock()
-	wt.returned, wt.err = now, err
-	if g != nil {
-		wt.token = g.Token()
-	} else if wt.gaveUp.IsZero() {
-		wt.gaveUp = now
-	}
-	r.mu.Unlock()
-	var h *holding
-	if g != nil {
-		h = (&client{w: r.w, name: wt.name}).watch(g)
-	}
-	close(wt.done)
-	if h != nil {
-		r.hold(wt, h)
-	}
-}
-
-// hold is round.hold for this round.
-func (r *semRound) hold(wt *semWaiter, h *holding) {
-	until := time.Now().Add(wt.hold)
-	timer := time.NewTimer(wt.hold)
-	defer timer.Stop()
-	for {
-		r.mu.Lock()
-		s, changed := wt.proc.state, wt.proc.changed
-		r.mu.Unlock()
-		if s == procKilled || (s == procUp && !time.Now().Before(until)) {
-			break
-		}
-		var timerC <-chan time.Time
-		if s == procUp {
-			timerC = timer.C
-		}
-		select {
-		case <-timerC:
-		case <-changed:
-		case <-r.ctx.Done():
-			_, _ = h.release()
-			return
-		}
-	}
-	_, _ = h.release()
-}
-
-// sample reads the holders, the fence and the line every randomSample
-// until ctx ends.
-func (r *semRound) sample(ctx context.Context) {
-	script := rueidis.NewLuaScript(semSampleScript)
-	tick := time.NewTicker(randomSample)
-	defer tick.Stop()
-	for {
-		at := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, eventually)
-		arr, err := script.Exec(cctx, r.admin, []string{r.keys.Lease, r.keys.Fence, r.keys.Queue}, nil).ToArray()
-		cancel()
-		end := time.Now()
-		if ctx.Err() != nil {
-			return
-		}
-		if err == nil && len(arr) == 3 {
-			s := semSample{at: at, end: end}
-			if f, _ := arr[0].ToString(); f != "" {
-				s.fence, _ = strconv.ParseInt(f, 10, 64)
-			}
-			hs, _ := arr[1].AsStrSlice()
-			for i := 0; i+1 < len(hs); i += 2 {
-				ms, _ := strconv.ParseInt(hs[i+1], 10, 64)
-				s.holders = append(s.holders, lease.Holding{Value: hs[i], TTL: time.Duration(ms) * time.Millisecond})
-			}
-			s.line, _ = arr[2].AsStrSlice()
-			r.mu.Lock()
-			r.samples = append(r.samples, s)
-			close(r.newer)
-			r.newer = make(chan struct{})
-			r.mu.Unlock()
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// faulted is round.faulted for this round.
-func (r *semRound) faulted(p int, from, to time.Time, aftermath func(kind string) time.Duration) bool {
-	for _, f := range r.faults {
-		if p >= 0 && f.proc >= 0 && f.proc != p {
-			continue
-		}
-		if !f.start.After(to) && (f.end.IsZero() || !f.end.Add(aftermath(f.kind)).Before(from)) {
-			return true
-		}
-	}
-	return false
-}
-
-func (r *semRound) pausedWithin(from, to time.Time) time.Duration {
-	var d time.Duration
-	for _, f := range r.faults {
-		if f.kind != "redis-pause" {
-			continue
-		}
-		end := f.end
-		if end.IsZero() {
-			end = to
-		}
-		if lo, hi := later(f.start, from), earlier(end, to); hi.After(lo) {
-			d += hi.Sub(lo)
-		}
-	}
-	return d
-}
-
-func (r *semRound) faultsNear(from, to time.Time) []string {
-	var out []string
-	for _, f := range r.faults {
-		if !f.start.After(to) && (f.end.IsZero() || !f.end.Add(randomClaim).Before(from)) {
-			who := "all"
-			if f.proc >= 0 {
-				who = r.procs[f.proc].name
-			}
-			out = append(out, fmt.Sprintf("%s of %s %v..%v", f.kind, who,
-				f.start.Sub(from).Round(time.Millisecond), f.end.Sub(from).Round(time.Millisecond)))
-		}
-	}
-	return out
 }
 
 // The wire.
@@ -776,7 +275,7 @@ type semCalls struct {
 
 // heldSeen is a sample's view of one holder.
 type heldSeen struct {
-	s    semSample
+	s    lineSample
 	left time.Duration
 }
 
@@ -801,13 +300,13 @@ func (r *semRound) calls() semCalls {
 		cs.grants[g.token] = g
 		cs.byOwnerGrants[lease.Owner(g.value)] = append(cs.byOwnerGrants[lease.Owner(g.value)], g)
 	}
-	for _, p := range r.procs {
-		p.wire.mu.Lock()
-		for _, c := range p.wire.calls {
-			c.proc = p.idx
+	for idx, w := range r.wires {
+		w.mu.Lock()
+		for _, c := range w.calls {
+			c.proc = idx
 			cs.all = append(cs.all, c)
 		}
-		p.wire.mu.Unlock()
+		w.mu.Unlock()
 	}
 	slices.SortStableFunc(cs.all, func(a, b semCall) int { return a.start.Compare(b.start) })
 	for _, c := range cs.all {
@@ -1059,32 +558,12 @@ func (r *semRound) checkTokens(cs semCalls) {
 	assert.Empty(r.t, breaches, "L3: token order")
 }
 
-// checkGiveUps checks W3: a cancelled Acquire returned at once, within
-// randomGiveUp and the scheduling delay measured meanwhile.
-func (r *semRound) checkGiveUps() {
-	var worst time.Duration
-	var late []string
-	for _, wt := range r.waiters {
-		if !wt.cancelled || wt.token != 0 || wt.returned.Before(wt.gaveUp) {
-			continue
-		}
-		d := wt.returned.Sub(wt.gaveUp)
-		worst = max(worst, d)
-		if bound := randomGiveUp + r.w.delayed(wt.gaveUp, wt.returned); d > bound {
-			late = append(late, fmt.Sprintf("%s returned %v after its ctx was cancelled, bound %v (faults near: %v)",
-				wt.name, d, bound, r.faultsNear(wt.gaveUp, wt.returned)))
-		}
-	}
-	figure(r.t, "random-sem-W3", "give_up_max", worst, "bound", randomGiveUp)
-	assert.Empty(r.t, late, "W3: cancelled Acquire calls returned late")
-}
-
 // grantedBy returns the latest time by which owner's value was first
 // granted a permit, as far as the record shows: the tokens of the grants
 // seen in replies and of its guard are the server's clock at the grant, and
 // a sample that lists it as a holder shows a lease that ends at least a
 // claim window after that grant.
-func (r *semRound) grantedBy(cs semCalls, x *semWaiter) (time.Time, bool) {
+func (cs semCalls) grantedBy(x *rwaiter) (time.Time, bool) {
 	var at time.Time
 	note := func(t time.Time) {
 		if at.IsZero() || t.Before(at) {
@@ -1114,7 +593,7 @@ func (h heldSeen) grantedBy() time.Time {
 // grantedWithin reports whether the record shows a grant to x's value that
 // may have been made within [from, to]: a token of that time, or a lease
 // that a sample saw and that may have been granted then.
-func (r *semRound) grantedWithin(cs semCalls, x *semWaiter, from, to time.Time) bool {
+func (cs semCalls) grantedWithin(x *rwaiter, from, to time.Time) bool {
 	in := func(t time.Time) bool { return !t.Before(from.Add(-clockSlop)) && !t.After(to.Add(clockSlop)) }
 	for _, g := range cs.grantsTo(x.name) {
 		if in(time.UnixMicro(g.token)) {
@@ -1132,238 +611,52 @@ func (r *semRound) grantedWithin(cs semCalls, x *semWaiter, from, to time.Time) 
 	return false
 }
 
-// checkOrder checks W2, as round.checkOrder does for the lock: no waiter B
-// was granted a permit while a waiter A that joined the line before it
-// still waited with a place its calls prove alive and had not been granted
-// one yet. B's first grant is known at its token's time G when a release
-// passed it; otherwise (its own call, which may claim a permit that
-// someone's acquire call passed to it unseen) it lies between B's last call
-// that left it in line and G.
-func (r *semRound) checkOrder(cs semCalls) {
-	var breaches []string
-	excused := map[string]int{}
-	overtakes := 0
-	for _, b := range r.joined {
-		var first *semGrant
-		for _, g := range cs.grantsTo(b.name) {
-			if first == nil || g.token < first.token {
-				first = &g
-			}
-		}
-		if first == nil {
-			continue
-		}
-		g := time.UnixMicro(first.token)
-		lo := g
-		if !first.pass {
-			lo = b.start
-			for _, c := range cs.byOwner[b.name] {
-				if c.inLine() && c.end.Before(g) {
-					lo = later(lo, c.start)
-				}
-			}
-		}
-		for _, a := range r.joined[:b.seq] {
-			if at, ok := r.grantedBy(cs, a); ok && !at.After(g.Add(clockSlop)) {
-				continue // a got one first (or in the same step)
-			}
-			if !a.gaveUp.IsZero() && a.gaveUp.Before(g.Add(clockSlop)) {
-				continue // a had left, or was leaving
-			}
-			overtakes++
-			if placeHeld(cs.inLineCalls(a.name), randomClaim, lo.Add(-clockSlop), g.Add(clockSlop)) {
-				breaches = append(breaches, fmt.Sprintf("%s (token %d) got a permit at %s although %s, ahead of it in line, "+
-					"was waiting with a live place", b.name, first.token, g.Format("15:04:05.000000"), a.name))
-				continue
-			}
-			if r.faulted(a.proc.idx, lo.Add(-randomClaim), g, shadow) {
-				excused["faulted"]++
-			} else {
-				excused["quiet"]++
-				r.t.Logf("W2: %s overtook %s, whose place may have lapsed without a fault", b.name, a.name)
-			}
+// What the checks of the line (lineRecord) read of the semaphore's record.
+
+func (cs semCalls) inLine(name string) []wireCall { return cs.inLineCalls(name) }
+
+// firstGrant is the first grant to x's values: x may have been passed a
+// permit before the one its guard holds.
+func (cs semCalls) firstGrant(x *rwaiter) (token int64, passed, ok bool) {
+	var first *semGrant
+	for _, g := range cs.grantsTo(x.name) {
+		if first == nil || g.token < first.token {
+			first = &g
 		}
 	}
-	figure(r.t, "random-sem-W2", "overtakes", overtakes, "excused_faulted", excused["faulted"], "excused_quiet", excused["quiet"],
-		"breaches", len(breaches))
-	assert.Empty(r.t, breaches, "W2: waiters overtaken while waiting with a live place")
+	if first == nil {
+		return 0, false, false
+	}
+	return first.token, first.pass, true
 }
 
-// pendingAt reports whether x's Acquire call was still waiting at t.
-func (x *semWaiter) pendingAt(t time.Time) bool {
-	return (x.returned.IsZero() || x.returned.After(t)) && (x.gaveUp.IsZero() || x.gaveUp.After(t))
+// grantedFirst: a got a permit before g, or in the same step.
+func (cs semCalls) grantedFirst(a *rwaiter, g time.Time, _ int64) bool {
+	at, ok := cs.grantedBy(a)
+	return ok && !at.After(g.Add(clockSlop))
 }
 
-// checkPasses checks the step W1 rests on, as round.checkPasses does: a
-// release that freed a permit (it held one until the call) while a live
-// waiter stood in line passed a permit on in the same script, since at
-// most N-1 holders were left. The waiter counts if the last sample before
-// the release was sent shows it in line, its process had no fault, it still
-// waited when the release returned, no permit was passed to it meanwhile,
-// and its calls prove its place alive when the release ran.
-func (r *semRound) checkPasses(cs semCalls) {
-	var breaches []string
-	releases, passed, checked := 0, 0, 0
+func (cs semCalls) releases() []releaseCallOf {
+	var out []releaseCallOf
 	for _, c := range cs.all {
-		if c.kind != releaseCall || !c.done || c.err != nil || !c.ok {
-			continue
-		}
-		releases++
-		if len(c.passes) > 0 {
-			passed++
-			continue
-		}
-		i := sort.Search(len(r.samples), func(i int) bool { return !r.samples[i].end.Before(c.start) }) - 1
-		if i < 0 {
-			continue
-		}
-		s := r.samples[i]
-		releaser := lease.Owner(c.value)
-		for _, v := range s.line {
-			x := r.byName[lease.Owner(v)]
-			if x == nil || x.name == releaser || !x.pendingAt(c.end) || r.faulted(x.proc.idx, s.at, c.end, shadow) {
-				continue
-			}
-			if r.grantedWithin(cs, x, s.at.Add(-randomClaim), c.end) {
-				continue // a permit was passed to it meanwhile, which took it out of line
-			}
-			checked++
-			if placeHeld(cs.inLineCalls(x.name), randomClaim, c.start.Add(-clockSlop), c.end.Add(clockSlop)) {
-				breaches = append(breaches, fmt.Sprintf("%s's release at %s freed a permit and passed none, "+
-					"while %s waited in line with a live place", releaser, c.start.Format("15:04:05.000000"), x.name))
-				break
-			}
+		if c.kind == releaseCall && c.done && c.err == nil && c.ok {
+			out = append(out, releaseCallOf{value: c.value, start: c.start, end: c.end, passed: len(c.passes) > 0})
 		}
 	}
-	figure(r.t, "random-sem-passes", "releases", releases, "passed", passed, "unpassed_with_waiters_checked", checked,
-		"breaches", len(breaches))
-	assert.Empty(r.t, breaches, "W1: releases that freed a permit and left a live waiter in line")
+	return out
 }
 
-// checkIdle checks W1. An idle stretch is a run of samples in which fewer
-// than N live leases were held (a lease passed to a waiter that had given
-// up or died does not count; one that has ended is not listed) while a live
-// waiter of an unfaulted process stood in line. Its length is counted from
-// the end of its first sample to the start of its last. Away from faults it
-// may last randomIdleQuiet (a release passes in its own script; an ended
-// lease is taken by the first in line, who wakes at its end; a waiter that
-// gives up passes on what it was granted in a round trip), after a fault
-// randomIdleFaulted (a pass to a dead waiter lapses after the claim
-// window) plus any Redis pause; both widened by the scheduling delay
-// measured over the stretch. It also checks that, away from faults, a
-// waiter that a release passed a permit to returned soon after.
-func (r *semRound) checkIdle(cs semCalls) {
-	t := r.t
-	dead := func(v string, at time.Time) bool {
-		x := r.byName[lease.Owner(v)]
-		return x != nil && x.token == 0 && !x.gaveUp.IsZero() && x.gaveUp.Before(at)
-	}
-	idle := func(s semSample) bool {
-		live := 0
-		for _, h := range s.holders {
-			if !dead(h.Value, s.at) {
-				live++
-			}
-		}
-		if live >= r.permits {
-			return false
-		}
-		for _, v := range s.line {
-			x := r.byName[lease.Owner(v)]
-			if x == nil || !x.start.Before(s.at) {
-				continue
-			}
-			if (!x.returned.IsZero() && !x.returned.After(s.end)) || (!x.gaveUp.IsZero() && !x.gaveUp.After(s.end)) {
-				continue
-			}
-			if !r.faulted(x.proc.idx, s.at, s.end, shadow) {
-				return true
-			}
-		}
-		return false
-	}
-	var breaches []string
-	var worstQuiet, worstFaulted time.Duration
-	stretches := 0
-	for i := 0; i < len(r.samples); {
-		if !idle(r.samples[i]) {
-			i++
-			continue
-		}
-		j := i
-		for j+1 < len(r.samples) && idle(r.samples[j+1]) {
-			j++
-		}
-		first, last := r.samples[i], r.samples[j]
-		d := last.at.Sub(first.end)
-		stretches++
-		late := r.w.delayed(first.at, last.end)
-		if r.faulted(-1, first.at, last.end, consequences) {
-			worstFaulted = max(worstFaulted, d)
-			if bound := randomIdleFaulted + r.pausedWithin(first.at, last.end) + late; d > bound {
-				breaches = append(breaches, fmt.Sprintf("a permit free for %v (bound %v after a fault) from %s, holders %v, line %v",
-					d, bound, first.at.Format("15:04:05.000"), first.holders, first.line))
-			}
-		} else {
-			worstQuiet = max(worstQuiet, d)
-			if bound := randomIdleQuiet + late; d > bound {
-				breaches = append(breaches, fmt.Sprintf("a permit free for %v (bound %v, no fault near) from %s, holders %v, line %v",
-					d, bound, first.at.Format("15:04:05.000"), first.holders, first.line))
-			}
-		}
-		i = j + 1
-	}
-
-	// The hand-off: from the last permit a release passed to the waiter
-	// before its guard's grant to the return of its Acquire call. The median
-	// is taken of the hand-offs from other processes (which only the
-	// announcement can wake), each less the scheduling delay measured over
-	// it.
-	var worst time.Duration
-	var remote []time.Duration
-	handOffs := 0
-	for _, x := range r.waiters {
-		if x.token == 0 {
-			continue
-		}
-		var last *semGrant
-		for _, g := range cs.grantsTo(x.name) {
-			if g.pass && g.token <= x.token && (last == nil || g.token > last.token) {
-				last = &g
-			}
-		}
-		if last == nil {
-			continue
-		}
-		g := time.UnixMicro(last.token)
-		if r.faulted(x.proc.idx, g, x.returned, shadow) {
-			continue
-		}
-		d := x.returned.Sub(g)
-		late := r.w.delayed(g, x.returned)
-		handOffs++
-		worst = max(worst, d)
-		if last.call.proc != x.proc.idx {
-			remote = append(remote, max(d-late, 0))
-		}
-		if bound := randomHandOff + late; d > bound {
-			breaches = append(breaches, fmt.Sprintf("%s returned %v after a permit was passed to it (token %d), bound %v, no fault near",
-				x.name, d, last.token, bound))
+func (cs semCalls) lastPass(x *rwaiter) (token int64, from int, ok bool) {
+	var last *semGrant
+	for _, g := range cs.grantsTo(x.name) {
+		if g.pass && g.token <= x.token && (last == nil || g.token > last.token) {
+			last = &g
 		}
 	}
-	var median time.Duration
-	if len(remote) > 0 {
-		slices.Sort(remote)
-		median = remote[len(remote)/2]
+	if last == nil {
+		return 0, 0, false
 	}
-	if len(remote) >= randomMedianOf && median > randomHandOffMedian {
-		breaches = append(breaches, fmt.Sprintf("the median hand-off from another process, no fault near, took %v "+
-			"beyond the scheduling delay (of %d)", median, len(remote)))
-	}
-	figure(t, "random-sem-W1", "idle_stretches", stretches, "handoffs_quiet", handOffs, "handoffs_remote_quiet", len(remote),
-		"handoff_median_remote_quiet", median, "idle_max_quiet", worstQuiet, "idle_max_faulted", worstFaulted,
-		"handoff_max_quiet", worst, "bound_quiet", randomIdleQuiet, "bound_faulted", randomIdleFaulted)
-	assert.Empty(t, breaches, "W1: a permit sat idle while a live waiter stood in line")
+	return last.token, last.call.proc, true
 }
 
 // checkEndedLeases checks the part of W1 that needs no release: a lease
@@ -1414,7 +707,7 @@ func (r *semRound) checkEndedLeases(cs semCalls) {
 			// dropped subscription) is sent again within a refresh period.
 			// A fault of its own process's path does, and a Redis pause
 			// delays everything by its length.
-			if x == nil || !x.start.Before(end) || !x.pendingAt(end) ||
+			if x == nil || !x.start.Before(end) || !pendingThrough(x, end) ||
 				r.cutOffNear(x.proc.idx, end.Add(-randomShadow), end.Add(bound)) ||
 				!placeHeld(cs.inLineCalls(x.name), randomClaim, end.Add(-clockSlop), end.Add(clockSlop)) {
 				continue
@@ -1422,7 +715,7 @@ func (r *semRound) checkEndedLeases(cs semCalls) {
 			bound += r.pausedWithin(end.Add(-randomPauseMax), end.Add(bound+randomPauseMax))
 			checked++
 			done := x.returned
-			if at, ok := r.grantedBy(cs, x); ok && at.After(end.Add(-clockSlop)) && (done.IsZero() || at.Before(done)) {
+			if at, ok := cs.grantedBy(x); ok && at.After(end.Add(-clockSlop)) && (done.IsZero() || at.Before(done)) {
 				done = at
 			}
 			if done.IsZero() {
@@ -1468,35 +761,4 @@ func (r *semRound) cutOffNear(p int, from, to time.Time) bool {
 		}
 	}
 	return false
-}
-
-// checkLeftovers checks W5 once everyone has left: no holders, no queue
-// keys (a dead waiter's place goes within a claim window), no void keys
-// after their TTL, no wake subscriptions and no waiting rooms of the
-// semaphore once the rooms' linger has passed. The fencing key and the
-// record of the permits are kept on purpose (lease.FenceRetention).
-func (r *semRound) checkLeftovers() {
-	t, srv, keys := r.t, r.w.srv, r.keys
-	left := func() []string {
-		all, err := srv.MustDo("KEYS", keys.Lease+"*").AsStrSlice()
-		require.NoError(t, err)
-		return slices.DeleteFunc(all, func(k string) bool { return k == keys.Fence || k == keys.Limit })
-	}
-	// An ended lease stays in the set until a script drops it, and the set
-	// expires when its last lease has ended: a TTL at most.
-	subscriptions := func() []string {
-		sharded, err := srv.MustDo("PUBSUB", "SHARDCHANNELS", keys.Wake+":*").AsStrSlice()
-		require.NoError(t, err)
-		plain, err := srv.MustDo("PUBSUB", "CHANNELS", keys.Wake+":*").AsStrSlice()
-		require.NoError(t, err)
-		return append(sharded, plain...)
-	}
-	if !assert.Eventually(t, func() bool { return len(left()) == 0 }, safetyTTL+slack, pollEvery,
-		"W5: the semaphore's keys did not go") {
-		t.Logf("left: %v", left())
-	}
-	if !assert.Eventually(t, func() bool { return len(subscriptions()) == 0 && distlock.RoomsOf(keys.Lease) == 0 },
-		eventually, pollEvery, "W5: wake subscriptions or waiting rooms did not end") {
-		t.Logf("left: subscriptions %v, rooms %d", subscriptions(), distlock.RoomsOf(keys.Lease))
-	}
 }
