@@ -391,33 +391,39 @@ func localTime(unixNano int64) time.Time {
 // runBenchHelper is the main of a bench helper: it serves the test's
 // commands through one counting client of the server in helperAddrVar until
 // the test closes its input.
-func runBenchHelper() int {
+func runBenchHelper() int { return serveHelper("bench helper", serveBench) }
+
+// serveHelper is the main of a benchmark's helper process: it connects one
+// counting client to the server in helperAddrVar, says it is ready, and
+// answers each command of type C that the test sends with serve's reply,
+// until the test closes its input.
+func serveHelper[C any](name string, serve func(rueidis.Client, *redistest.CommandCounter, C) benchReply) int {
 	opt, counter := redistest.WithCounting(rueidis.ClientOption{
 		InitAddress:  []string{os.Getenv(helperAddrVar)},
 		DisableCache: true,
 	})
 	rc, err := rueidis.NewClient(opt)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench helper:", err)
+		fmt.Fprintln(os.Stderr, name+":", err)
 		return 1
 	}
 	defer rc.Close()
 	link := helperproc.Parent()
 	if err := link.Send(benchReply{Ready: true}); err != nil {
-		fmt.Fprintln(os.Stderr, "bench helper:", err)
+		fmt.Fprintln(os.Stderr, name+":", err)
 		return 1
 	}
 	for {
-		var cmd benchCmd
+		var cmd C
 		if err := link.Recv(&cmd); err != nil {
 			if errors.Is(err, io.EOF) {
 				return 0
 			}
-			fmt.Fprintln(os.Stderr, "bench helper:", err)
+			fmt.Fprintln(os.Stderr, name+":", err)
 			return 1
 		}
-		if err := link.Send(serveBench(rc, counter, cmd)); err != nil {
-			fmt.Fprintln(os.Stderr, "bench helper:", err)
+		if err := link.Send(serve(rc, counter, cmd)); err != nil {
+			fmt.Fprintln(os.Stderr, name+":", err)
 			return 1
 		}
 	}

@@ -88,56 +88,31 @@ func semLocker(s *distlock.Semaphore) locker {
 
 // runSemHelper is the main of a semaphore helper: it runs the test's phases
 // through one counting client until the test closes its input.
-func runSemHelper() int {
-	opt, counter := redistest.WithCounting(rueidis.ClientOption{
-		InitAddress:  []string{os.Getenv(helperAddrVar)},
-		DisableCache: true,
-	})
-	rc, err := rueidis.NewClient(opt)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "semaphore helper:", err)
-		return 1
-	}
-	defer rc.Close()
-	link := helperproc.Parent()
-	if err := link.Send(benchReply{Ready: true}); err != nil {
-		fmt.Fprintln(os.Stderr, "semaphore helper:", err)
-		return 1
-	}
-	for {
-		var cmd semCmd
-		if err := link.Recv(&cmd); err != nil {
-			if errors.Is(err, io.EOF) {
-				return 0
-			}
-			fmt.Fprintln(os.Stderr, "semaphore helper:", err)
-			return 1
+func runSemHelper() int { return serveHelper("semaphore helper", serveSem) }
+
+// serveSem runs one phase in a semaphore helper.
+func serveSem(rc rueidis.Client, counter *redistest.CommandCounter, cmd semCmd) benchReply {
+	var take locker
+	switch cmd.Variant {
+	case variantSemaphore:
+		s, err := distlock.NewSemaphore(rc, cmd.Key, cmd.Permits)
+		if err != nil {
+			return benchReply{Err: err.Error()}
 		}
-		var take locker
-		switch cmd.Variant {
-		case variantSemaphore:
-			s, err := distlock.NewSemaphore(rc, cmd.Key, cmd.Permits)
-			if err != nil {
-				return sendErr(link, err)
-			}
-			take = semLocker(s)
-		case variantMutex:
-			m, err := distlock.NewMutex(rc, cmd.Key)
-			if err != nil {
-				return sendErr(link, err)
-			}
-			take = distlockLocker(m)
-		default:
-			return sendErr(link, fmt.Errorf("unknown variant %q", cmd.Variant))
+		take = semLocker(s)
+	case variantMutex:
+		m, err := distlock.NewMutex(rc, cmd.Key)
+		if err != nil {
+			return benchReply{Err: err.Error()}
 		}
-		start := localTime(cmd.Start)
-		res := runPhase([]locker{take}, counter, start, localTime(cmd.End))
-		alignPhase(&res, start, cmd.Start)
-		if err := link.Send(benchReply{Result: &res}); err != nil {
-			fmt.Fprintln(os.Stderr, "semaphore helper:", err)
-			return 1
-		}
+		take = distlockLocker(m)
+	default:
+		return benchReply{Err: fmt.Sprintf("unknown variant %q", cmd.Variant)}
 	}
+	start := localTime(cmd.Start)
+	res := runPhase([]locker{take}, counter, start, localTime(cmd.End))
+	alignPhase(&res, start, cmd.Start)
+	return benchReply{Result: &res}
 }
 
 // alignPhase moves res's times (µs from start) onto the test's time line
@@ -173,13 +148,6 @@ func alignPhase(res *phaseResult, start time.Time, want int64) {
 	for i := range res.Granted {
 		res.Granted[i] -= (want - start.UnixNano()) / int64(time.Microsecond)
 	}
-}
-
-// sendErr reports err to the test and returns a helper's failing status.
-func sendErr(link *helperproc.Link, err error) int {
-	fmt.Fprintln(os.Stderr, "helper:", err)
-	_ = link.Send(benchReply{Err: err.Error()})
-	return 1
 }
 
 // startHelpers starts n helpers of role for srv and waits until each says

@@ -133,7 +133,7 @@ func TestClusterSemaphoreAndElection(t *testing.T) {
 		octx, stop := context.WithCancel(t.Context())
 		defer stop()
 		obs := watcher.Observe(octx)
-		assert.True(t, clusterNextLeader(t, obs, func(distlock.Leader) bool { return true }).IsZero(), "nobody leads yet")
+		assert.True(t, nextLeader(t, obs, eventually, func(distlock.Leader) bool { return true }).IsZero(), "nobody leads yet")
 		// The observer listens on the slot's primary, where the scripts
 		// publish.
 		require.Eventually(t, func() bool {
@@ -143,7 +143,7 @@ func TestClusterSemaphoreAndElection(t *testing.T) {
 
 		ga, err := a.Campaign(t.Context(), "a:1")
 		require.NoError(t, err)
-		la := clusterNextLeader(t, obs, func(l distlock.Leader) bool { return l.Value == "a:1" })
+		la := nextLeader(t, obs, eventually, func(l distlock.Leader) bool { return l.Value == "a:1" })
 		assert.Equal(t, ga.Token(), la.Token)
 
 		ctx, cancel := context.WithCancel(t.Context())
@@ -159,7 +159,7 @@ func TestClusterSemaphoreAndElection(t *testing.T) {
 		})
 		clusterWaitLine(t, owner, k.Queue, 1)
 		assert.Equal(t, distlock.Released, release(t, ga))
-		lb := clusterNextLeader(t, obs, func(l distlock.Leader) bool { return l.Value == "b:1" })
+		lb := nextLeader(t, obs, eventually, func(l distlock.Leader) bool { return l.Value == "b:1" })
 		var gb *distlock.Guard
 		select {
 		case gb = <-got:
@@ -174,7 +174,7 @@ func TestClusterSemaphoreAndElection(t *testing.T) {
 		assert.Equal(t, lb.Token, now.Token, "Leader from another client")
 
 		assert.Equal(t, distlock.Released, release(t, gb))
-		clusterNextLeader(t, obs, func(l distlock.Leader) bool { return l.IsZero() })
+		nextLeader(t, obs, eventually, func(l distlock.Leader) bool { return l.IsZero() })
 		stop()
 		for range obs {
 		}
@@ -189,22 +189,4 @@ func clusterWaitLine(t *testing.T, n *redistest.Server, key string, want int64) 
 		got, err := n.MustDo("ZCARD", key).AsInt64()
 		return err == nil && got == want
 	}, eventually, pollEvery, "the line at %s never had %d waiters", key, want)
-}
-
-// clusterNextLeader returns the next Leader on ch that satisfies ok.
-func clusterNextLeader(t *testing.T, ch <-chan distlock.Leader, ok func(distlock.Leader) bool) distlock.Leader {
-	t.Helper()
-	deadline := time.After(eventually)
-	for {
-		select {
-		case l, open := <-ch:
-			require.True(t, open, "the Observe channel closed")
-			if ok(l) {
-				return l
-			}
-		case <-deadline:
-			t.Fatalf("no matching leader within %v", eventually)
-			return distlock.Leader{}
-		}
-	}
 }

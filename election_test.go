@@ -233,10 +233,10 @@ func TestElectionRefusesBadInput(t *testing.T) {
 		assert.Equal(t, "value", ae.Arg)
 		assert.ErrorIs(t, err, distlock.ErrInvalidArgument)
 	}
-	//nolint:staticcheck // a nil ctx on purpose
+	//lint:ignore SA1012 testing the nil check
 	_, err = e.Campaign(nil, "v")
 	assert.ErrorIs(t, err, distlock.ErrInvalidArgument)
-	//nolint:staticcheck // a nil ctx on purpose
+	//lint:ignore SA1012 testing the nil check
 	_, ok := <-e.Observe(nil)
 	assert.False(t, ok, "Observe(nil) returns a closed channel")
 
