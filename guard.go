@@ -11,8 +11,10 @@ import (
 	"github.com/distkit-go/distlock/actor"
 )
 
-// A Guard is one held acquisition of a [Mutex]. It is returned by Lock,
-// TryLock and TryLockFor, and stays valid until it is released.
+// A Guard is one held acquisition: of a [Mutex] (returned by Lock, TryLock
+// and TryLockFor), of a permit of a [Semaphore] (Acquire, TryAcquire,
+// TryAcquireFor) or of a term of an [Election] (Campaign). It stays valid
+// until it is released.
 //
 // Behind each Guard runs one goroutine, its actor, which renews the lease
 // every TTL/3, watches the lease deadline, publishes state changes and, at

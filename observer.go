@@ -22,7 +22,9 @@ type Observer interface {
 	ObserveTransition(TransitionInfo)
 }
 
-// AcquireInfo describes one call to Lock, TryLock or TryLockFor.
+// AcquireInfo describes one call to Lock, TryLock or TryLockFor (or a
+// Semaphore's Acquire, TryAcquire or TryAcquireFor, or an Election's
+// Campaign).
 type AcquireInfo struct {
 	Key      string        // the lease key
 	Kind     string        // "mutex", "semaphore" or "election"
