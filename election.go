@@ -133,8 +133,10 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 // announcements of the election's scripts and reads Redis when it starts,
 // when its subscription comes back, and when the leader's lease would run
 // out (a leader that died does not announce its end). Where Redis refuses
-// pub/sub, the watcher reads every [DefaultRetryInterval] instead.
-// A nil ctx returns a closed channel.
+// pub/sub, the watcher reads every [DefaultRetryInterval] instead. When
+// the last observer's ctx ends, the watcher unsubscribes before that
+// observer's channel is closed, so a program that has drained the channel
+// leaves nothing of it running. A nil ctx returns a closed channel.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	ch := make(chan Leader, 1)
 	if ctx == nil {
@@ -260,22 +262,32 @@ type watchState struct {
 	noPubSub  bool                        // the server refused pub/sub
 	failures  int                         // reads in a row that failed
 	timer     *time.Timer                 // the next read
+	children  sync.WaitGroup              // the subscription and the read in flight
 }
 
 // run is the watcher's loop. It ends when its last observer has left.
 func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	s := &watchState{observers: make(map[chan Leader]func() bool), timer: time.NewTimer(time.Hour)}
-	defer s.timer.Stop()
 	defer func() {
+		// The children (the subscription and a read) end soon once ctx is
+		// cancelled; the observers' channels close after them, so that an
+		// observer who sees its channel closed knows the watcher's work is
+		// over.
+		cancel()
+		s.timer.Stop()
+		s.children.Wait()
 		for ch, stopAfter := range s.observers {
 			stopAfter()
 			close(ch)
 		}
 	}()
 	e := w.e
-	a.Go(func() { w.subscribe(ctx, a) })
+	s.children.Add(1)
+	a.Go(func() {
+		defer s.children.Done()
+		w.subscribe(ctx, a)
+	})
 	w.read(ctx, a, s)
 	for {
 		select {
@@ -294,14 +306,16 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 					offerLeader(ch, s.cur.leader)
 				}
 			case unobserveMsg:
-				if stopAfter, ok := s.observers[msg.ch]; ok {
-					stopAfter()
-					close(msg.ch)
-					delete(s.observers, msg.ch)
+				stopAfter, ok := s.observers[msg.ch]
+				if !ok {
+					break
 				}
-				if len(s.observers) == 0 {
-					return
+				if len(s.observers) == 1 {
+					return // the last one: closed on the way out
 				}
+				stopAfter()
+				close(msg.ch)
+				delete(s.observers, msg.ch)
 			case announceMsg:
 				s.heard++
 				if !s.known || msg.v.newer(s.cur) {
@@ -335,7 +349,9 @@ func (w *watcher) read(ctx context.Context, a *actor.Actor[watchMsg], s *watchSt
 	}
 	s.reading, s.again, s.heardAt = true, false, s.heard
 	e := w.e
+	s.children.Add(1)
 	a.Go(func() {
+		defer s.children.Done()
 		rctx, cancel := context.WithTimeout(ctx, max(e.m.ttl/3, time.Second))
 		defer cancel()
 		var msg readMsg
