@@ -185,7 +185,12 @@ func (d *demo) worker(ctx context.Context, id int, m *distlock.Mutex) {
 		d.acquired(id, g, time.Since(asked))
 		d.maybeSteal(ctx, id, m.Key())
 		events := g.Subscribe(ctx)
-		<-events // the current state, printed by acquired
+		// The first event is the current state. Acquired was printed by
+		// acquired; anything else (the staged overwrite can be refused at
+		// the very first renewal, before this subscription) is news.
+		if ev, ok := <-events; ok && ev.State != distlock.Acquired {
+			d.event(id, g, ev)
+		}
 		hold := time.NewTimer(d.cfg.hold)
 	holding:
 		for {
@@ -200,6 +205,17 @@ func (d *demo) worker(ctx context.Context, id int, m *distlock.Mutex) {
 			}
 		}
 		hold.Stop()
+		// Events that came with the end of the hold are printed too.
+		for pending := true; pending; {
+			select {
+			case ev, ok := <-events:
+				if pending = ok; ok {
+					d.event(id, g, ev)
+				}
+			default:
+				pending = false
+			}
+		}
 		d.release(ctx, id, g)
 		// Do some other work before competing again, so that the others
 		// get their turn.
