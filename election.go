@@ -186,11 +186,7 @@ func (e *Election) view(s lease.Snapshot) (view, error) {
 	switch {
 	case s.Type == "string" && len(s.Holders) > 0:
 		h := s.Holders[0]
-		return view{
-			leader: Leader{Value: lease.Owner(h.Value), Token: s.Fence, Since: time.UnixMicro(s.Fence)},
-			after:  s.Fence,
-			ttl:    h.TTL,
-		}, nil
+		return view{leader: leaderOf(h.Value, s.Fence), after: s.Fence, ttl: h.TTL}, nil
 	case s.Type == "none":
 		return view{after: s.Fence, none: true}, nil
 	}
@@ -206,7 +202,12 @@ func announced(value string, token int64) view {
 	if value == "" {
 		return view{after: token, none: true}
 	}
-	return view{leader: Leader{Value: lease.Owner(value), Token: token, Since: time.UnixMicro(token)}, after: token}
+	return view{leader: leaderOf(value, token), after: token}
+}
+
+// leaderOf is the Leader whose lease holds value, granted with token.
+func leaderOf(value string, token int64) Leader {
+	return Leader{Value: lease.Owner(value), Token: token, Since: time.UnixMicro(token)}
 }
 
 // The watcher: one actor per observed Election.
@@ -227,10 +228,7 @@ type readMsg struct {
 	err error
 }
 
-type subMsg struct {
-	up       bool
-	noPubSub bool
-}
+type subMsg struct{ up bool }
 
 func (observeMsg) isWatchMsg()   {}
 func (unobserveMsg) isWatchMsg() {}
@@ -259,7 +257,6 @@ type watchState struct {
 	heard     int                         // announcements so far
 	heardAt   int                         // heard when the read in flight was sent
 	up        bool                        // announcements arrive
-	noPubSub  bool                        // the server refused pub/sub
 	failures  int                         // reads in a row that failed
 	timer     *time.Timer                 // the next read
 	children  sync.WaitGroup              // the subscription and the read in flight
@@ -331,7 +328,7 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 				s.reading = false
 				w.readDone(ctx, a, s, msg)
 			case subMsg:
-				s.up, s.noPubSub = msg.up, msg.noPubSub
+				s.up = msg.up
 				// Up: announcements may have been missed before it took.
 				// Down: read now, and poll until it is back.
 				w.read(ctx, a, s)
@@ -415,30 +412,15 @@ func (w *watcher) set(s *watchState, v view) {
 // ctx ends, and reports announcements and the subscription's state.
 func (w *watcher) subscribe(ctx context.Context, a *actor.Actor[watchMsg]) {
 	e := w.e
-	backoff := minResubscribe
-	for {
-		err := e.read.SubscribeLeader(ctx, e.m.keys, func() {
+	resubscribe(ctx, func() error {
+		return e.read.SubscribeLeader(ctx, e.m.keys, func() {
 			_ = a.Send(ctx, subMsg{up: true})
 		}, func(value string, token int64) {
 			_ = a.Send(ctx, announceMsg{v: announced(value, token)})
 		})
-		if ctx.Err() != nil {
-			return
-		}
-		noPubSub := errors.Is(err, lease.ErrNoPubSub)
-		_ = a.Send(ctx, subMsg{noPubSub: noPubSub})
-		if noPubSub {
-			return // the watcher polls
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-		backoff = min(2*backoff, maxResubscribe)
-	}
+	}, func(bool) {
+		_ = a.Send(ctx, subMsg{}) // down: the loop reads now, then polls
+	})
 }
 
 // offerLeader puts l in ch without blocking, replacing a Leader that the

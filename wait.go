@@ -280,20 +280,35 @@ func (r *room) setUp(up bool) {
 // cancelled by close, or until the server refuses pub/sub.
 func (r *room) subscribe(ctx context.Context) {
 	defer close(r.subDone)
-	backoff := minResubscribe
-	for {
-		err := r.store.Subscribe(ctx, r.keys, r.id, func() { r.setUp(true) }, func(value string, token int64) {
+	resubscribe(ctx, func() error {
+		return r.store.Subscribe(ctx, r.keys, r.id, func() { r.setUp(true) }, func(value string, token int64) {
 			r.granted(value, grantNote{token: token})
 		})
-		if ctx.Err() != nil {
-			return
-		}
+	}, func(noPubSub bool) {
 		r.setUp(false)
-		if errors.Is(err, lease.ErrNoPubSub) {
+		if noPubSub {
 			r.mu.Lock()
 			r.noPubSub, r.listening = true, false
 			r.mu.Unlock()
-			return // the waiters poll
+		}
+	})
+}
+
+// resubscribe runs subscribe until ctx ends. Each time it returns for
+// another reason, resubscribe calls down, with whether the server refused
+// pub/sub; then it stops if it did, and otherwise subscribes again after a
+// pause that doubles from minResubscribe up to maxResubscribe.
+func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub bool)) {
+	backoff := minResubscribe
+	for {
+		err := subscribe()
+		if ctx.Err() != nil {
+			return
+		}
+		noPubSub := errors.Is(err, lease.ErrNoPubSub)
+		down(noPubSub)
+		if noPubSub {
+			return // the caller polls
 		}
 		t := time.NewTimer(backoff)
 		select {

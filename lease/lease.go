@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -43,7 +42,9 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 //
 // ARGV[1] the acquisition's value, ARGV[2] TTL in ms, ARGV[3] the claim
 // window in ms ("0": do not stand in line), ARGV[4] the waiting room,
-// ARGV[5] a ticket to stand in line with ("0": a new one, at the end).
+// ARGV[5] a ticket to stand in line with ("0": a new one, at the end),
+// ARGV[6] "1" to announce every change of holder (an election; see
+// [Keys.Election]).
 //
 // Reply: {1, token} when the lease is now the caller's, for the TTL; or
 // {0, pttl, holder value, rank, ticket, fence} when it is not: pttl is the
@@ -64,7 +65,7 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // A voided value (see [Client.Cancel]) is refused and taken out of line.
 // All checks come before the first write, so a key of the wrong type or
 // content fails the script without leaving anything behind.
-var acquireScript = newScript(lockProtocol() + `
+var acquireScript = newScript(lockLua + protocolLua + `
 announcing = ARGV[6] == '1'
 local last, err = fence()
 if err then
@@ -130,8 +131,9 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // passes it to the first live waiter in line, if there is one. For
 // [Client.Cancel] it also marks the value void and takes it out of line.
 //
-// ARGV[1] the acquisition's value, and for Cancel ARGV[2] how long the void
-// key lasts, in ms.
+// ARGV[1] the acquisition's value, ARGV[2] for Cancel how long the void
+// key lasts, in ms ("0" for Release), ARGV[3] "1" to announce the change of
+// holder (an election).
 //
 // Reply: {deleted} or {deleted, token, waiter value, room}: deleted is 1 when
 // the lease held the value and was deleted; the rest names the waiter the
@@ -139,7 +141,7 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // so that a waiter who gives up also unblocks a line whose grant lapsed.
 // A fencing or queue key of the wrong type or content does not stop the
 // delete: the lease is deleted and not passed on.
-var releaseScript = newScript(lockProtocol() + `
+var releaseScript = newScript(lockLua + protocolLua + `
 announcing = ARGV[3] == '1'
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
@@ -182,17 +184,13 @@ return {deleted, token, v, room}
 `)
 
 // protocolLua calls hold(value, ms, now) to make value hold the lease for
-// ms milliseconds from now (the server clock in µs). For a lock that is a
-// single SET, which lockProtocol writes in place of each call rather than
-// defining a function: Redis builds every local function of a script anew
-// at each call, and this keeps a lock's scripts, the release above all, as
-// cheap for Redis as they were before semaphores.
-func lockProtocol() string {
-	return holdCall.ReplaceAllString(protocolLua, "redis.call('SET', KEYS[1], $1, 'PX', $2)")
-}
-
-// holdCall matches the calls of hold in protocolLua.
-var holdCall = regexp.MustCompile(`\bhold\((\w+), (\w+), now\)`)
+// ms milliseconds from now (the server clock in µs); lockLua and semLua
+// define it. For a lock it is a single SET.
+var lockLua = `
+local function hold(v, ms, now)
+  redis.call('SET', KEYS[1], v, 'PX', ms)
+end
+`
 
 // semLua defines a semaphore's hold: it adds the value to the set of
 // holders, scored by the server time in ms at which its lease ends (rounded
@@ -222,6 +220,40 @@ local function dropEnded(now)
 end
 `
 
+// semPassLua defines passFree, which passes free permits, while fewer than
+// permits are held, to the first live waiters in line (see passTo), after
+// the token last (nil: read the fencing key first). It appends a
+// {token, value, room} triple per pass to out, and returns the last token.
+// A fencing or queue key of the wrong type stops it quietly: the caller's
+// own grant or release stands. It follows protocolLua, whose helpers it
+// calls.
+var semPassLua = `
+local function passFree(last, now, held, permits, out)
+  while held < permits do
+    local v, claim, room, _, ferr = first()
+    if not v or ferr then
+      break
+    end
+    if not last then
+      local lerr
+      last, lerr = fence()
+      if lerr then
+        break
+      end
+    end
+    local token, terr = passTo(last, now, v, claim, room)
+    if terr then
+      break
+    end
+    table.insert(out, token)
+    table.insert(out, v)
+    table.insert(out, room)
+    last, held = token, held + 1
+  end
+  return last
+end
+`
+
 // semAcquireScript is acquireScript for a semaphore (see [Keys.Semaphore]).
 // ARGV[1] to ARGV[5] are those of acquireScript; ARGV[6] is the caller's
 // limit, the number of permits.
@@ -235,7 +267,7 @@ end
 // Otherwise it stands in line, as with acquireScript. The reply
 // has acquireScript's shape: pttl and holder name the holder whose lease
 // ends first, the moment a permit may come free without a release.
-var semAcquireScript = newScript(semLua + protocolLua + `
+var semAcquireScript = newScript(semLua + protocolLua + semPassLua + `
 local err = notSemaphore()
 if err then
   return err
@@ -287,18 +319,7 @@ while held < permits do
     end
     -- Permits still free (several leases ended at once, or the limit was
     -- raised) go to those behind the caller, as a release passes them.
-    last, held = reply[2], held + 1
-    while held < permits do
-      v, claim, room, _, ferr = first()
-      if not v or ferr then
-        break
-      end
-      local token, terr = passTo(last, now, v, claim, room)
-      if terr then
-        break
-      end
-      last, held = token, held + 1
-    end
+    passFree(reply[2], now, held + 1, permits, {})
     return reply
   end
   local token, terr = passTo(last, now, v, claim, room)
@@ -326,7 +347,7 @@ return waiting(rank, ticket)
 // Reply: {deleted, token, value, room, token, value, room, ...}: deleted is
 // 1 when the caller held a permit whose lease had not ended, followed by one
 // triple per waiter a permit was passed to.
-var semReleaseScript = newScript(semLua + protocolLua + `
+var semReleaseScript = newScript(semLua + protocolLua + semPassLua + `
 local value = ARGV[1]
 if notSemaphore() then
   return {0}
@@ -346,30 +367,7 @@ if err then
   return out
 end
 limit = ARGV[4]
-local permits = tonumber(limit)
-local held = redis.call('ZCARD', KEYS[1])
-local last
-while held < permits do
-  local v, claim, room, _, ferr = first()
-  if not v or ferr then
-    break
-  end
-  if not last then
-    local lerr
-    last, lerr = fence()
-    if lerr then
-      break
-    end
-  end
-  local token, terr = passTo(last, now, v, claim, room)
-  if terr then
-    break
-  end
-  table.insert(out, token)
-  table.insert(out, v)
-  table.insert(out, room)
-  last, held = token, held + 1
-end
+passFree(nil, now, redis.call('ZCARD', KEYS[1]), tonumber(limit), out)
 return out
 `)
 
