@@ -46,6 +46,15 @@ func (e *env) heldWithLine(t *testing.T, k lease.Keys, names ...string) (string,
 	return x, ws
 }
 
+// freeWithLine is heldWithLine after which x's lease runs out (it is
+// deleted): the lock is free with waiters in line. It returns the waiters.
+func (e *env) freeWithLine(t *testing.T, k lease.Keys, names ...string) []*waiter {
+	t.Helper()
+	_, ws := e.heldWithLine(t, k, names...)
+	e.srv.MustDo("DEL", k.Lease)
+	return ws
+}
+
 // cancel calls Cancel for value (voiding it for queueTTL) and fails the
 // test on an error.
 func (e *env) cancel(t *testing.T, k lease.Keys, value string) lease.Release {

@@ -114,6 +114,17 @@ func (e *env) lapseSoon(t *testing.T, k lease.Keys, w *waiter, holder string, ra
 	require.Equal(t, ticket, w.place.Ticket, "%q changed its place when it called again", w.value)
 }
 
+// firstCallsAgain has a new value x hold k with waiters a and b in line
+// behind it; then a calls again with the claim window claim (see
+// lapseSoon). It returns x, a and b.
+func (e *env) firstCallsAgain(t *testing.T, k lease.Keys, claim time.Duration) (x string, a, b *waiter) {
+	t.Helper()
+	x, line := e.heldWithLine(t, k, "a", "b")
+	a, b = line[0], line[1]
+	e.lapseSoon(t, k, a, x, 0, claim)
+	return x, a, b
+}
+
 // assertNoLine checks that the line's keys do not exist.
 func (e *env) assertNoLine(t *testing.T, k lease.Keys) {
 	t.Helper()
@@ -279,9 +290,7 @@ func TestQueuePassAnnounced(t *testing.T) {
 func TestQueuePlaceLapses(t *testing.T) {
 	e := newEnv(t)
 	k := keys(t)
-	x, line := e.heldWithLine(t, k, "a", "b")
-	a, b := line[0], line[1]
-	e.lapseSoon(t, k, a, x, 0, shortClaim)
+	x, a, b := e.firstCallsAgain(t, k, shortClaim)
 	e.waitLapsed(t, k, a.value)
 	assert.True(t, e.inLine(t, k, a.value), "a lapsed place is removed by the next release, not before")
 
@@ -298,9 +307,7 @@ func TestQueuePlaceLapses(t *testing.T) {
 func TestQueueGrantLapses(t *testing.T) {
 	e := newEnv(t)
 	k := keys(t)
-	x, line := e.heldWithLine(t, k, "a", "b")
-	a, b := line[0], line[1]
-	e.lapseSoon(t, k, a, x, 0, grantClaim)
+	x, a, b := e.firstCallsAgain(t, k, grantClaim)
 
 	p := e.mustRelease(t, k, x)
 	require.Equal(t, a.value, p.Value, "release: a's place lapsed before it (the machine is slower than grantClaim allows)")
@@ -323,9 +330,7 @@ func TestQueueTicketKept(t *testing.T) {
 	t.Run("place lapsed", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)
-		x, line := e.heldWithLine(t, k, "a", "b")
-		a, b := line[0], line[1]
-		e.lapseSoon(t, k, a, x, 0, shortClaim)
+		x, a, b := e.firstCallsAgain(t, k, shortClaim)
 		e.waitLapsed(t, k, a.value)
 		require.Equal(t, b.value, e.mustRelease(t, k, x).Value, "the lapsed waiter was not skipped")
 		require.False(t, e.inLine(t, k, a.value))
@@ -374,6 +379,18 @@ func TestQueueTicketKept(t *testing.T) {
 // AcquireOrQueue or Acquire (the full TTL and a new token), or keeps it by
 // renewing.
 func TestQueueClaim(t *testing.T) {
+	// passedToA has x hold a new lock with a in line, and release it: the
+	// lease passes to a, for its claim window.
+	passedToA := func(t *testing.T) (*env, lease.Keys, *waiter, lease.Pass) {
+		t.Helper()
+		e := newEnv(t)
+		k := keys(t)
+		x, line := e.heldWithLine(t, k, "a")
+		a := line[0]
+		p := e.mustRelease(t, k, x)
+		require.Equal(t, a.value, p.Value)
+		return e, k, a, p
+	}
 	claims := []struct {
 		name  string
 		claim func(t *testing.T, e *env, k lease.Keys, w *waiter) lease.Grant
@@ -385,12 +402,7 @@ func TestQueueClaim(t *testing.T) {
 	}
 	for _, c := range claims {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t)
-			k := keys(t)
-			x, line := e.heldWithLine(t, k, "a")
-			a := line[0]
-			p := e.mustRelease(t, k, x)
-			require.Equal(t, a.value, p.Value)
+			e, k, a, p := passedToA(t)
 			e.assertTTL(t, k.Lease, liveClaim)
 
 			g := c.claim(t, e, k, a)
@@ -403,13 +415,7 @@ func TestQueueClaim(t *testing.T) {
 		})
 	}
 	t.Run("Renew", func(t *testing.T) {
-		e := newEnv(t)
-		k := keys(t)
-		x, line := e.heldWithLine(t, k, "a")
-		a := line[0]
-		p := e.mustRelease(t, k, x)
-		require.Equal(t, a.value, p.Value)
-
+		e, k, a, p := passedToA(t)
 		require.True(t, e.renew(t, k, a.value, queueTTL).OK, "renewal of a passed lease")
 		e.assertTTL(t, k.Lease, queueTTL)
 		assert.Equal(t, p.Token, e.fence(t, k), "a renewal issued a token")
@@ -469,9 +475,8 @@ func TestQueueCancel(t *testing.T) {
 		// gives up passes the free lease on.
 		e := newEnv(t)
 		k := keys(t)
-		_, line := e.heldWithLine(t, k, "a", "b")
+		line := e.freeWithLine(t, k, "a", "b")
 		a, b := line[0], line[1]
-		e.srv.MustDo("DEL", k.Lease)
 
 		r := e.cancel(t, k, a.value)
 		assert.False(t, r.Deleted)
@@ -538,9 +543,8 @@ func TestQueueAcquireDoesNotBarge(t *testing.T) {
 	t.Run("free lease, first waiter", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)
-		_, line := e.heldWithLine(t, k, "a", "b")
+		line := e.freeWithLine(t, k, "a", "b")
 		a, b := line[0], line[1]
-		e.srv.MustDo("DEL", k.Lease)
 
 		g := e.acquire(t, k, a.value, queueTTL)
 		require.True(t, g.Acquired, "Acquire by the first waiter of a free lease: got %+v", g)
@@ -590,23 +594,27 @@ func TestQueueFreeLeaseEmptyLine(t *testing.T) {
 // it, and expire when every waiter stops calling; they never expire before
 // a place in them lapses.
 func TestQueueKeysDisappear(t *testing.T) {
-	t.Run("last waiter served", func(t *testing.T) {
-		e := newEnv(t)
-		k := keys(t)
-		x, line := e.heldWithLine(t, k, "a")
-		a := line[0]
-		require.True(t, e.exists(t, k.Queue))
-		require.Equal(t, a.value, e.mustRelease(t, k, x).Value)
-		e.assertNoLine(t, k)
-	})
-	t.Run("last waiter cancelled", func(t *testing.T) {
-		e := newEnv(t)
-		k := keys(t)
-		_, line := e.heldWithLine(t, k, "a")
-		a := line[0]
-		e.cancel(t, k, a.value)
-		e.assertNoLine(t, k)
-	})
+	leaves := []struct {
+		name  string
+		leave func(t *testing.T, e *env, k lease.Keys, holder string, w *waiter)
+	}{
+		{"last waiter served", func(t *testing.T, e *env, k lease.Keys, holder string, w *waiter) {
+			require.Equal(t, w.value, e.mustRelease(t, k, holder).Value)
+		}},
+		{"last waiter cancelled", func(t *testing.T, e *env, k lease.Keys, _ string, w *waiter) {
+			e.cancel(t, k, w.value)
+		}},
+	}
+	for _, l := range leaves {
+		t.Run(l.name, func(t *testing.T) {
+			e := newEnv(t)
+			k := keys(t)
+			x, line := e.heldWithLine(t, k, "a")
+			require.True(t, e.exists(t, k.Queue))
+			l.leave(t, e, k, x, line[0])
+			e.assertNoLine(t, k)
+		})
+	}
 	t.Run("waiters stop calling", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)

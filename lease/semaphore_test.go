@@ -77,6 +77,20 @@ func (e *env) waitEnded(t *testing.T, k lease.Keys, value string) {
 		"the server clock did not reach the end of %q's lease", value)
 }
 
+// endedWithLine fills k, a semaphore of 2 permits, with x, whose lease
+// is meant to end (endTTL), and y, which keeps its permit; then ws stand in
+// line behind x. It returns x and y once x's lease has ended on the
+// server's clock, x still being in the holders set.
+func (e *env) endedWithLine(t *testing.T, k lease.Keys, ws ...*waiter) (x, y string) {
+	t.Helper()
+	x, y = lease.NewValue("x"), lease.NewValue("y")
+	require.True(t, e.acquire(t, k, x, endTTL).Acquired, "Acquire(%q)", x)
+	e.mustAcquire(t, k, y)
+	e.lineUp(t, k, x, ws...)
+	e.waitEnded(t, k, x)
+	return x, y
+}
+
 // limit returns the limit that the last grant recorded, or "" if none.
 func (e *env) limit(t *testing.T, k lease.Keys) string {
 	t.Helper()
@@ -180,10 +194,8 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 	t.Run("nobody in line", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		yt := e.mustAcquire(t, k, y)
-		e.waitEnded(t, k, x)
+		x, y := e.endedWithLine(t, k)
+		yt := e.fence(t, k) // y's grant issued the last token
 		require.Contains(t, e.members(t, k), x, "x's ended permit is dropped by the next call, not before")
 
 		c := lease.NewValue("c")
@@ -196,14 +208,9 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 	t.Run("first waiter calls", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "room", liveClaim)
 		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a, b)
 
 		g := e.queue(t, k, a)
 		require.True(t, g.Acquired, "the first waiter after x's lease ended: got %+v", g)
@@ -217,12 +224,8 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 		// passes its permit on.
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.waitEnded(t, k, x)
+		x, y := e.endedWithLine(t, k, a)
 
 		r := e.releaseAll(t, k, x)
 		assert.False(t, r.Deleted, "release by a holder whose lease ended: %+v", r)
@@ -232,15 +235,10 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 	t.Run("second waiter calls", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "ra", liveClaim)
 		b := newWaiter("b", "rb", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
 		heard := subscribe(t, e.lc, k, "ra")
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a, b)
 
 		g := e.queue(t, k, b)
 		require.False(t, g.Acquired, "the second waiter took the permit from the first: %+v", g)
@@ -462,13 +460,9 @@ func TestSemaphoreAcquireDoesNotBarge(t *testing.T) {
 	t.Run("ended holder", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "ra", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
 		heard := subscribe(t, e.lc, k, "ra")
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a)
 
 		c := lease.NewValue("c")
 		g := e.acquire(t, k, c, queueTTL)
@@ -505,14 +499,9 @@ func TestSemaphoreAcquireDoesNotBarge(t *testing.T) {
 	t.Run("first waiter", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "room", liveClaim)
 		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a, b)
 
 		g := e.acquire(t, k, a.value, queueTTL)
 		require.True(t, g.Acquired, "Acquire by the first waiter with a free permit: %+v", g)
