@@ -2,9 +2,7 @@ package lease_test
 
 import (
 	"context"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,44 +23,16 @@ import (
 // returns once the subscription is confirmed.
 func subscribeLeader(t *testing.T, lc *lease.Client, k lease.Keys) <-chan announcement {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	// A test hears a handful of changes; the buffer keeps the subscriber
-	// from waiting on the test, and a full buffer fails the test.
-	heard := make(chan announcement, 16)
-	ready := make(chan struct{})
-	done := make(chan struct{})
-	var err error
-	go func() {
-		defer close(done)
-		var once sync.Once
-		err = lc.SubscribeLeader(ctx, k, func() { once.Do(func() { close(ready) }) }, func(value string, token int64) {
-			select {
-			case heard <- announcement{value, token}:
-			default:
-				t.Errorf("%s: more changes than the test reads; dropped (%q, %d)", k.Leader, value, token)
-			}
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		assert.ErrorIs(t, err, context.Canceled, "SubscribeLeader(%s) ended with another error", k.Leader)
+	return listen(t, "SubscribeLeader("+k.Leader+")", func(ctx context.Context, ready func(), heard func(string, int64)) error {
+		return lc.SubscribeLeader(ctx, k, ready, heard)
 	})
-	select {
-	case <-ready:
-	case <-done:
-		t.Fatalf("SubscribeLeader(%s) ended before it was ready: %v", k.Leader, err)
-	case <-time.After(readyWait):
-		t.Fatalf("SubscribeLeader(%s) not confirmed within %v", k.Leader, readyWait)
-	}
-	return heard
 }
 
 // assertHeard checks that the next change heard on the leader channel is
 // want.
 func assertHeard(t *testing.T, heard <-chan announcement, want announcement, msgAndArgs ...any) {
 	t.Helper()
-	assert.Equal(t, want, nextAnnouncement(t, heard, "leader"), msgAndArgs...)
+	assertAnnounced(t, heard, "leader", want, msgAndArgs...)
 }
 
 // TestElectionAnnouncesGrants: every grant of an election is announced
@@ -100,8 +70,7 @@ func TestElectionAnnouncesGrants(t *testing.T) {
 	assertHeard(t, heard, announcement{z, zt}, "the grant after y's lease ran out: want nothing before it")
 
 	// Cancel of the holder ends its term as Release does.
-	r, err := e.lc.Cancel(ctxFor(t), k, z, queueTTL)
-	require.NoError(t, err)
+	r := e.cancel(t, k, z)
 	require.True(t, r.Deleted)
 	assertHeard(t, heard, announcement{"", zt}, "Cancel of the holder")
 	assert.Empty(t, heard)
@@ -130,8 +99,7 @@ func TestElectionAnnouncesPasses(t *testing.T) {
 	require.True(t, g.Acquired, "a's claim: %+v", g)
 	require.Equal(t, p.Token, g.Token, "a's claim keeps the pass's token, and is not announced")
 
-	r, err := e.lc.Cancel(ctxFor(t), k, a.value, queueTTL)
-	require.NoError(t, err)
+	r := e.cancel(t, k, a.value)
 	require.Equal(t, b.value, r.Passed.Value, "Cancel of the holder with b in line")
 	assertHeard(t, heard, announcement{b.value, r.Passed.Token}, "Cancel of the holder with b in line")
 
@@ -150,8 +118,7 @@ func TestElectionAnnouncesPasses(t *testing.T) {
 	f := newWaiter("f", "room", liveClaim)
 	e.mustQueue(t, k, f, c.value, 0)
 	e.srv.MustDo("DEL", k.Lease)
-	rel, err := e.lc.Release(ctxFor(t), k, c.value)
-	require.NoError(t, err)
+	rel := e.releaseAll(t, k, c.value)
 	require.False(t, rel.Deleted)
 	require.Equal(t, f.value, rel.Passed.Value)
 	assertHeard(t, heard, announcement{f.value, rel.Passed.Token}, "release of a free lease with f in line")
@@ -178,8 +145,7 @@ func TestElectionOnlyElectionsAnnounce(t *testing.T) {
 	e.mustQueue(t, lock, b, x, 1)
 	require.Equal(t, a.value, e.mustRelease(t, lock, x).Value)
 	require.True(t, e.queue(t, lock, a).Acquired)
-	r, err := e.lc.Cancel(ctxFor(t), lock, a.value, queueTTL)
-	require.NoError(t, err)
+	r := e.cancel(t, lock, a.value)
 	require.Equal(t, b.value, r.Passed.Value)
 	c := newWaiter("c", "room", liveClaim)
 	e.mustQueue(t, lock, c, b.value, 0)
@@ -196,7 +162,7 @@ func TestElectionOnlyElectionsAnnounce(t *testing.T) {
 	require.True(t, e.queue(t, sem, w).Acquired)
 	require.Equal(t, lease.Pass{}, e.mustRelease(t, sem, w.value))
 
-	_, err = e.lc.Acquire(ctxFor(t), sem.Election(), y, queueTTL)
+	_, err := e.lc.Acquire(ctxFor(t), sem.Election(), y, queueTTL)
 	assert.ErrorIs(t, err, lease.ErrBadPermits, "Acquire of an announcing semaphore")
 	_, err = e.lc.Release(ctxFor(t), sem.Election(), y)
 	assert.ErrorIs(t, err, lease.ErrBadPermits, "Release of an announcing semaphore")

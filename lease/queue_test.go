@@ -114,6 +114,17 @@ func (e *env) lapseSoon(t *testing.T, k lease.Keys, w *waiter, holder string, ra
 	require.Equal(t, ticket, w.place.Ticket, "%q changed its place when it called again", w.value)
 }
 
+// firstCallsAgain has a new value x hold k with waiters a and b in line
+// behind it; then a calls again with the claim window claim (see
+// lapseSoon). It returns x, a and b.
+func (e *env) firstCallsAgain(t *testing.T, k lease.Keys, claim time.Duration) (x string, a, b *waiter) {
+	t.Helper()
+	x, line := e.heldWithLine(t, k, "a", "b")
+	a, b = line[0], line[1]
+	e.lapseSoon(t, k, a, x, 0, claim)
+	return x, a, b
+}
+
 // assertNoLine checks that the line's keys do not exist.
 func (e *env) assertNoLine(t *testing.T, k lease.Keys) {
 	t.Helper()
@@ -164,37 +175,9 @@ type announcement struct {
 // announcements heard. It returns once the subscription is confirmed.
 func subscribe(t *testing.T, lc *lease.Client, k lease.Keys, room string) <-chan announcement {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	// A test hears a handful of announcements; the buffer keeps the
-	// subscriber from waiting on the test, and a full buffer fails the test.
-	heard := make(chan announcement, 16)
-	ready := make(chan struct{})
-	done := make(chan struct{})
-	var err error
-	go func() {
-		defer close(done)
-		var once sync.Once
-		err = lc.Subscribe(ctx, k, room, func() { once.Do(func() { close(ready) }) }, func(value string, token int64) {
-			select {
-			case heard <- announcement{value, token}:
-			default:
-				t.Errorf("room %s: more announcements than the test reads; dropped (%q, %d)", room, value, token)
-			}
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		assert.ErrorIs(t, err, context.Canceled, "Subscribe(%s) ended with another error", room)
+	return listen(t, "Subscribe(room "+room+")", func(ctx context.Context, ready func(), heard func(string, int64)) error {
+		return lc.Subscribe(ctx, k, room, ready, heard)
 	})
-	select {
-	case <-ready:
-	case <-done:
-		t.Fatalf("Subscribe(%s) ended before it was ready: %v", room, err)
-	case <-time.After(readyWait):
-		t.Fatalf("Subscribe(%s) not confirmed within %v", room, readyWait)
-	}
-	return heard
 }
 
 // nextAnnouncement returns the next announcement heard.
@@ -307,13 +290,7 @@ func TestQueuePassAnnounced(t *testing.T) {
 func TestQueuePlaceLapses(t *testing.T) {
 	e := newEnv(t)
 	k := keys(t)
-	x := lease.NewValue("x")
-	e.mustAcquire(t, k, x)
-	a := newWaiter("a", "room", liveClaim)
-	b := newWaiter("b", "room", liveClaim)
-	e.mustQueue(t, k, a, x, 0)
-	e.mustQueue(t, k, b, x, 1)
-	e.lapseSoon(t, k, a, x, 0, shortClaim)
+	x, a, b := e.firstCallsAgain(t, k, shortClaim)
 	e.waitLapsed(t, k, a.value)
 	assert.True(t, e.inLine(t, k, a.value), "a lapsed place is removed by the next release, not before")
 
@@ -330,13 +307,7 @@ func TestQueuePlaceLapses(t *testing.T) {
 func TestQueueGrantLapses(t *testing.T) {
 	e := newEnv(t)
 	k := keys(t)
-	x := lease.NewValue("x")
-	e.mustAcquire(t, k, x)
-	a := newWaiter("a", "room", liveClaim)
-	b := newWaiter("b", "room", liveClaim)
-	e.mustQueue(t, k, a, x, 0)
-	e.mustQueue(t, k, b, x, 1)
-	e.lapseSoon(t, k, a, x, 0, grantClaim)
+	x, a, b := e.firstCallsAgain(t, k, grantClaim)
 
 	p := e.mustRelease(t, k, x)
 	require.Equal(t, a.value, p.Value, "release: a's place lapsed before it (the machine is slower than grantClaim allows)")
@@ -359,13 +330,7 @@ func TestQueueTicketKept(t *testing.T) {
 	t.Run("place lapsed", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
-		e.lapseSoon(t, k, a, x, 0, shortClaim)
+		x, a, b := e.firstCallsAgain(t, k, shortClaim)
 		e.waitLapsed(t, k, a.value)
 		require.Equal(t, b.value, e.mustRelease(t, k, x).Value, "the lapsed waiter was not skipped")
 		require.False(t, e.inLine(t, k, a.value))
@@ -384,12 +349,8 @@ func TestQueueTicketKept(t *testing.T) {
 		t.Run(lost, func(t *testing.T) {
 			e := newEnv(t)
 			k := keys(t)
-			x := lease.NewValue("x")
-			e.mustAcquire(t, k, x)
-			a := newWaiter("a", "room", liveClaim)
-			b := newWaiter("b", "room", liveClaim)
-			e.mustQueue(t, k, a, x, 0)
-			e.mustQueue(t, k, b, x, 1)
+			x, line := e.heldWithLine(t, k, "a", "b")
+			a, b := line[0], line[1]
 			if lost == "flushall" {
 				e.srv.MustDo("FLUSHALL")
 				x = lease.NewValue("y") // the lease was lost with the rest
@@ -418,6 +379,18 @@ func TestQueueTicketKept(t *testing.T) {
 // AcquireOrQueue or Acquire (the full TTL and a new token), or keeps it by
 // renewing.
 func TestQueueClaim(t *testing.T) {
+	// passedToA has x hold a new lock with a in line, and release it: the
+	// lease passes to a, for its claim window.
+	passedToA := func(t *testing.T) (*env, lease.Keys, *waiter, lease.Pass) {
+		t.Helper()
+		e := newEnv(t)
+		k := keys(t)
+		x, line := e.heldWithLine(t, k, "a")
+		a := line[0]
+		p := e.mustRelease(t, k, x)
+		require.Equal(t, a.value, p.Value)
+		return e, k, a, p
+	}
 	claims := []struct {
 		name  string
 		claim func(t *testing.T, e *env, k lease.Keys, w *waiter) lease.Grant
@@ -429,14 +402,7 @@ func TestQueueClaim(t *testing.T) {
 	}
 	for _, c := range claims {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t)
-			k := keys(t)
-			x := lease.NewValue("x")
-			e.mustAcquire(t, k, x)
-			a := newWaiter("a", "room", liveClaim)
-			e.mustQueue(t, k, a, x, 0)
-			p := e.mustRelease(t, k, x)
-			require.Equal(t, a.value, p.Value)
+			e, k, a, p := passedToA(t)
 			e.assertTTL(t, k.Lease, liveClaim)
 
 			g := c.claim(t, e, k, a)
@@ -449,15 +415,7 @@ func TestQueueClaim(t *testing.T) {
 		})
 	}
 	t.Run("Renew", func(t *testing.T) {
-		e := newEnv(t)
-		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		p := e.mustRelease(t, k, x)
-		require.Equal(t, a.value, p.Value)
-
+		e, k, a, p := passedToA(t)
 		require.True(t, e.renew(t, k, a.value, queueTTL).OK, "renewal of a passed lease")
 		e.assertTTL(t, k.Lease, queueTTL)
 		assert.Equal(t, p.Token, e.fence(t, k), "a renewal issued a token")
@@ -471,15 +429,10 @@ func TestQueueCancel(t *testing.T) {
 	t.Run("waiter", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
+		x, line := e.heldWithLine(t, k, "a", "b")
+		a, b := line[0], line[1]
 
-		r, err := e.lc.Cancel(ctxFor(t), k, a.value, queueTTL)
-		require.NoError(t, err)
+		r := e.cancel(t, k, a.value)
 		assert.Equal(t, lease.Release{}, r, "Cancel of a waiter: nothing deleted, nothing passed")
 		assert.False(t, e.inLine(t, k, a.value), "the cancelled waiter stands in line")
 		assert.Equal(t, x, e.holder(t, k), "Cancel of a waiter touched the lease")
@@ -494,17 +447,12 @@ func TestQueueCancel(t *testing.T) {
 	t.Run("grantee", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
+		x, line := e.heldWithLine(t, k, "a", "b")
+		a, b := line[0], line[1]
 		pa := e.mustRelease(t, k, x)
 		require.Equal(t, a.value, pa.Value)
 
-		r, err := e.lc.Cancel(ctxFor(t), k, a.value, queueTTL)
-		require.NoError(t, err)
+		r := e.cancel(t, k, a.value)
 		assert.True(t, r.Deleted, "Cancel of the grantee: the passed lease was not deleted")
 		assert.Equal(t, b.value, r.Passed.Value, "Cancel of the grantee: passed to")
 		assert.Greater(t, r.Passed.Token, pa.Token, "token of the second pass")
@@ -527,16 +475,10 @@ func TestQueueCancel(t *testing.T) {
 		// gives up passes the free lease on.
 		e := newEnv(t)
 		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
-		e.srv.MustDo("DEL", k.Lease)
+		line := e.freeWithLine(t, k, "a", "b")
+		a, b := line[0], line[1]
 
-		r, err := e.lc.Cancel(ctxFor(t), k, a.value, queueTTL)
-		require.NoError(t, err)
+		r := e.cancel(t, k, a.value)
 		assert.False(t, r.Deleted)
 		assert.Equal(t, b.value, r.Passed.Value, "Cancel of a waiter of a free lease: passed to")
 		assert.Equal(t, b.value, e.holder(t, k))
@@ -601,13 +543,8 @@ func TestQueueAcquireDoesNotBarge(t *testing.T) {
 	t.Run("free lease, first waiter", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
-		e.srv.MustDo("DEL", k.Lease)
+		line := e.freeWithLine(t, k, "a", "b")
+		a, b := line[0], line[1]
 
 		g := e.acquire(t, k, a.value, queueTTL)
 		require.True(t, g.Acquired, "Acquire by the first waiter of a free lease: got %+v", g)
@@ -643,8 +580,7 @@ func TestQueueFreeLeaseEmptyLine(t *testing.T) {
 	b := newWaiter("b", "room", shortClaim)
 	e.mustQueue(t, k, a, x, 0)
 	e.mustQueue(t, k, b, x, 1)
-	r, err := e.lc.Cancel(ctxFor(t), k, a.value, queueTTL)
-	require.NoError(t, err)
+	r := e.cancel(t, k, a.value)
 	require.Equal(t, lease.Release{}, r, "a waiter's cancel")
 	require.False(t, e.inLine(t, k, a.value), "a waiter's cancel left it in line")
 	e.srv.MustDo("DEL", k.Lease)
@@ -658,28 +594,27 @@ func TestQueueFreeLeaseEmptyLine(t *testing.T) {
 // it, and expire when every waiter stops calling; they never expire before
 // a place in them lapses.
 func TestQueueKeysDisappear(t *testing.T) {
-	t.Run("last waiter served", func(t *testing.T) {
-		e := newEnv(t)
-		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		require.True(t, e.exists(t, k.Queue))
-		require.Equal(t, a.value, e.mustRelease(t, k, x).Value)
-		e.assertNoLine(t, k)
-	})
-	t.Run("last waiter cancelled", func(t *testing.T) {
-		e := newEnv(t)
-		k := keys(t)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, k, x)
-		a := newWaiter("a", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		_, err := e.lc.Cancel(ctxFor(t), k, a.value, queueTTL)
-		require.NoError(t, err)
-		e.assertNoLine(t, k)
-	})
+	leaves := []struct {
+		name  string
+		leave func(t *testing.T, e *env, k lease.Keys, holder string, w *waiter)
+	}{
+		{"last waiter served", func(t *testing.T, e *env, k lease.Keys, holder string, w *waiter) {
+			require.Equal(t, w.value, e.mustRelease(t, k, holder).Value)
+		}},
+		{"last waiter cancelled", func(t *testing.T, e *env, k lease.Keys, _ string, w *waiter) {
+			e.cancel(t, k, w.value)
+		}},
+	}
+	for _, l := range leaves {
+		t.Run(l.name, func(t *testing.T) {
+			e := newEnv(t)
+			k := keys(t)
+			x, line := e.heldWithLine(t, k, "a")
+			require.True(t, e.exists(t, k.Queue))
+			l.leave(t, e, k, x, line[0])
+			e.assertNoLine(t, k)
+		})
+	}
 	t.Run("waiters stop calling", func(t *testing.T) {
 		e := newEnv(t)
 		k := keys(t)
@@ -785,10 +720,7 @@ func TestQueueReleaseWithForeignFence(t *testing.T) {
 		t.Run(setup[0], func(t *testing.T) {
 			e := newEnv(t)
 			k := keys(t)
-			x := lease.NewValue("x")
-			e.mustAcquire(t, k, x)
-			a := newWaiter("a", "room", liveClaim)
-			e.mustQueue(t, k, a, x, 0)
+			x, _ := e.heldWithLine(t, k, "a")
 			args := append([]string(nil), setup...)
 			args[1] = k.Fence
 			e.srv.MustDo("DEL", k.Fence)
@@ -874,12 +806,8 @@ func TestQueueCancelOutOfMemory(t *testing.T) {
 			e := &env{srv: redistest.Start(t, "--maxmemory-policy", "noeviction")}
 			e.lc = lease.New(e.srv.Client())
 			k := keys(t)
-			x := lease.NewValue("x")
-			e.mustAcquire(t, k, x)
-			a := newWaiter("a", "room", liveClaim)
-			b := newWaiter("b", "room", liveClaim)
-			e.mustQueue(t, k, a, x, 0)
-			e.mustQueue(t, k, b, x, 1)
+			x, line := e.heldWithLine(t, k, "a", "b")
+			a, b := line[0], line[1]
 			holder, next := x, a.value
 			if passed {
 				require.Equal(t, a.value, e.mustRelease(t, k, x).Value)

@@ -77,6 +77,20 @@ func (e *env) waitEnded(t *testing.T, k lease.Keys, value string) {
 		"the server clock did not reach the end of %q's lease", value)
 }
 
+// endedWithLine fills k, a semaphore of 2 permits, with x, whose lease
+// is meant to end (endTTL), and y, which keeps its permit; then ws stand in
+// line behind x. It returns x and y once x's lease has ended on the
+// server's clock, x still being in the holders set.
+func (e *env) endedWithLine(t *testing.T, k lease.Keys, ws ...*waiter) (x, y string) {
+	t.Helper()
+	x, y = lease.NewValue("x"), lease.NewValue("y")
+	require.True(t, e.acquire(t, k, x, endTTL).Acquired, "Acquire(%q)", x)
+	e.mustAcquire(t, k, y)
+	e.lineUp(t, k, x, ws...)
+	e.waitEnded(t, k, x)
+	return x, y
+}
+
 // limit returns the limit that the last grant recorded, or "" if none.
 func (e *env) limit(t *testing.T, k lease.Keys) string {
 	t.Helper()
@@ -180,10 +194,8 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 	t.Run("nobody in line", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		yt := e.mustAcquire(t, k, y)
-		e.waitEnded(t, k, x)
+		x, y := e.endedWithLine(t, k)
+		yt := e.fence(t, k) // y's grant issued the last token
 		require.Contains(t, e.members(t, k), x, "x's ended permit is dropped by the next call, not before")
 
 		c := lease.NewValue("c")
@@ -196,14 +208,9 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 	t.Run("first waiter calls", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "room", liveClaim)
 		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a, b)
 
 		g := e.queue(t, k, a)
 		require.True(t, g.Acquired, "the first waiter after x's lease ended: got %+v", g)
@@ -217,15 +224,10 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 		// passes its permit on.
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.waitEnded(t, k, x)
+		x, y := e.endedWithLine(t, k, a)
 
-		r, err := e.lc.Release(ctxFor(t), k, x)
-		require.NoError(t, err)
+		r := e.releaseAll(t, k, x)
 		assert.False(t, r.Deleted, "release by a holder whose lease ended: %+v", r)
 		assert.Equal(t, a.value, r.Passed.Value, "release by a holder whose lease ended: passed to")
 		assert.ElementsMatch(t, []string{y, a.value}, e.members(t, k))
@@ -233,15 +235,10 @@ func TestSemaphoreEndedHolder(t *testing.T) {
 	t.Run("second waiter calls", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "ra", liveClaim)
 		b := newWaiter("b", "rb", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
 		heard := subscribe(t, e.lc, k, "ra")
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a, b)
 
 		g := e.queue(t, k, b)
 		require.False(t, g.Acquired, "the second waiter took the permit from the first: %+v", g)
@@ -336,8 +333,7 @@ func TestSemaphoreReleasePassesFIFO(t *testing.T) {
 	}
 	e.assertNoLine(t, k)
 	for _, v := range []string{waiters[1].value, waiters[2].value} {
-		r, err := e.lc.Release(ctxFor(t), k, v)
-		require.NoError(t, err)
+		r := e.releaseAll(t, k, v)
 		assert.Equal(t, lease.Release{Deleted: true}, r, "release with nobody in line")
 	}
 	assert.Equal(t, last, e.fence(t, k), "a release without a pass issued a token")
@@ -347,8 +343,7 @@ func TestSemaphoreReleasePassesFIFO(t *testing.T) {
 	}
 
 	// A release by a value that holds nothing deletes nothing.
-	r, err := e.lc.Release(ctxFor(t), k, x)
-	require.NoError(t, err)
+	r := e.releaseAll(t, k, x)
 	assert.Equal(t, lease.Release{}, r, "a second release")
 }
 
@@ -380,8 +375,7 @@ func TestSemaphoreReleasePassesSeveral(t *testing.T) {
 	e.waitLapsed(t, k1, b.value)
 	assert.Equal(t, "1", e.limit(t, k1))
 
-	r, err := e.lc.Release(ctxFor(t), k3, x)
-	require.NoError(t, err)
+	r := e.releaseAll(t, k3, x)
 	assert.True(t, r.Deleted)
 	passes := r.Passes()
 	want := []*waiter{waiters[0], waiters[2], waiters[3]}
@@ -419,17 +413,10 @@ func TestSemaphoreReleasePassesSeveral(t *testing.T) {
 func TestSemaphoreCancel(t *testing.T) {
 	e := newEnv(t)
 	k := semKeys(t, 1)
-	x := lease.NewValue("x")
-	e.mustAcquire(t, k, x)
-	a := newWaiter("a", "room", liveClaim)
-	b := newWaiter("b", "room", liveClaim)
-	c := newWaiter("c", "room", liveClaim)
-	e.mustQueue(t, k, a, x, 0)
-	e.mustQueue(t, k, b, x, 1)
-	e.mustQueue(t, k, c, x, 2)
+	x, line := e.heldWithLine(t, k, "a", "b", "c")
+	a, b, c := line[0], line[1], line[2]
 
-	r, err := e.lc.Cancel(ctxFor(t), k, a.value, queueTTL)
-	require.NoError(t, err)
+	r := e.cancel(t, k, a.value)
 	assert.Equal(t, lease.Release{}, r, "Cancel of a waiter")
 	assert.False(t, e.inLine(t, k, a.value), "a cancelled waiter stands in line")
 	assert.True(t, e.exists(t, k.Void(a.value)), "Cancel did not void the value")
@@ -442,16 +429,14 @@ func TestSemaphoreCancel(t *testing.T) {
 	assert.False(t, e.inLine(t, k, a.value), "a cancelled value stood in line")
 
 	// The holder cancels: its permit goes to b.
-	r, err = e.lc.Cancel(ctxFor(t), k, x, queueTTL)
-	require.NoError(t, err)
+	r = e.cancel(t, k, x)
 	assert.True(t, r.Deleted, "Cancel of a holder: %+v", r)
 	assert.Equal(t, b.value, r.Passed.Value, "Cancel of a holder: passed to")
 	g = e.acquire(t, k, x, queueTTL)
 	assert.False(t, g.Acquired, "a cancelled holder acquired again: %+v", g)
 
 	// b never hears of its grant and cancels: its permit goes on to c.
-	r, err = e.lc.Cancel(ctxFor(t), k, b.value, queueTTL)
-	require.NoError(t, err)
+	r = e.cancel(t, k, b.value)
 	assert.True(t, r.Deleted, "Cancel of a waiter that was passed a permit: %+v", r)
 	assert.Equal(t, c.value, r.Passed.Value)
 	assert.Equal(t, []string{c.value}, e.members(t, k))
@@ -475,13 +460,9 @@ func TestSemaphoreAcquireDoesNotBarge(t *testing.T) {
 	t.Run("ended holder", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "ra", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
 		heard := subscribe(t, e.lc, k, "ra")
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a)
 
 		c := lease.NewValue("c")
 		g := e.acquire(t, k, c, queueTTL)
@@ -518,14 +499,9 @@ func TestSemaphoreAcquireDoesNotBarge(t *testing.T) {
 	t.Run("first waiter", func(t *testing.T) {
 		e := newEnv(t)
 		k := semKeys(t, 2)
-		x, y := lease.NewValue("x"), lease.NewValue("y")
-		require.True(t, e.acquire(t, k, x, endTTL).Acquired)
-		e.mustAcquire(t, k, y)
 		a := newWaiter("a", "room", liveClaim)
 		b := newWaiter("b", "room", liveClaim)
-		e.mustQueue(t, k, a, x, 0)
-		e.mustQueue(t, k, b, x, 1)
-		e.waitEnded(t, k, x)
+		_, y := e.endedWithLine(t, k, a, b)
 
 		g := e.acquire(t, k, a.value, queueTTL)
 		require.True(t, g.Acquired, "Acquire by the first waiter with a free permit: %+v", g)
@@ -613,8 +589,7 @@ func TestSemaphoreLoweredLimit(t *testing.T) {
 	assert.True(t, g.Acquired, "Acquire again by a holder above the lowered limit: %+v", g)
 	assert.Equal(t, "2", e.limit(t, k2), "limit after a grant under 2")
 
-	r, err := e.lc.Release(ctxFor(t), k2, z)
-	require.NoError(t, err)
+	r := e.releaseAll(t, k2, z)
 	assert.Equal(t, lease.Release{Deleted: true}, r, "a release that leaves 2 holders under a limit of 2 passed on")
 	g = e.queue(t, k2, c)
 	assert.False(t, g.Acquired, "the waiter with 2 holders under a limit of 2: %+v", g)
@@ -627,11 +602,9 @@ func TestSemaphoreLoweredLimit(t *testing.T) {
 	assert.ElementsMatch(t, []string{x, y, c.value}, e.members(t, k3))
 	assert.Equal(t, "3", e.limit(t, k3), "limit after a pass under 3")
 
-	r, err = e.lc.Release(ctxFor(t), k2, c.value)
-	require.NoError(t, err)
+	r = e.releaseAll(t, k2, c.value)
 	assert.True(t, r.Deleted)
-	r, err = e.lc.Release(ctxFor(t), k2, y)
-	require.NoError(t, err)
+	r = e.releaseAll(t, k2, y)
 	assert.True(t, r.Deleted)
 	d := lease.NewValue("d")
 	g = e.acquire(t, k2, d, queueTTL)
@@ -646,33 +619,34 @@ func TestSemaphoreLoweredLimit(t *testing.T) {
 // likewise; neither writes anything. Renew and Release refuse
 // without an error, and write nothing either.
 func TestSemaphoreAndLockShareNoKey(t *testing.T) {
-	place := lease.Place{Claim: liveClaim, Room: "room"}
+	// assertRefused checks that k's scripts, on a lease of the other kind
+	// held by holder, refuse the newcomer v's Acquire and AcquireOrQueue
+	// with an error that contains want (and names k's lease), and refuse
+	// the Renew and Release of both without an error. what names the calls
+	// in failures: "semaphore" or "lock".
+	assertRefused := func(t *testing.T, e *env, k lease.Keys, holder, v, want, what string) {
+		t.Helper()
+		place := lease.Place{Claim: liveClaim, Room: "room"}
+		g, err := e.lc.Acquire(ctxFor(t), k, v, queueTTL)
+		require.Error(t, err, "%s Acquire on the other kind: got %+v", what, g)
+		assert.Contains(t, err.Error(), want)
+		assert.Contains(t, err.Error(), k.Lease)
+		g, err = e.lc.AcquireOrQueue(ctxFor(t), k, v, queueTTL, place)
+		require.Error(t, err, "%s AcquireOrQueue on the other kind: got %+v", what, g)
+		assert.Contains(t, err.Error(), want)
+		for _, val := range []string{holder, v} {
+			r := e.renew(t, k, val, queueTTL)
+			assert.False(t, r.OK, "%s Renew on the other kind", what)
+			assert.Equal(t, lease.Release{}, e.releaseAll(t, k, val), "%s Release on the other kind", what)
+		}
+	}
 	t.Run("semaphore on a lock", func(t *testing.T) {
 		e := newEnv(t)
 		lock := keys(t)
-		sem := lock.Semaphore(2)
-		x := lease.NewValue("x")
-		e.mustAcquire(t, lock, x)
-		a := newWaiter("a", "room", liveClaim)
-		e.mustQueue(t, lock, a, x, 0)
+		x, _ := e.heldWithLine(t, lock, "a")
 		before := e.state(t, lock)
 
-		v := lease.NewValue("v")
-		g, err := e.lc.Acquire(ctxFor(t), sem, v, queueTTL)
-		require.Error(t, err, "semaphore Acquire on a lock: got %+v", g)
-		assert.Contains(t, err.Error(), "not a semaphore")
-		assert.Contains(t, err.Error(), sem.Lease)
-		g, err = e.lc.AcquireOrQueue(ctxFor(t), sem, v, queueTTL, place)
-		require.Error(t, err, "semaphore AcquireOrQueue on a lock: got %+v", g)
-		assert.Contains(t, err.Error(), "not a semaphore")
-		for _, val := range []string{x, v} {
-			r, err := e.lc.Renew(ctxFor(t), sem, val, queueTTL)
-			require.NoError(t, err)
-			assert.False(t, r.OK, "semaphore Renew on a lock")
-			rel, err := e.lc.Release(ctxFor(t), sem, val)
-			require.NoError(t, err)
-			assert.Equal(t, lease.Release{}, rel, "semaphore Release on a lock")
-		}
+		assertRefused(t, e, lock.Semaphore(2), x, lease.NewValue("v"), "not a semaphore", "semaphore")
 		assert.Equal(t, before, e.state(t, lock), "a semaphore's scripts on a lock wrote something")
 	})
 	t.Run("lock on a semaphore", func(t *testing.T) {
@@ -682,27 +656,12 @@ func TestSemaphoreAndLockShareNoKey(t *testing.T) {
 		x := lease.NewValue("x")
 		e.mustAcquire(t, sem, x)
 		e.mustAcquire(t, sem, lease.NewValue("y"))
-		a := newWaiter("a", "room", liveClaim)
-		e.mustQueue(t, sem, a, x, 0)
+		e.lineUp(t, sem, x, newWaiter("a", "room", liveClaim))
 		before := e.state(t, sem)
 
 		v := lease.NewValue("v")
 		for _, k := range []lease.Keys{lock, lock.Election()} {
-			g, err := e.lc.Acquire(ctxFor(t), k, v, queueTTL)
-			require.Error(t, err, "lock Acquire on a semaphore: got %+v", g)
-			assert.Contains(t, err.Error(), "not a lock")
-			assert.Contains(t, err.Error(), k.Lease)
-			g, err = e.lc.AcquireOrQueue(ctxFor(t), k, v, queueTTL, place)
-			require.Error(t, err, "lock AcquireOrQueue on a semaphore: got %+v", g)
-			assert.Contains(t, err.Error(), "not a lock")
-			for _, val := range []string{x, v} {
-				r, err := e.lc.Renew(ctxFor(t), k, val, queueTTL)
-				require.NoError(t, err)
-				assert.False(t, r.OK, "lock Renew on a semaphore")
-				rel, err := e.lc.Release(ctxFor(t), k, val)
-				require.NoError(t, err)
-				assert.Equal(t, lease.Release{}, rel, "lock Release on a semaphore")
-			}
+			assertRefused(t, e, k, x, v, "not a lock", "lock")
 		}
 		assert.Equal(t, before, e.state(t, sem), "a lock's scripts on a semaphore wrote something")
 	})
