@@ -147,10 +147,11 @@ type phaseResult struct {
 // the lease package), which the benchmark reads as the instant of the grant.
 type locker func(ctx context.Context) (release func() error, token int64, err error)
 
-// distlockLocker takes the lock with m.Lock.
-func distlockLocker(m *distlock.Mutex) locker {
+// guardLocker takes the lock with take: a Mutex's Lock or a Semaphore's
+// Acquire.
+func guardLocker(take func(context.Context) (*distlock.Guard, error)) locker {
 	return func(ctx context.Context) (func() error, int64, error) {
-		g, err := m.Lock(ctx)
+		g, err := take(ctx)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -193,7 +194,7 @@ func lockers(c rueidis.Client, variant, key string, n int) ([]locker, error) {
 			if err != nil {
 				return nil, err
 			}
-			out[i] = distlockLocker(m)
+			out[i] = guardLocker(m.Lock)
 		case variantSpin:
 			out[i] = spinLocker(c, key+":bare")
 		default:
@@ -546,20 +547,24 @@ func runRing(rc rueidis.Client, counter *redistest.CommandCounter, cmd benchCmd)
 	return res
 }
 
-// startBenchProcs starts n bench helpers for srv and waits until each is
-// ready. They are killed when the benchmark ends, if they have not exited.
-func startBenchProcs(b *testing.B, srv *redistest.Server, n int) []*helperproc.Proc {
+// startHelpers starts n helpers of role for srv and waits until each says
+// it is ready (a benchReply or an electMsg with Ready set). They are killed
+// when the benchmark ends, if they have not exited.
+func startHelpers(b *testing.B, srv *redistest.Server, role string, n int) []*helperproc.Proc {
 	b.Helper()
 	procs := make([]*helperproc.Proc, n)
 	for i := range procs {
-		procs[i] = helperproc.Start(b, benchRole, helperAddrVar+"="+srv.Addr())
+		procs[i] = helperproc.Start(b, role, helperAddrVar+"="+srv.Addr())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), phaseGrace)
 	defer cancel()
 	for _, p := range procs {
-		var r benchReply
+		var r struct {
+			Ready bool   `json:"ready"`
+			Err   string `json:"err"`
+		}
 		if err := p.Recv(ctx, &r); err != nil || !r.Ready {
-			b.Fatalf("bench helper %d: got %+v, %v; want ready", p.Pid(), r, err)
+			b.Fatalf("helper %d: got %+v, %v; want ready", p.Pid(), r, err)
 		}
 	}
 	return procs
@@ -760,10 +765,22 @@ func procsPhase(b *testing.B, srv *redistest.Server, procs []*helperproc.Proc, w
 	start := time.Now().Add(lead)
 	end := start.Add(d)
 	cmd := benchCmd{Variant: variant, Key: key, Workers: workers, Start: start.UnixNano(), End: end.UnixNano(), Size: len(procs)}
+	parts, used := helpersPhase(b, srv, procs, "bench helper", start, end, func(i int) any {
+		c := cmd
+		c.Index = i
+		return c
+	})
+	return figuresOf(b, d, parts, used)
+}
+
+// helpersPhase sends every helper its command for a phase from start to end
+// (cmdFor(i) to the i-th), watches the machine meanwhile and collects the
+// helpers' results; who names the helpers in failures.
+func helpersPhase(b *testing.B, srv *redistest.Server, procs []*helperproc.Proc, who string, start, end time.Time, cmdFor func(i int) any) ([]phaseResult, usage) {
+	b.Helper()
 	for i, p := range procs {
-		cmd.Index = i
-		if err := p.Send(cmd); err != nil {
-			b.Fatalf("bench helper %d: %v", p.Pid(), err)
+		if err := p.Send(cmdFor(i)); err != nil {
+			b.Fatalf("%s %d: %v", who, p.Pid(), err)
 		}
 	}
 	used := watchMachine(srv, start, end)
@@ -773,11 +790,12 @@ func procsPhase(b *testing.B, srv *redistest.Server, procs []*helperproc.Proc, w
 	for i, p := range procs {
 		var r benchReply
 		if err := p.Recv(ctx, &r); err != nil || r.Result == nil {
-			b.Fatalf("bench helper %d: got %+v, %v; want a phase result", p.Pid(), r, err)
+			<-used
+			b.Fatalf("%s %d: got %+v, %v; want a phase result", who, p.Pid(), r, err)
 		}
 		parts[i] = *r.Result
 	}
-	return figuresOf(b, d, parts, <-used)
+	return parts, <-used
 }
 
 // BenchmarkWaitProcesses has 8 and 32 processes, one worker each, take one
@@ -791,7 +809,7 @@ func BenchmarkWaitProcesses(b *testing.B) {
 		b.Run(fmt.Sprintf("processes=%d", n), func(b *testing.B) {
 			rounds, d := benchRounds(b)
 			srv := redistest.Start(b)
-			procs := startBenchProcs(b, srv, n)
+			procs := startHelpers(b, srv, benchRole, n)
 			figs := make(map[string][]phaseFigures)
 			for b.Loop() {
 				variants := []string{variantDistlock, variantSpin, variantRing}
@@ -889,7 +907,7 @@ func killWaiter(b *testing.B, srv *redistest.Server, c rueidis.Client, m *distlo
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), killedTimeout+queueTimeout)
 	defer cancel()
-	procs := startBenchProcs(b, srv, 2)
+	procs := startHelpers(b, srv, benchRole, 2)
 	k, n := procs[0], procs[1]
 	g, err := m.Lock(ctx)
 	if err != nil {
@@ -1076,53 +1094,77 @@ func reportRounds(b *testing.B, title string, d time.Duration, figs map[string][
 	var t strings.Builder
 	fmt.Fprintf(&t, "%s: %s, hold %v of busy work, %d rounds × %v per variant; median (min..max) over rounds\n",
 		b.Name(), title, holdFor, len(ours), d)
-	line := func(name string, cells ...string) {
-		fmt.Fprintf(&t, "  %-20s", name)
-		for _, c := range cells {
-			fmt.Fprintf(&t, " %-30s", c)
-		}
-		t.WriteString("\n")
-	}
-	row := func(name string, f func(stats) spread, prec int, unit string) {
-		cells := make([]string, len(cols))
-		for i, c := range cols {
-			cells[i] = f(c).format(prec, unit)
-		}
-		line(name, cells...)
-	}
+	line := tableLine(&t, 20)
 	line("", head...)
-	row("acq/s", func(x stats) spread { return x.rate }, 0, "")
+	line("acq/s", columns(cols, func(x stats) spread { return x.rate }, 0, "")...)
 	line("ratio to spinning", r.format(2, ""))
 	if len(cols) > 2 {
 		line("ratio to the ring", ringRatio.format(2, ""))
 	}
-	row("commands/acq", func(x stats) spread { return x.cmds }, 2, "")
-	row("wait p50", func(x stats) spread { return x.p50 }, 2, " ms")
-	row("wait p99", func(x stats) spread { return x.p99 }, 2, " ms")
-	row("wait max", func(x stats) spread { return x.max }, 1, " ms")
-	row("p99 / p50", func(x stats) spread { return x.tail }, 1, "")
-	row("fairness", func(x stats) spread { return x.fairness }, 2, "")
-	row("latest start", func(x stats) spread { return x.late }, 1, " ms")
-	row("hand-off p50", func(x stats) spread { return x.handoffP50 }, 0, " µs")
-	row("hand-off p99", func(x stats) spread { return x.handoffP99 }, 0, " µs")
-	row("hand-off mean", func(x stats) spread { return x.handoffMean }, 0, " µs")
-	line("  release→grant p50", o.releaseP50.format(0, " µs"))
-	line("  release→grant p99", o.releaseP99.format(0, " µs"))
-	line("  grant→held p50", o.wakeP50.format(0, " µs"))
-	line("  grant→held p99", o.wakeP99.format(0, " µs"))
-	row("hold p99", func(x stats) spread { return x.holdP99 }, 2, " ms")
-	row("hold max", func(x stats) spread { return x.holdMax }, 1, " ms")
-	row("p99 / p50, even", func(x stats) spread { return x.evenTail }, 1, "")
-	row("run-queue wait/acq", func(x stats) spread { return x.runDelay }, 0, " µs")
-	row("on-CPU slices/acq", func(x stats) spread { return x.slices }, 1, "")
-	row("Redis CPU/acq", func(x stats) spread { return x.redis }, 1, " µs")
-	row("machine busy", func(x stats) spread { return x.busy }, 0, " %")
-	row("  of it, other work", func(x stats) spread { return x.others }, 0, " %")
+	// The rest of the table: a row gives either a figure of each column
+	// (col) or one figure of distlock's (one).
+	for _, x := range []struct {
+		name string
+		prec int
+		unit string
+		col  func(stats) spread
+		one  *spread
+	}{
+		{"commands/acq", 2, "", func(x stats) spread { return x.cmds }, nil},
+		{"wait p50", 2, " ms", func(x stats) spread { return x.p50 }, nil},
+		{"wait p99", 2, " ms", func(x stats) spread { return x.p99 }, nil},
+		{"wait max", 1, " ms", func(x stats) spread { return x.max }, nil},
+		{"p99 / p50", 1, "", func(x stats) spread { return x.tail }, nil},
+		{"fairness", 2, "", func(x stats) spread { return x.fairness }, nil},
+		{"latest start", 1, " ms", func(x stats) spread { return x.late }, nil},
+		{"hand-off p50", 0, " µs", func(x stats) spread { return x.handoffP50 }, nil},
+		{"hand-off p99", 0, " µs", func(x stats) spread { return x.handoffP99 }, nil},
+		{"hand-off mean", 0, " µs", func(x stats) spread { return x.handoffMean }, nil},
+		{"  release→grant p50", 0, " µs", nil, &o.releaseP50},
+		{"  release→grant p99", 0, " µs", nil, &o.releaseP99},
+		{"  grant→held p50", 0, " µs", nil, &o.wakeP50},
+		{"  grant→held p99", 0, " µs", nil, &o.wakeP99},
+		{"hold p99", 2, " ms", func(x stats) spread { return x.holdP99 }, nil},
+		{"hold max", 1, " ms", func(x stats) spread { return x.holdMax }, nil},
+		{"p99 / p50, even", 1, "", func(x stats) spread { return x.evenTail }, nil},
+		{"run-queue wait/acq", 0, " µs", func(x stats) spread { return x.runDelay }, nil},
+		{"on-CPU slices/acq", 1, "", func(x stats) spread { return x.slices }, nil},
+		{"Redis CPU/acq", 1, " µs", func(x stats) spread { return x.redis }, nil},
+		{"machine busy", 0, " %", func(x stats) spread { return x.busy }, nil},
+		{"  of it, other work", 0, " %", func(x stats) spread { return x.others }, nil},
+	} {
+		if x.one != nil {
+			line(x.name, x.one.format(x.prec, x.unit))
+		} else {
+			line(x.name, columns(cols, x.col, x.prec, x.unit)...)
+		}
+	}
 	for _, tg := range targets {
 		ok, why := tg.met(o, s, r)
 		fmt.Fprintf(&t, "  target %s: %s (%s)\n", tg.what, metOrNot(ok), why)
 	}
 	fmt.Print(t.String())
+}
+
+// tableLine returns a function that writes a line of a report's table to
+// t: name in a column width wide, then the cells.
+func tableLine(t *strings.Builder, width int) func(name string, cells ...string) {
+	return func(name string, cells ...string) {
+		fmt.Fprintf(t, "  %-*s", width, name)
+		for _, c := range cells {
+			fmt.Fprintf(t, " %-30s", c)
+		}
+		t.WriteString("\n")
+	}
+}
+
+// columns formats the figure f of each of cols.
+func columns(cols []stats, f func(stats) spread, prec int, unit string) []string {
+	cells := make([]string, len(cols))
+	for i, c := range cols {
+		cells[i] = f(c).format(prec, unit)
+	}
+	return cells
 }
 
 func metOrNot(ok bool) string {

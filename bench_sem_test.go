@@ -70,22 +70,6 @@ type semCmd struct {
 	End     int64  `json:"end"`
 }
 
-// semLocker takes a permit of s.
-func semLocker(s *distlock.Semaphore) locker {
-	return func(ctx context.Context) (func() error, int64, error) {
-		g, err := s.Acquire(ctx)
-		if err != nil {
-			return nil, 0, err
-		}
-		return func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-			defer cancel()
-			_, err := g.Release(ctx)
-			return err
-		}, g.Token(), nil
-	}
-}
-
 // runSemHelper is the main of a semaphore helper: it runs the test's phases
 // through one counting client until the test closes its input.
 func runSemHelper() int { return serveHelper("semaphore helper", serveSem) }
@@ -99,13 +83,13 @@ func serveSem(rc rueidis.Client, counter *redistest.CommandCounter, cmd semCmd) 
 		if err != nil {
 			return benchReply{Err: err.Error()}
 		}
-		take = semLocker(s)
+		take = guardLocker(s.Acquire)
 	case variantMutex:
 		m, err := distlock.NewMutex(rc, cmd.Key)
 		if err != nil {
 			return benchReply{Err: err.Error()}
 		}
-		take = distlockLocker(m)
+		take = guardLocker(m.Lock)
 	default:
 		return benchReply{Err: fmt.Sprintf("unknown variant %q", cmd.Variant)}
 	}
@@ -148,29 +132,6 @@ func alignPhase(res *phaseResult, start time.Time, want int64) {
 	for i := range res.Granted {
 		res.Granted[i] -= (want - start.UnixNano()) / int64(time.Microsecond)
 	}
-}
-
-// startHelpers starts n helpers of role for srv and waits until each says
-// it is ready (a benchReply or an electMsg with Ready set). They are killed
-// when the benchmark ends, if they have not exited.
-func startHelpers(b *testing.B, srv *redistest.Server, role string, n int) []*helperproc.Proc {
-	b.Helper()
-	procs := make([]*helperproc.Proc, n)
-	for i := range procs {
-		procs[i] = helperproc.Start(b, role, helperAddrVar+"="+srv.Addr())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), phaseGrace)
-	defer cancel()
-	for _, p := range procs {
-		var r struct {
-			Ready bool   `json:"ready"`
-			Err   string `json:"err"`
-		}
-		if err := p.Recv(ctx, &r); err != nil || !r.Ready {
-			b.Fatalf("helper %d: got %+v, %v; want ready", p.Pid(), r, err)
-		}
-	}
-	return procs
 }
 
 // semFigures are the figures of one phase of BenchmarkSemaphoreProcesses.
@@ -315,24 +276,8 @@ func semPhase(b *testing.B, srv *redistest.Server, procs []*helperproc.Proc, var
 		permits = semPermits
 	}
 	cmd := semCmd{Variant: variant, Key: key, Permits: permits, Start: start.UnixNano(), End: end.UnixNano()}
-	for _, p := range procs {
-		if err := p.Send(cmd); err != nil {
-			b.Fatalf("semaphore helper %d: %v", p.Pid(), err)
-		}
-	}
-	used := watchMachine(srv, start, end)
-	ctx, cancel := context.WithDeadline(context.Background(), end.Add(phaseGrace))
-	defer cancel()
-	parts := make([]phaseResult, len(procs))
-	for i, p := range procs {
-		var r benchReply
-		if err := p.Recv(ctx, &r); err != nil || r.Result == nil {
-			<-used
-			b.Fatalf("semaphore helper %d: got %+v, %v; want a phase result", p.Pid(), r, err)
-		}
-		parts[i] = *r.Result
-	}
-	return semFiguresOf(b, d, permits, parts, <-used)
+	parts, used := helpersPhase(b, srv, procs, "semaphore helper", start, end, func(int) any { return cmd })
+	return semFiguresOf(b, d, permits, parts, used)
 }
 
 // BenchmarkSemaphoreProcesses has 16 processes, one worker each, take
@@ -404,13 +349,7 @@ func reportSemaphore(b *testing.B, d time.Duration, sem, mutex []semFigures) {
 	var t strings.Builder
 	fmt.Fprintf(&t, "%s: %d processes × 1 worker, hold %v of busy work, %d rounds × %v per variant; median (min..max) over rounds\n",
 		b.Name(), semProcesses, holdFor, len(sem), d)
-	line := func(name string, cells ...string) {
-		fmt.Fprintf(&t, "  %-24s", name)
-		for _, c := range cells {
-			fmt.Fprintf(&t, " %-30s", c)
-		}
-		t.WriteString("\n")
-	}
+	line := tableLine(&t, 24)
 	row := func(name string, f func(semFigures) float64, prec int, unit string) {
 		line(name, pick(sem, f).format(prec, unit), pick(mutex, f).format(prec, unit))
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/distkit-go/distlock"
-	"github.com/distkit-go/distlock/internal/faultproxy"
 	"github.com/distkit-go/distlock/internal/history"
 	"github.com/distkit-go/distlock/internal/redistest"
 )
@@ -179,19 +178,10 @@ func TestSafetyElectionLeaderPaused(t *testing.T) {
 	t.Parallel()
 	subtest(t, "stopped", 1, func(t *testing.T) {
 		e := newElectionWorld(t)
-		e.child.proc.Pause()
-		paused := history.Now()
-		h := <-e.wait.got
-		require.NotNil(t, h, "c2 never led")
-		expiry := e.child.lastExpiry()
+		h, paused, expiry := faultHelper(t, e.child, false, e.wait, "c2 never led")
 		after := e.newLeader(t, h, expiry, e.granted.Token)
 
-		resumed := history.Now()
-		e.child.proc.Resume()
-		first := afterResume(t, e.child, resumed)
-		rel := stopPermitHelper(t, e.child)
-		assert.False(t, rel.Held, "the old leader's Release said Released, not Lost")
-		checkHelperAfterResume(t, e.child, resumed)
+		resumed, first := resumeAndStop(t, e.child, "the old leader")
 		assert.Equal(t, "c2", e.leaderValue(), "the leader in Redis after the old leader's release")
 		e.resign(t, h)
 		e.checkElection(t, label("election-7", "stopped"), 3)
@@ -200,11 +190,7 @@ func TestSafetyElectionLeaderPaused(t *testing.T) {
 	})
 	subtest(t, "killed", 1, func(t *testing.T) {
 		e := newElectionWorld(t)
-		e.child.proc.Kill()
-		killed := history.Now()
-		h := <-e.wait.got
-		require.NotNil(t, h, "c2 never led")
-		expiry := e.child.lastExpiry()
+		h, killed, expiry := faultHelper(t, e.child, true, e.wait, "c2 never led")
 		after := e.newLeader(t, h, expiry, e.granted.Token)
 		late := e.delayed(monoTime(expiry), h.granted)
 		assert.Less(t, after, slack+late, "c2 led long after the dead leader's lease expired (%v explained by scheduling)", late)
@@ -213,6 +199,19 @@ func TestSafetyElectionLeaderPaused(t *testing.T) {
 		figure(t, label("election-7", "killed"), "c2_after_kill_ms", history.At(h.granted).Sub(killed),
 			"c2_after_expiry_ms", after)
 	})
+}
+
+// newLeaderA starts a world whose election is led by "a", a contender of
+// the test (no helper process), with an observer that has seen a lead.
+func newLeaderA(t *testing.T) (*electionWorld, *contender, *holding) {
+	t.Helper()
+	w := newWorld(t, permitTTL)
+	e := &electionWorld{world: w, obs: w.observe("o")}
+	a := w.newContender("a", electionOf(t, w.ttl))
+	ha, err := a.take(t.Context())
+	require.NoError(t, err)
+	e.obs.waitLeader(t, "a", ha.token, eventually)
+	return e, a, ha
 }
 
 // TestSafetyElectionPartition: the leader, a client of the test, is cut
@@ -224,36 +223,19 @@ func TestSafetyElectionLeaderPaused(t *testing.T) {
 func TestSafetyElectionPartition(t *testing.T) {
 	t.Parallel()
 	repeat(t, runs(t, 1), func(t *testing.T) {
-		w := newWorld(t, permitTTL)
-		e := &electionWorld{world: w, obs: w.observe("o")}
-		a := w.newContender("a", electionOf(t, w.ttl))
-		ha, err := a.take(t.Context())
-		require.NoError(t, err)
-		e.obs.waitLeader(t, "a", ha.token, eventually)
+		e, a, ha := newLeaderA(t)
+		w := e.world
 		require.True(t, ha.increment())
 		wait := w.newContender("c2", electionOf(t, w.ttl)).takeInBackground(t.Context())
 		a.waitRenewals(t, ha, 1)
 
-		a.proxy.SetBoth(faultproxy.Blackhole)
-		l := ha.waitLost(t, w.ttl+slack)
-		assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
-		a.lostInTime(t, ha, l)
+		l := a.cutOff(t, ha)
 		h := <-wait.got
 		require.NotNil(t, h, "c2 never led")
 		after := e.newLeader(t, h, history.At(ha.expiry(l)), ha.token)
 		require.True(t, h.increment())
 
-		a.proxy.Heal()
-		healed := time.Now()
-		w.waitFor(t, w.ttl+eventually, "a refused renewal of a after the heal", func() bool {
-			for _, c := range a.wire.renewals(ha.token) {
-				if c.start.After(healed) && c.err == nil && !c.ok {
-					return true
-				}
-			}
-			return false
-		})
-		assert.Equal(t, distlock.Lost, ha.g.State(), "a after the heal")
+		a.heal(t, ha)
 		assert.Zero(t, ha.regainCount(), "a regained the lead that c2 holds")
 		assert.False(t, ha.increment(), "a's write under its old term was accepted")
 		ha.mustRelease(t, distlock.Lost)
@@ -273,12 +255,8 @@ func TestSafetyElectionPartition(t *testing.T) {
 func TestSafetyElectionRedisRestarted(t *testing.T) {
 	t.Parallel()
 	repeat(t, runs(t, 1), func(t *testing.T) {
-		w := newWorld(t, permitTTL)
-		e := &electionWorld{world: w, obs: w.observe("o")}
-		a := w.newContender("a", electionOf(t, w.ttl))
-		ha, err := a.take(t.Context())
-		require.NoError(t, err)
-		e.obs.waitLeader(t, "a", ha.token, eventually)
+		e, a, ha := newLeaderA(t)
+		w := e.world
 		wait := w.newContender("c2", electionOf(t, w.ttl)).takeInBackground(t.Context())
 		a.waitRenewals(t, ha, 1)
 

@@ -305,6 +305,67 @@ func (c *contender) lostInTime(t *testing.T, h *holding, l loss) {
 		"Lost %v after the wire's t_s+T, of which %v is explained by scheduling", l.at.Sub(sent.Add(ttl)), late)
 }
 
+// cutOff blackholes c's connection both ways and waits for h to report
+// Lost by its deadline, in time by L1 (lostInTime).
+func (c *contender) cutOff(t *testing.T, h *holding) loss {
+	t.Helper()
+	c.proxy.SetBoth(faultproxy.Blackhole)
+	l := h.waitLost(t, c.w.ttl+slack)
+	assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
+	c.lostInTime(t, h, l)
+	return l
+}
+
+// heal reconnects c after cutOff, waits until Redis has refused a renewal
+// of h sent after the heal, and checks that h is still Lost.
+func (c *contender) heal(t *testing.T, h *holding) {
+	t.Helper()
+	c.proxy.Heal()
+	healed := time.Now()
+	c.w.waitFor(t, c.w.ttl+eventually, "a refused renewal of "+c.name+" after the heal", func() bool {
+		for _, r := range c.wire.renewals(h.token) {
+			if r.start.After(healed) && r.err == nil && !r.ok {
+				return true
+			}
+		}
+		return false
+	})
+	assert.Equal(t, distlock.Lost, h.g.State(), c.name+" after the heal")
+}
+
+// holdPermits has a contender for each of names take a permit of w's
+// semaphore of permits permits, and returns their holdings and the
+// contenders in the order of names.
+func (w *world) holdPermits(t *testing.T, names ...string) ([]*holding, []*contender) {
+	t.Helper()
+	var hs []*holding
+	var cs []*contender
+	for _, name := range names {
+		c := w.newContender(name, semaphoreOf(t, w.ttl, permits))
+		h, err := c.take(t.Context())
+		require.NoError(t, err)
+		hs, cs = append(hs, h), append(cs, c)
+	}
+	return hs, cs
+}
+
+// faultHelper stops the helper process of c (SIGSTOP), or kills it
+// (SIGKILL) if kill is set, and waits for the grant next gets, which must
+// come: never is the failure's message. It returns the grant, when the
+// fault was made, and when c's lease could expire.
+func faultHelper(t *testing.T, c *helperHolder, kill bool, next *waiter, never string) (h *holding, at, expiry history.Mono) {
+	t.Helper()
+	if kill {
+		c.proc.Kill()
+	} else {
+		c.proc.Pause()
+	}
+	at = history.Now()
+	h = <-next.got
+	require.NotNil(t, h, never)
+	return h, at, c.lastExpiry()
+}
+
 // permitConfig is the history.Config of a world whose key has n permits.
 func (w *world) permitConfig(n int) history.Config {
 	return history.Config{Permits: map[string]int{w.key: n}}
@@ -513,6 +574,21 @@ func checkHelperAfterResume(t *testing.T, h *helperHolder, resumed history.Mono)
 		"the helper regained a lease after its pause")
 }
 
+// resumeAndStop resumes the helper c that faultHelper stopped, checks it
+// with afterResume, stops it, checks that its Release said Lost (who names
+// it in the failure) and checks its ops after the resume. It returns the
+// instant of the resume and the helper's first State sample after it.
+func resumeAndStop(t *testing.T, c *helperHolder, who string) (resumed history.Mono, first history.Op) {
+	t.Helper()
+	resumed = history.Now()
+	c.proc.Resume()
+	first = afterResume(t, c, resumed)
+	rel := stopPermitHelper(t, c)
+	assert.False(t, rel.Held, who+"'s Release said Released, not Lost")
+	checkHelperAfterResume(t, c, resumed)
+	return resumed, first
+}
+
 // semWorld starts a world of a semaphore of permits permits: a helper
 // process "c" holding the first permit, in-process holders of the others,
 // and waiting contenders w1 and w2 (w1 first in line).
@@ -530,12 +606,11 @@ func newSemWorld(t *testing.T) *semWorld {
 	w := newWorld(t, permitTTL)
 	s := &semWorld{world: w, config: w.permitConfig(permits)}
 	s.child, s.granted = w.startPermitHelper("c", "semaphore:"+strconv.Itoa(permits))
+	var names []string
 	for i := 1; i < permits; i++ {
-		c := w.newContender(fmt.Sprintf("h%d", i), semaphoreOf(t, w.ttl, permits))
-		h, err := c.take(t.Context())
-		require.NoError(t, err)
-		s.held = append(s.held, h)
+		names = append(names, fmt.Sprintf("h%d", i))
 	}
+	s.held, _ = w.holdPermits(t, names...)
 	for i := 1; i <= 2; i++ {
 		c := w.newContender(fmt.Sprintf("w%d", i), semaphoreOf(t, w.ttl, permits))
 		s.waiters = append(s.waiters, c.takeInBackground(t.Context()))
@@ -547,6 +622,19 @@ func newSemWorld(t *testing.T) *semWorld {
 	}
 	w.waitFor(t, 2*w.ttl, "a renewal by the helper", func() bool { return s.child.confirmations() >= 2 })
 	return s
+}
+
+// w1After stops the helper (SIGSTOP), or kills it (SIGKILL) if kill is
+// set, and waits for w1's permit, which must not come before the helper's
+// lease could expire. It returns the permit, the instant of the fault and
+// the helper's lease expiry.
+func (s *semWorld) w1After(t *testing.T, kill bool) (h1 *holding, at, expiry history.Mono) {
+	t.Helper()
+	w1 := s.waiters[0]
+	s.waiters = s.waiters[1:]
+	h1, at, expiry = faultHelper(t, s.child, kill, w1, "w1 never acquired")
+	assert.GreaterOrEqual(t, history.At(h1.granted), expiry, "w1 acquired before the helper's lease could expire")
+	return h1, at, expiry
 }
 
 // finish releases every holding of the scenario (the helper's already
@@ -604,14 +692,7 @@ func TestSafetySemaphoreHolderPaused(t *testing.T) {
 	t.Parallel()
 	subtest(t, "stopped", 1, func(t *testing.T) {
 		s := newSemWorld(t)
-		s.child.proc.Pause()
-		paused := history.Now()
-		h1 := <-s.waiters[0].got
-		s.waiters = s.waiters[1:]
-		require.NotNil(t, h1, "w1 never acquired")
-		expiry := s.child.lastExpiry()
-		assert.GreaterOrEqual(t, history.At(h1.granted), expiry,
-			"w1 acquired before the helper's lease could expire")
+		h1, paused, expiry := s.w1After(t, false)
 		assert.Greater(t, h1.token, s.granted.Token)
 		select {
 		case h := <-s.waiters[0].got:
@@ -619,12 +700,7 @@ func TestSafetySemaphoreHolderPaused(t *testing.T) {
 		default:
 		}
 
-		resumed := history.Now()
-		s.child.proc.Resume()
-		first := afterResume(t, s.child, resumed)
-		rel := stopPermitHelper(t, s.child)
-		assert.False(t, rel.Held, "the helper's Release said Released, not Lost")
-		checkHelperAfterResume(t, s.child, resumed)
+		resumed, first := resumeAndStop(t, s.child, "the helper")
 		assert.ElementsMatch(t, []string{"h1", "w1"}, s.holders(), "the permits' holders in Redis")
 		s.finish(t, h1)
 		r := s.checkWith(label("sem-7", "stopped"), s.config)
@@ -636,14 +712,7 @@ func TestSafetySemaphoreHolderPaused(t *testing.T) {
 	})
 	subtest(t, "killed", 1, func(t *testing.T) {
 		s := newSemWorld(t)
-		s.child.proc.Kill()
-		killed := history.Now()
-		h1 := <-s.waiters[0].got
-		s.waiters = s.waiters[1:]
-		require.NotNil(t, h1, "w1 never acquired")
-		expiry := s.child.lastExpiry()
-		assert.GreaterOrEqual(t, history.At(h1.granted), expiry,
-			"w1 acquired before the dead holder's lease could expire")
+		h1, killed, expiry := s.w1After(t, true)
 		late := s.delayed(monoTime(expiry), h1.granted)
 		assert.Less(t, history.At(h1.granted).Sub(expiry), slack+late,
 			"w1 acquired long after the lease expired (%v explained by scheduling)", late)
@@ -664,39 +733,19 @@ func TestSafetySemaphorePartition(t *testing.T) {
 	t.Parallel()
 	repeat(t, runs(t, 1), func(t *testing.T) {
 		w := newWorld(t, permitTTL)
-		var hs []*holding
-		var cs []*contender
-		for _, name := range []string{"a", "b"} {
-			c := w.newContender(name, semaphoreOf(t, w.ttl, permits))
-			h, err := c.take(t.Context())
-			require.NoError(t, err)
-			hs, cs = append(hs, h), append(cs, c)
-		}
+		hs, cs := w.holdPermits(t, "a", "b")
 		ha, a := hs[0], cs[0]
 		wait := w.newContender("w", semaphoreOf(t, w.ttl, permits)).takeInBackground(t.Context())
 		a.waitRenewals(t, ha, 1)
 
-		a.proxy.SetBoth(faultproxy.Blackhole)
-		l := ha.waitLost(t, w.ttl+slack)
-		assert.Equal(t, distlock.LostDeadline, l.reason, "reason: %v", l.err)
-		a.lostInTime(t, ha, l)
+		l := a.cutOff(t, ha)
 		hw := <-wait.got
 		require.NotNil(t, hw, "w never acquired")
 		assert.False(t, hw.granted.Before(ha.expiry(l)), "w acquired %v before a's lease could expire",
 			ha.expiry(l).Sub(hw.granted))
 		assert.Greater(t, hw.token, hs[1].token)
 
-		a.proxy.Heal()
-		healed := time.Now()
-		w.waitFor(t, w.ttl+eventually, "a refused renewal of a after the heal", func() bool {
-			for _, c := range a.wire.renewals(ha.token) {
-				if c.start.After(healed) && c.err == nil && !c.ok {
-					return true
-				}
-			}
-			return false
-		})
-		assert.Equal(t, distlock.Lost, ha.g.State(), "a after the heal")
+		a.heal(t, ha)
 		assert.Zero(t, ha.regainCount(), "a regained a permit that w holds")
 		ha.mustRelease(t, distlock.Lost)
 		assert.ElementsMatch(t, []string{"b", "w"}, w.holders(), "the permits' holders in Redis after a's release")
@@ -720,14 +769,7 @@ func TestSafetySemaphoreRedisRestarted(t *testing.T) {
 	t.Parallel()
 	repeat(t, runs(t, 1), func(t *testing.T) {
 		w := newWorld(t, permitTTL)
-		var hs []*holding
-		var cs []*contender
-		for _, name := range []string{"a", "b"} {
-			c := w.newContender(name, semaphoreOf(t, w.ttl, permits))
-			h, err := c.take(t.Context())
-			require.NoError(t, err)
-			hs, cs = append(hs, h), append(cs, c)
-		}
+		hs, cs := w.holdPermits(t, "a", "b")
 		var waits []*waiter
 		for _, name := range []string{"w1", "w2"} {
 			waits = append(waits, w.newContender(name, semaphoreOf(t, w.ttl, permits)).takeInBackground(t.Context()))
