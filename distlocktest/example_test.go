@@ -11,34 +11,28 @@ import (
 	"github.com/distkit-go/distlock/distlocktest"
 )
 
-// startLocked starts an in-process server and locks the Mutex name on it.
-// The TTL is short: the guard renews every third of a second and so
-// notices a loss within that.
-func startLocked(name string) (*distlocktest.Server, *distlock.Mutex, *distlock.Guard) {
-	srv, err := distlocktest.Start()
-	if err != nil {
-		log.Fatal(err)
-	}
-	m, err := distlock.NewMutex(srv.Client(), name, distlock.WithTTL(time.Second))
-	if err != nil {
-		srv.Close()
-		log.Fatal(err)
-	}
-	g, err := m.Lock(context.Background())
-	if err != nil {
-		srv.Close()
-		log.Fatal(err)
-	}
-	return srv, m, g
-}
-
 // Take the lease away from a holder and watch it find out, as a test of the
 // holder's loss handling would. In a test function, use
 // distlocktest.New(t) instead of Start and Close.
 func ExampleServer_ForceLoss() {
-	srv, m, g := startLocked("nightly-report")
+	srv, err := distlocktest.Start()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer srv.Close()
-	defer g.Release(context.Background())
+	ctx := context.Background()
+
+	// A short TTL: the guard renews every third of a second and notices the
+	// loss then.
+	m, err := distlock.NewMutex(srv.Client(), "nightly-report", distlock.WithTTL(time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	g, err := m.Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Release(ctx)
 
 	if err := srv.ForceLoss(m); err != nil {
 		log.Fatal(err)
@@ -67,9 +61,22 @@ func ExampleServer_ForceLoss() {
 // Another client takes over the lease, as after an expiry during a long
 // pause; the holder learns who has it now.
 func ExampleServer_OverwriteLease() {
-	srv, m, g := startLocked("reindex")
+	srv, err := distlocktest.Start()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer srv.Close()
-	defer g.Release(context.Background())
+	ctx := context.Background()
+
+	m, err := distlock.NewMutex(srv.Client(), "reindex", distlock.WithTTL(time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	g, err := m.Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Release(ctx)
 
 	if err := srv.OverwriteLease(m.Key(), "host-b"); err != nil {
 		log.Fatal(err)
