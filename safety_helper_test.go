@@ -75,6 +75,26 @@ func runHelper(role string) int {
 	return 0
 }
 
+// recordEvents records g's Lost and Regained events in sink, as op makes
+// them (with the event's time), until ctx ends or the guard's channel
+// closes. The first event is the state at the time of the call, not a
+// change.
+func recordEvents(ctx context.Context, g *distlock.Guard, op func(history.Kind) history.Op, sink opSink) {
+	first := true
+	for ev := range g.Subscribe(ctx) {
+		o := op(history.Lost)
+		o.At = history.At(ev.Time)
+		switch {
+		case ev.State == distlock.Lost:
+			sink.Add(o)
+		case ev.State == distlock.Acquired && !first:
+			o.Kind = history.Regained
+			sink.Add(o)
+		}
+		first = false
+	}
+}
+
 // linkSink forwards ops to the test.
 type linkSink struct{ link *helperproc.Link }
 
@@ -113,19 +133,7 @@ func runHolder(link *helperproc.Link) error {
 	defer stopEvents()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		first := true
-		for ev := range g.Subscribe(events) {
-			o := op(history.Lost)
-			o.At = history.At(ev.Time)
-			switch {
-			case ev.State == distlock.Lost:
-				sink.Add(o)
-			case ev.State == distlock.Acquired && !first:
-				o.Kind = history.Regained
-				sink.Add(o)
-			}
-			first = false
-		}
+		recordEvents(events, g, op, sink)
 	})
 	call := func(c history.Op) (helperReply, error) {
 		var r helperReply

@@ -480,19 +480,7 @@ func runPermitHolder(link *helperproc.Link) error {
 	events, stopEvents := context.WithCancel(context.Background())
 	defer stopEvents()
 	wg.Go(func() {
-		first := true
-		for ev := range g.Subscribe(events) {
-			o := op(history.Lost)
-			o.At = history.At(ev.Time)
-			switch {
-			case ev.State == distlock.Lost:
-				sink.Add(o)
-			case ev.State == distlock.Acquired && !first:
-				o.Kind = history.Regained
-				sink.Add(o)
-			}
-			first = false
-		}
+		recordEvents(events, g, op, sink)
 	})
 	tick := time.NewTicker(sampleEvery)
 	defer tick.Stop()
