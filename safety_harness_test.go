@@ -736,9 +736,12 @@ func (w *wire) renewals(token int64) []wireCall {
 }
 
 // confirmedRenewals counts the renewals of token that Redis confirmed.
-func (w *wire) confirmedRenewals(token int64) int {
+func (w *wire) confirmedRenewals(token int64) int { return confirmed(w.renewals(token)) }
+
+// confirmed counts the calls that Redis confirmed.
+func confirmed(calls []wireCall) int {
 	n := 0
-	for _, c := range w.renewals(token) {
+	for _, c := range calls {
 		if c.ok {
 			n++
 		}

@@ -186,15 +186,7 @@ func (w *permitWire) renewals(token int64) []wireCall {
 }
 
 // confirmedRenewals counts the renewals of token that Redis confirmed.
-func (w *permitWire) confirmedRenewals(token int64) int {
-	n := 0
-	for _, c := range w.renewals(token) {
-		if c.ok {
-			n++
-		}
-	}
-	return n
-}
+func (w *permitWire) confirmedRenewals(token int64) int { return confirmed(w.renewals(token)) }
 
 // lastConfirmBefore returns the send time of the last renewal of token
 // that Redis confirmed before t, or of the acquire if the wire knows it.
