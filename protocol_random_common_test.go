@@ -106,6 +106,7 @@ type rwaiter struct {
 	gaveUp    time.Time // when the test cancelled it (cancel or kill), or the call failed
 	cancelled bool      // the driver cancelled it (W3 applies)
 	killed    bool      // its process was killed while it waited
+	released  string    // what its guard's Release returned, for failure messages
 }
 
 // lineSample is one read of the lease and the line.
@@ -576,11 +577,38 @@ func (r *round) hold(wt *rwaiter, h *holding) {
 		case <-timerC:
 		case <-changed:
 		case <-r.ctx.Done():
-			_, _ = h.release()
+			r.release(wt, h)
 			return
 		}
 	}
-	_, _ = h.release()
+	r.release(wt, h)
+}
+
+// release releases h and notes what Release returned.
+func (r *round) release(wt *rwaiter, h *holding) {
+	st, err := h.release()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	wt.released = fmt.Sprintf("%v at %s (err %v)", st, time.Now().Format("05.000000"), err)
+}
+
+// describe tells what became of the call named name and the faults of the
+// last seconds, for failure messages.
+func (r *round) describe(name string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	if wt := r.byName[name]; wt != nil {
+		fmt.Fprintf(&b, "%s: process %d, returned %s err %v token %d gave up %s cancelled %v killed %v released %q; ",
+			name, wt.proc.idx, wt.returned.Format("05.000000"), wt.err, wt.token, wt.gaveUp.Format("05.000000"),
+			wt.cancelled, wt.killed, wt.released)
+	}
+	for _, f := range r.faults {
+		if time.Since(f.start) < 5*time.Second {
+			fmt.Fprintf(&b, "%s of %d %s..%s; ", f.kind, f.proc, f.start.Format("05.000000"), f.end.Format("05.000000"))
+		}
+	}
+	return b.String()
 }
 
 // sample reads the lease and the line every randomSample until ctx ends.

@@ -518,11 +518,20 @@ type wire struct {
 // tokenBook maps lease values to the tokens their grants carried, for all
 // the wires of a world (a release grants a value through another client's
 // wire than the one that renews it), and remembers when each waiting value
-// last asked Redis, and its claim window.
+// last asked Redis, and its claim window. A write Redis confirmed for a
+// value whose token is not known yet (the renewal of a lease passed by a
+// release whose reply was lost) waits in the book until the token is.
 type tokenBook struct {
-	mu     sync.Mutex
-	m      map[string]int64
-	queued map[string]queuedCall
+	mu      sync.Mutex
+	m       map[string]int64
+	queued  map[string]queuedCall
+	pending map[string][]pendingOp
+}
+
+// pendingOp is a confirmed write waiting for its value's token.
+type pendingOp struct {
+	sink opSink
+	op   history.Op
 }
 
 // queuedCall is the last acquire call of a value that may stand in line.
@@ -532,13 +541,38 @@ type queuedCall struct {
 }
 
 func newTokenBook() *tokenBook {
-	return &tokenBook{m: make(map[string]int64), queued: make(map[string]queuedCall)}
+	return &tokenBook{m: make(map[string]int64), queued: make(map[string]queuedCall),
+		pending: make(map[string][]pendingOp)}
 }
 
+// set records value's token and records, under it, the writes that waited
+// for it. A lock keeps one token per value: a holder that asks again keeps
+// its grant's token, and a value is used by one Lock call only.
 func (b *tokenBook) set(value string, token int64) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.m[value] = token
+	waiting := b.pending[value]
+	delete(b.pending, value)
+	b.mu.Unlock()
+	for _, p := range waiting {
+		p.op.Token = token
+		p.sink.Add(p.op)
+	}
+}
+
+// confirm records op for value under its token, or keeps it until the
+// token is known.
+func (b *tokenBook) confirm(sink opSink, value string, op history.Op) {
+	b.mu.Lock()
+	token, known := b.m[value]
+	if !known {
+		b.pending[value] = append(b.pending[value], pendingOp{sink, op})
+	}
+	b.mu.Unlock()
+	if known {
+		op.Token = token
+		sink.Add(op)
+	}
 }
 
 func (b *tokenBook) get(value string) (int64, bool) {
@@ -598,6 +632,7 @@ type wireCall struct {
 	token      int64 // acquire: the token of value
 	passed     string
 	passToken  int64 // release or acquire: the waiter the lease was passed to, and the grant's token
+	passHeard  bool  // acquire: the pass is known from the holder its reply named, not from the call
 }
 
 func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
@@ -663,20 +698,21 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 				c.passToken, _ = arr[1].AsInt64()
 				c.passed, _ = arr[2].ToString()
 			case c.kind == acquireCall && !c.ok && len(arr) >= 6:
-				// An acquire that found the lease free and a live waiter
-				// first in line passed the lease to it: the reply names that
-				// waiter as the holder, with the grant's token as the last
-				// token. A holder unknown to the book got the lease that way
-				// (or through a client of another process: then the bound
-				// below is shorter than its real lease, never longer, since
-				// a claim window is at most the TTL).
-				// The token must be new too: a value an operator wrote holds
-				// the lease with the last token of someone else.
+				// A refused acquire names the holder and the last token. A
+				// holder unknown to the book was passed the lease by a
+				// script whose reply did not say so: this acquire, finding
+				// the lease free and a live waiter first in line, or an
+				// earlier release or acquire whose reply was lost (or a
+				// client of another process: then the bound below is
+				// shorter than its real lease, never longer, since a claim
+				// window is at most the TTL). The token must be new too: a
+				// value an operator wrote holds the lease with the last
+				// token of someone else.
 				holder, _ := arr[2].ToString()
 				token, _ := arr[5].AsInt64()
 				if _, known := w.tokens.get(holder); holder != "" && holder != c.value && !known &&
 					token > 0 && !w.tokens.issued(token) {
-					c.passed, c.passToken = holder, token
+					c.passed, c.passToken, c.passHeard = holder, token, true
 				}
 			}
 		}
@@ -687,33 +723,53 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 	w.mu.Lock()
 	w.calls[i] = c
 	w.mu.Unlock()
-	if token, known := w.tokens.get(c.value); c.ok && known && c.kind != releaseCall {
-		w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(c.end),
+	if c.ok && c.kind != releaseCall {
+		w.tokens.confirm(w.rec, c.value, history.Op{Kind: history.Confirmed, At: history.At(c.end),
 			Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))),
-			Key:   c.key, Client: lease.Owner(c.value), Token: token})
+			Key:   c.key, Client: lease.Owner(c.value)})
 	}
 	if c.passed != "" {
-		// The waiter's lease lasts its claim window from the grant, which
-		// came after the release was sent and after every call of the
-		// waiter that found it still in line; the library counts from the
-		// later of those two send times, and so does this bound. (A call of
-		// the waiter that started before the release ended but reached
-		// Redis after the grant makes the bound lenient, never strict.)
-		w.tokens.set(c.passed, c.passToken)
-		from, claim := c.start, distlock.DefaultClaimWindow
-		if q, ok := w.tokens.getQueued(c.passed); ok {
-			claim = q.claim
-			if q.start.After(from) && q.start.Before(c.end) {
-				from = q.start
-			}
-		}
-		// The announcement can reach the waiter before the reply reaches
-		// the releaser: the write is known from the release's send time.
-		w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(c.start),
-			Until: history.At(from.Add(claim - distlock.Margin(claim))),
-			Key:   c.key, Client: lease.Owner(c.passed), Token: c.passToken})
+		w.recordPass(c)
 	}
 	return res
+}
+
+// recordPass records the grant of c.passToken to the waiter c.passed. The
+// waiter's lease lasts its claim window from the grant; the announcement
+// can reach the waiter before any reply reaches the caller, so the write is
+// known from the moment the grant could have been made.
+//
+// When c made the pass (a release's reply says so), the grant came after c
+// was sent and after every call of the waiter that found it still in line;
+// the library counts from the later of those two send times, and so does
+// this bound. (A call of the waiter that started before the release ended
+// but reached Redis after the grant makes the bound lenient, never strict.)
+//
+// When the pass was only heard of (a refused acquire named the holder), the
+// call that made it may be an earlier one whose reply was lost, so c's send
+// time says nothing. The token does: a token is the server's clock at the
+// grant, in µs (the clock of this machine), or the last token plus one when
+// the clock has not moved past it, which for a lock, whose grants each
+// take a script of several µs, does not happen while the clock runs
+// forward. The grant's time is then both when the write is known and where
+// its claim window starts: exactly Redis's deadline.
+func (w *wire) recordPass(c wireCall) {
+	at, from, claim := c.start, c.start, distlock.DefaultClaimWindow
+	q, queued := w.tokens.getQueued(c.passed)
+	if queued {
+		claim = q.claim
+	}
+	switch {
+	case c.passHeard:
+		at = time.UnixMicro(c.passToken)
+		from = at
+	case queued && q.start.After(from) && q.start.Before(c.end):
+		from = q.start
+	}
+	w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(at),
+		Until: history.At(from.Add(claim - distlock.Margin(claim))),
+		Key:   c.key, Client: lease.Owner(c.passed), Token: c.passToken})
+	w.tokens.set(c.passed, c.passToken)
 }
 
 // find returns the recorded calls that match f, with tokens resolved.

@@ -948,6 +948,36 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		ha.mustRelease(t, distlock.Released)
 		w.requireClean(label("12", "release-context-ends-first"))
 	})
+	subtest(t, "reply of a passing release lost", 1, func(t *testing.T) {
+		// Redis passes the lease to b, but the reply never reaches a: the
+		// history learns of the pass only from c's refused call, which names
+		// b as the holder, long after b's first samples and renewals. (CI
+		// caught the history blaming the library for this once.)
+		w, a, b, ha := pair(t, ttl)
+		ha.mustRelease(t, distlock.Released) // the server has the release script now
+		ha, err := a.lock(t.Context())
+		require.NoError(t, err)
+		c := w.newClient("c")
+		bw := b.lockInBackground(t.Context())
+		w.waitFor(t, eventually, "b in line", func() bool { return queued(t, w) == 1 })
+		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
+		released := make(chan error, 1)
+		go func() { _, err := ha.release(); released <- err }()
+		hb := <-bw.got
+		require.NotNil(t, hb)
+		// b renews meanwhile, before the history knows its token, and holds
+		// on past its claim window: only those renewals justify its samples
+		// from then until c's call.
+		time.Sleep(distlock.DefaultClaimWindow * 3 / 2)
+		_, err = c.m.TryLock(t.Context())
+		require.ErrorIs(t, err, distlock.ErrNotAcquired)
+		time.Sleep(ttl / 4)
+		hb.mustRelease(t, distlock.Released)
+		a.proxy.Heal()
+		<-released // whatever a's Release says: it cannot know
+		r := w.requireClean(label("12", "passing-release-reply-lost"))
+		assert.Zero(t, r.Unchecked, "b's samples without a write to check them against")
+	})
 }
 
 // fillMemory writes keys of 8 KiB (with EX ex seconds when ex > 0) until
