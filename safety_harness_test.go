@@ -505,7 +505,8 @@ type opSink interface{ Add(history.Op) }
 // A confirmed write is recorded for the acquisition whose value it wrote,
 // under the owner id in that value (the harness makes each client's owner id
 // its name): a release that passes the lease to a waiter in line confirms
-// that waiter's lease, for its claim window.
+// that waiter's lease, for its claim window, and a grant the book learns of
+// late (its reply was lost) is dated by its token (see wire.learn).
 type wire struct {
 	rueidis.Client
 	rec    opSink
@@ -546,10 +547,12 @@ func newTokenBook() *tokenBook {
 }
 
 // set records value's token and records, under it, the writes that waited
-// for it. A lock keeps one token per value: a holder that asks again keeps
-// its grant's token, and a value is used by one Lock call only.
-func (b *tokenBook) set(value string, token int64) {
+// for it, and reports whether the token was new to the book. A lock keeps
+// one token per value: a holder that asks again keeps its grant's token,
+// and a value is used by one Lock call only.
+func (b *tokenBook) set(value string, token int64) bool {
 	b.mu.Lock()
+	known := b.m[value] == token
 	b.m[value] = token
 	waiting := b.pending[value]
 	delete(b.pending, value)
@@ -558,6 +561,7 @@ func (b *tokenBook) set(value string, token int64) {
 		p.op.Token = token
 		p.sink.Add(p.op)
 	}
+	return !known
 }
 
 // confirm records op for value under its token, or keeps it until the
@@ -718,7 +722,7 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 		}
 	}
 	if c.kind == acquireCall && c.ok {
-		w.tokens.set(c.value, c.token)
+		w.learn(c.key, c.value, c.token, 0)
 	}
 	w.mu.Lock()
 	w.calls[i] = c
@@ -734,42 +738,66 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 	return res
 }
 
-// recordPass records the grant of c.passToken to the waiter c.passed. The
-// waiter's lease lasts its claim window from the grant; the announcement
-// can reach the waiter before any reply reaches the caller, so the write is
-// known from the moment the grant could have been made.
+// recordPass records the grant of c.passToken to the waiter c.passed, which
+// lasts the waiter's claim window from the grant.
 //
 // When c made the pass (a release's reply says so), the grant came after c
 // was sent and after every call of the waiter that found it still in line;
 // the library counts from the later of those two send times, and so does
 // this bound. (A call of the waiter that started before the release ended
 // but reached Redis after the grant makes the bound lenient, never strict.)
+// The announcement can reach the waiter before the reply reaches the
+// releaser, so the write is known from the release's send time.
 //
 // When the pass was only heard of (a refused acquire named the holder), the
 // call that made it may be an earlier one whose reply was lost, so c's send
-// time says nothing. The token does: a token is the server's clock at the
-// grant, in µs (the clock of this machine), or the last token plus one when
-// the clock has not moved past it, which for a lock, whose grants each
-// take a script of several µs, does not happen while the clock runs
-// forward. The grant's time is then both when the write is known and where
-// its claim window starts: exactly Redis's deadline.
+// time says nothing: learn dates it by its token.
 func (w *wire) recordPass(c wireCall) {
-	at, from, claim := c.start, c.start, distlock.DefaultClaimWindow
-	q, queued := w.tokens.getQueued(c.passed)
-	if queued {
+	if c.passHeard {
+		w.learn(c.key, c.passed, c.passToken, distlock.DefaultClaimWindow)
+		return
+	}
+	from, claim := c.start, distlock.DefaultClaimWindow
+	if q, ok := w.tokens.getQueued(c.passed); ok {
 		claim = q.claim
+		if q.start.After(from) && q.start.Before(c.end) {
+			from = q.start
+		}
 	}
-	switch {
-	case c.passHeard:
-		at = time.UnixMicro(c.passToken)
-		from = at
-	case queued && q.start.After(from) && q.start.Before(c.end):
-		from = q.start
-	}
-	w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(at),
+	w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(c.start),
 		Until: history.At(from.Add(claim - distlock.Margin(claim))),
 		Key:   c.key, Client: lease.Owner(c.passed), Token: c.passToken})
 	w.tokens.set(c.passed, c.passToken)
+}
+
+// learn records that Redis granted token to value, learnt from a reply
+// that may have come long after the grant: the reply of the call that made
+// the grant may have been lost (a partition, a reset), while the waiter
+// heard of it at once through its room and used it. So when the book learns
+// a token it did not know, it records the grant itself, dated by the token:
+// a token is the server's clock at the grant, in µs (the clock of this
+// machine), or the last token plus one when the clock has not moved past
+// it, which for a lock, whose grants each take a script of several µs, does
+// not happen while the clock runs forward. Any grant of a lock to a value
+// that stood in line lasts at least its claim window from then (a pass
+// exactly that, a grant to the caller's own call the TTL, which is no
+// shorter), so the record is never more lenient than Redis. claim is the
+// claim window to assume when the book has no call of the value that stood
+// in line (a value of another process); zero records nothing then.
+func (w *wire) learn(key, value string, token int64, claim time.Duration) {
+	if !w.tokens.set(value, token) {
+		return
+	}
+	if q, ok := w.tokens.getQueued(value); ok && q.claim > 0 {
+		claim = q.claim
+	}
+	if claim <= 0 {
+		return
+	}
+	at := time.UnixMicro(token)
+	w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(at),
+		Until: history.At(at.Add(claim - distlock.Margin(claim))),
+		Key:   key, Client: lease.Owner(value), Token: token})
 }
 
 // find returns the recorded calls that match f, with tokens resolved.

@@ -722,6 +722,16 @@ func TestSafety10SlowReplies(t *testing.T) {
 	})
 }
 
+// warm has c acquire and release once, so that the server has the
+// scripts and a call is a single command (otherwise the first call of each
+// script is refused with NOSCRIPT, writing nothing, and sent again).
+func warm(t *testing.T, c *client) {
+	t.Helper()
+	h, err := c.lock(t.Context())
+	require.NoError(t, err)
+	h.mustRelease(t, distlock.Released)
+}
+
 // TestSafety11AcquireReplyLost: an acquire is applied by Redis but its reply
 // is lost. Lock gives up on the attempt and deletes whatever it may have
 // written, and when that delete cannot get through either, the orphaned
@@ -731,14 +741,6 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 	ttl := safetyTTL
 	// appliedThen waits until a's acquire has written the lease and then
 	// applies fault to a's proxy.
-	// warm has a acquire and release once, so that the server has the
-	// scripts and an attempt is a single call (otherwise the first call is
-	// refused with NOSCRIPT, and writes nothing).
-	warm := func(t *testing.T, a *client) {
-		h, err := a.lock(t.Context())
-		require.NoError(t, err)
-		h.mustRelease(t, distlock.Released)
-	}
 	appliedThen := func(t *testing.T, w *world, fault func()) time.Time {
 		w.waitFor(t, ttl, "a's acquire applied", func() bool { _, ok := w.leaseValue(); return ok })
 		fault()
@@ -953,11 +955,11 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		// history learns of the pass only from c's refused call, which names
 		// b as the holder, long after b's first samples and renewals. (CI
 		// caught the history blaming the library for this once.)
-		w, a, b, ha := pair(t, ttl)
-		ha.mustRelease(t, distlock.Released) // the server has the release script now
+		w := newWorld(t, ttl)
+		a, b, c := w.newClient("a"), w.newClient("b"), w.newClient("c")
+		warm(t, a) // the server has the release script now
 		ha, err := a.lock(t.Context())
 		require.NoError(t, err)
-		c := w.newClient("c")
 		bw := b.lockInBackground(t.Context())
 		w.waitFor(t, eventually, "b in line", func() bool { return queued(t, w) == 1 })
 		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
@@ -976,6 +978,51 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		a.proxy.Heal()
 		<-released // whatever a's Release says: it cannot know
 		r := w.requireClean(label("12", "passing-release-reply-lost"))
+		assert.Zero(t, r.Unchecked, "b's samples without a write to check them against")
+	})
+	subtest(t, "reply of a passing release lost, a refresh in flight", 1, func(t *testing.T) {
+		// As above, but b hears of its grant while a refresh of its place is
+		// held on the way to Redis: b uses the grant at once, and the
+		// refresh, arriving after the grant, finds b's value in the lease
+		// and returns the grant's token, which is how the history learns it.
+		// b uses a grant at once only while a third of its claim window is
+		// left, counted from its last answered refresh, half a window before
+		// the held one: a long window leaves room for a slow machine.
+		const ttl, claim = 3 * time.Second, 2 * time.Second
+		w := newWorld(t, ttl)
+		a, b := w.newClient("a"), w.newClient("b", distlock.WithClaimWindow(claim))
+		warm(t, a) // the server has the release script now
+		ha, err := a.lock(t.Context())
+		require.NoError(t, err)
+		bw := b.lockInBackground(t.Context())
+		w.waitFor(t, eventually, "b in line", func() bool { return queued(t, w) == 1 })
+		b.proxy.Set(faultproxy.Up, faultproxy.Pause)
+		w.waitFor(t, eventually, "a refresh of b's place held", func() bool {
+			calls := b.wire.find(func(c wireCall) bool { return c.kind == acquireCall })
+			return len(calls) >= 2 && leftInLine(calls[len(calls)-2]) && !calls[len(calls)-1].done
+		})
+		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
+		released := make(chan error, 1)
+		go func() { _, err := ha.release(); released <- err }()
+		var hb *holding
+		select {
+		case hb = <-bw.got:
+			time.Sleep(50 * time.Millisecond)
+			b.proxy.Set(faultproxy.Up, faultproxy.Pass)
+		case <-time.After(claim / 2):
+			// b found too little of its window left and claims the grant by
+			// a call, which waits for the uplink: not the case under test,
+			// but the history must hold all the same.
+			t.Logf("b did not use the grant at once; it claims it")
+			b.proxy.Set(faultproxy.Up, faultproxy.Pass)
+			hb = <-bw.got
+		}
+		require.NotNil(t, hb)
+		time.Sleep(claim / 2) // past b's first renewal
+		hb.mustRelease(t, distlock.Released)
+		a.proxy.Heal()
+		<-released
+		r := w.requireClean(label("12", "passing-release-reply-lost-refresh-in-flight"))
 		assert.Zero(t, r.Unchecked, "b's samples without a write to check them against")
 	})
 }
