@@ -722,6 +722,17 @@ func TestSafety10SlowReplies(t *testing.T) {
 	})
 }
 
+// waitListening waits until one waiter stands in the line of the world's
+// lock and its room listens for grants.
+func waitListening(t *testing.T, w *world) {
+	t.Helper()
+	w.waitFor(t, eventually, "a waiter in line and listening", func() bool {
+		rooms, err := w.srv.MustDo("PUBSUB", "SHARDCHANNELS", w.key+":wake:*").AsStrSlice()
+		require.NoError(t, err)
+		return queued(t, w) == 1 && len(rooms) == 1
+	})
+}
+
 // warm has c acquire and release once, so that the server has the
 // scripts and a call is a single command (otherwise the first call of each
 // script is refused with NOSCRIPT, writing nothing, and sent again).
@@ -954,14 +965,17 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		// Redis passes the lease to b, but the reply never reaches a: the
 		// history learns of the pass only from c's refused call, which names
 		// b as the holder, long after b's first samples and renewals. (CI
-		// caught the history blaming the library for this once.)
+		// caught the history blaming the library for this once.) A long
+		// claim window lets b use the grant at once even on a slow machine
+		// (see the next case).
+		const ttl, claim = 3 * time.Second, 2 * time.Second
 		w := newWorld(t, ttl)
-		a, b, c := w.newClient("a"), w.newClient("b"), w.newClient("c")
+		a, b, c := w.newClient("a"), w.newClient("b", distlock.WithClaimWindow(claim)), w.newClient("c")
 		warm(t, a) // the server has the release script now
 		ha, err := a.lock(t.Context())
 		require.NoError(t, err)
 		bw := b.lockInBackground(t.Context())
-		w.waitFor(t, eventually, "b in line", func() bool { return queued(t, w) == 1 })
+		waitListening(t, w)
 		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
 		released := make(chan error, 1)
 		go func() { _, err := ha.release(); released <- err }()
@@ -970,7 +984,9 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		// b renews meanwhile, before the history knows its token, and holds
 		// on past its claim window: only those renewals justify its samples
 		// from then until c's call.
-		time.Sleep(distlock.DefaultClaimWindow * 3 / 2)
+		time.Sleep(claim * 3 / 2)
+		require.Empty(t, b.wire.find(func(c wireCall) bool { return c.kind == acquireCall && c.ok }),
+			"b claimed its grant by a call instead of using it at once")
 		_, err = c.m.TryLock(t.Context())
 		require.ErrorIs(t, err, distlock.ErrNotAcquired)
 		time.Sleep(ttl / 4)
@@ -995,12 +1011,20 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		ha, err := a.lock(t.Context())
 		require.NoError(t, err)
 		bw := b.lockInBackground(t.Context())
-		w.waitFor(t, eventually, "b in line", func() bool { return queued(t, w) == 1 })
+		waitListening(t, w)
 		b.proxy.Set(faultproxy.Up, faultproxy.Pause)
-		w.waitFor(t, eventually, "a refresh of b's place held", func() bool {
+		paused := time.Now()
+		// A call sent after the pause is held in the proxy; b sent it after
+		// the reply to the one before, which left it in line.
+		held := func() (wireCall, bool) {
 			calls := b.wire.find(func(c wireCall) bool { return c.kind == acquireCall })
-			return len(calls) >= 2 && leftInLine(calls[len(calls)-2]) && !calls[len(calls)-1].done
-		})
+			n := len(calls)
+			if n < 2 || !leftInLine(calls[n-2]) || calls[n-1].start.Before(paused) {
+				return wireCall{}, false
+			}
+			return calls[n-1], true
+		}
+		w.waitFor(t, eventually, "a refresh of b's place held", func() bool { _, ok := held(); return ok })
 		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
 		released := make(chan error, 1)
 		go func() { _, err := ha.release(); released <- err }()
@@ -1009,6 +1033,9 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		case hb = <-bw.got:
 			time.Sleep(50 * time.Millisecond)
 			b.proxy.Set(faultproxy.Up, faultproxy.Pass)
+			w.waitFor(t, eventually, "the held refresh answered", func() bool { c, _ := held(); return c.done })
+			c, _ := held()
+			require.True(t, c.ok, "the held refresh did not find b holding the lease: %v", c.err)
 		case <-time.After(claim / 2):
 			// b found too little of its window left and claims the grant by
 			// a call, which waits for the uplink: not the case under test,
