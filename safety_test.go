@@ -794,8 +794,12 @@ func TestSafety11AcquireReplyLost(t *testing.T) {
 		require.NoError(t, err)
 		late := w.delayed(healed, hb.granted)
 		assert.Less(t, hb.granted.Sub(healed), ttl/2+late, "the orphan was not cleaned up (%v explained by scheduling)", late)
-		cleanups := a.wire.find(func(c wireCall) bool { return c.kind == releaseCall && c.ok })
-		assert.Len(t, cleanups, 2, "deletes: the warm-up's release and the clean-up")
+		// The clean-up's reply may reach a after b got the lock it freed.
+		deletes := func() []wireCall {
+			return a.wire.find(func(c wireCall) bool { return c.kind == releaseCall && c.ok })
+		}
+		w.waitFor(t, eventually, "the clean-up's reply", func() bool { return len(deletes()) >= 2 })
+		assert.Len(t, deletes(), 2, "deletes: the warm-up's release and the clean-up")
 		hb.mustRelease(t, distlock.Released)
 		w.requireClean(label("11", "path-heals"))
 		figure(t, label("11", "path-heals"), "orphan_blocked_ms", hb.granted.Sub(healed))
