@@ -722,15 +722,41 @@ func TestSafety10SlowReplies(t *testing.T) {
 	})
 }
 
-// waitListening waits until one waiter stands in the line of the world's
-// lock and its room listens for grants.
-func waitListening(t *testing.T, w *world) {
+// The lock of the cases whose passing release's reply is lost. b uses a
+// grant at once only while a third of its claim window is left, counted
+// from its last answered call in line: a long window leaves room for a slow
+// machine.
+const (
+	lostReplyTTL   = 3 * time.Second
+	lostReplyClaim = 2 * time.Second
+)
+
+// lostReplySetUp starts the world of those cases: a holds the lock, and b
+// stands in line and listens for grants.
+func lostReplySetUp(t *testing.T) (w *world, a, b *client, ha *holding, bw *waiter) {
 	t.Helper()
-	w.waitFor(t, eventually, "a waiter in line and listening", func() bool {
+	w = newWorld(t, lostReplyTTL)
+	a, b = w.newClient("a"), w.newClient("b", distlock.WithClaimWindow(lostReplyClaim))
+	warm(t, a) // the server has the release script now
+	ha, err := a.lock(t.Context())
+	require.NoError(t, err)
+	bw = b.lockInBackground(t.Context())
+	w.waitFor(t, eventually, "b in line and listening", func() bool {
 		rooms, err := w.srv.MustDo("PUBSUB", "SHARDCHANNELS", w.key+":wake:*").AsStrSlice()
 		require.NoError(t, err)
 		return queued(t, w) == 1 && len(rooms) == 1
 	})
+	return w, a, b, ha, bw
+}
+
+// releaseUnheard cuts a's downlink and releases ha in the background: Redis
+// runs the release, and a never hears back. The channel receives what
+// Release returned, once a's proxy heals or Release gives up.
+func releaseUnheard(a *client, ha *holding) <-chan error {
+	a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
+	released := make(chan error, 1)
+	go func() { _, err := ha.release(); released <- err }()
+	return released
 }
 
 // warm has c acquire and release once, so that the server has the
@@ -969,20 +995,11 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		// Redis passes the lease to b, but the reply never reaches a: the
 		// history learns of the pass only from c's refused call, which names
 		// b as the holder, long after b's first samples and renewals. (CI
-		// caught the history blaming the library for this once.) A long
-		// claim window lets b use the grant at once even on a slow machine
-		// (see the next case).
-		const ttl, claim = 3 * time.Second, 2 * time.Second
-		w := newWorld(t, ttl)
-		a, b, c := w.newClient("a"), w.newClient("b", distlock.WithClaimWindow(claim)), w.newClient("c")
-		warm(t, a) // the server has the release script now
-		ha, err := a.lock(t.Context())
-		require.NoError(t, err)
-		bw := b.lockInBackground(t.Context())
-		waitListening(t, w)
-		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
-		released := make(chan error, 1)
-		go func() { _, err := ha.release(); released <- err }()
+		// caught the history blaming the library for this once.)
+		const ttl, claim = lostReplyTTL, lostReplyClaim
+		w, a, b, ha, bw := lostReplySetUp(t)
+		c := w.newClient("c")
+		released := releaseUnheard(a, ha)
 		hb := <-bw.got
 		require.NotNil(t, hb)
 		// b renews meanwhile, before the history knows its token, and holds
@@ -991,7 +1008,7 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		time.Sleep(claim * 3 / 2)
 		require.Empty(t, b.wire.find(func(c wireCall) bool { return c.kind == acquireCall && c.ok }),
 			"b claimed its grant by a call instead of using it at once")
-		_, err = c.m.TryLock(t.Context())
+		_, err := c.m.TryLock(t.Context())
 		require.ErrorIs(t, err, distlock.ErrNotAcquired)
 		time.Sleep(ttl / 4)
 		hb.mustRelease(t, distlock.Released)
@@ -1005,17 +1022,8 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 		// held on the way to Redis: b uses the grant at once, and the
 		// refresh, arriving after the grant, finds b's value in the lease
 		// and returns the grant's token, which is how the history learns it.
-		// b uses a grant at once only while a third of its claim window is
-		// left, counted from its last answered refresh, half a window before
-		// the held one: a long window leaves room for a slow machine.
-		const ttl, claim = 3 * time.Second, 2 * time.Second
-		w := newWorld(t, ttl)
-		a, b := w.newClient("a"), w.newClient("b", distlock.WithClaimWindow(claim))
-		warm(t, a) // the server has the release script now
-		ha, err := a.lock(t.Context())
-		require.NoError(t, err)
-		bw := b.lockInBackground(t.Context())
-		waitListening(t, w)
+		const claim = lostReplyClaim
+		w, a, b, ha, bw := lostReplySetUp(t)
 		b.proxy.Set(faultproxy.Up, faultproxy.Pause)
 		paused := time.Now()
 		// A call sent after the pause is held in the proxy; b sent it after
@@ -1029,9 +1037,7 @@ func TestSafety12ReleaseRaces(t *testing.T) {
 			return calls[n-1], true
 		}
 		w.waitFor(t, eventually, "a refresh of b's place held", func() bool { _, ok := held(); return ok })
-		a.proxy.Set(faultproxy.Down, faultproxy.Blackhole)
-		released := make(chan error, 1)
-		go func() { _, err := ha.release(); released <- err }()
+		released := releaseUnheard(a, ha)
 		var hb *holding
 		select {
 		case hb = <-bw.got:
