@@ -17,23 +17,18 @@ import (
 // with four or more CPUs), since each dead one can fail one call.
 const brokenConnTries = 8
 
-// expiryGrace is added to the holder's remaining TTL (which Redis rounds
-// down to the millisecond) before the first waiter in line asks again, so
-// that it asks just after a holder that died without releasing has expired.
-const expiryGrace = time.Millisecond
-
 // acquire runs one Lock, TryLock or TryLockFor call and reports it to the
 // Observer. wait is the longest it may wait (0: no limit); interval > 0 or
 // poll selects plain polling; once makes a single attempt.
-func (m *Mutex) acquire(ctx context.Context, owner string, wait, interval time.Duration, poll, once bool) (*Guard, error) {
+func (e *engine) acquire(ctx context.Context, owner string, wait, interval time.Duration, poll, once bool) (*Guard, error) {
 	if ctx == nil {
 		return nil, invalid("ctx", "is nil")
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, m.ctxError(ctx)
+		return nil, e.ctxError(ctx)
 	}
 	a := &acquirer{
-		m:     m,
+		e:     e,
 		ctx:   ctx,
 		start: time.Now(),
 		// One value for every attempt of this call: if an attempt's reply
@@ -44,8 +39,6 @@ func (m *Mutex) acquire(ctx context.Context, owner string, wait, interval time.D
 	if wait > 0 {
 		a.limit = a.start.Add(wait)
 	}
-	a.room = enterRoom(m)
-	defer a.room.exit()
 	var g *Guard
 	var err error
 	switch {
@@ -64,21 +57,21 @@ func (m *Mutex) acquire(ctx context.Context, owner string, wait, interval time.D
 		// a place in line, a lease passed to it, or a call whose reply it
 		// did not see. Cancel it in the background: the caller does not
 		// wait on the network to give up.
-		a.room.goClean(func() { m.cleanup(context.Background(), a.value) })
+		value := a.value
+		proc.goWork(func() { e.cleanup(context.Background(), value) })
 	}
-	info := AcquireInfo{Key: m.keys.Lease, Kind: m.kind, Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
+	info := AcquireInfo{Key: e.keys.Lease, Kind: e.kind, Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
 		info.Token = g.token
 	}
-	m.obs.ObserveAcquire(info)
+	e.obs.ObserveAcquire(info)
 	return g, err
 }
 
 // acquirer is the state of one acquire call. It is used by one goroutine.
 type acquirer struct {
-	m        *Mutex
-	room     *room      // the lock's waiting room, which owns the call's goroutines
-	waiter   *waiter    // Lock's place in the room, while it waits in line
+	e        *engine
+	waiter   *waiter    // Lock's place in its room, while it waits in line
 	noted    *grantNote // a grant that came while a call was in flight
 	ctx      context.Context
 	value    string
@@ -102,13 +95,13 @@ type acquirer struct {
 // retry reports whether the error came without a reply from Redis (a lost
 // connection, a deadline), which a waiter may ride out.
 func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry bool, err error) {
-	m := a.m
+	e := a.e
 	broken := 0 // calls that failed on a broken connection
 	for {
 		sent := time.Now()
 		a.attempts++
 		var stop error
-		grant, err, stop = a.call(leaseDeadline(sent, m.ttl), p)
+		grant, err, stop = a.call(leaseDeadline(sent, e.ttl), p)
 		if stop != nil {
 			a.dirty, a.uncertain = true, true
 			return nil, grant, false, stop
@@ -124,7 +117,7 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 				a.dirty, a.uncertain = true, true
 			}
 			if a.ctx.Err() != nil {
-				return nil, grant, false, m.ctxError(a.ctx)
+				return nil, grant, false, e.ctxError(a.ctx)
 			}
 			retry := !replied && !notAcked
 			if retry && p != nil && !errors.Is(err, context.DeadlineExceeded) && broken < brokenConnTries {
@@ -138,17 +131,17 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 			}
 			// A grant that replicas did not acknowledge was undone and
 			// ends the call; so does any error Redis answered with.
-			return nil, grant, retry, fmt.Errorf("distlock: acquiring %s: %w", m.keys.Lease, err)
+			return nil, grant, retry, fmt.Errorf("distlock: acquiring %s: %w", e.keys.Lease, err)
 		}
 		if !grant.Acquired {
-			if grant.Holder != "" && m.abandoned.take(grant.Holder) && m.cleanup(a.ctx, grant.Holder) {
+			if grant.Holder != "" && e.abandoned.take(grant.Holder) && e.cleanup(a.ctx, grant.Holder) {
 				// It was our own orphan, left by an earlier call whose
 				// clean-up failed; now it is gone, so try again at once.
 				continue
 			}
 			return nil, grant, false, nil
 		}
-		if g, err := a.granted(grant.Token, sent, m.ttl); g != nil || err != nil {
+		if g, err := a.granted(grant.Token, sent, e.ttl); g != nil || err != nil {
 			return g, grant, false, err
 		}
 		// The reply came too late to trust the lease; the next attempt
@@ -157,8 +150,18 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 }
 
 // call sends one acquire call with deadline dl: Acquire when p is nil,
-// AcquireOrQueue with *p otherwise. The call runs in a goroutine owned by
-// the lock's room, and the caller waits for it, for ctx and for the wait
+// AcquireOrQueue with *p otherwise.
+//
+// When nothing can end the call early (ctx can never be done, there is no
+// wait limit and the caller does not stand in line yet), call sends it on
+// the caller's goroutine: that is an uncontended Lock or TryLock with a
+// context such as context.Background(), and it costs no goroutine and no
+// hand-off. The call then needs no deadline of its own: rueidis bounds it
+// with its own timeouts, and a reply that comes after dl is not trusted (see
+// granted).
+//
+// Otherwise the call runs in a goroutine of the process's background work,
+// with deadline dl, and the caller waits for it, for ctx and for the wait
 // limit: when one of those ends first, call returns the error that ends the
 // acquire (stop) at once and leaves the call to finish in the background.
 // rueidis watches ctx while a command waits for its reply, but not while it
@@ -167,7 +170,15 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 // errNoted with the grant in a.noted, and the call (a refresh of its place,
 // perhaps stuck on a dead connection) goes on in the background.
 func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
-	m := a.m
+	e := a.e
+	if a.ctx.Done() == nil && a.limit.IsZero() && a.waiter == nil {
+		if p == nil {
+			grant, err = e.store.Acquire(a.ctx, e.keys, a.value, e.ttl)
+		} else {
+			grant, err = e.store.AcquireOrQueue(a.ctx, e.keys, a.value, e.ttl, *p)
+		}
+		return grant, err, nil
+	}
 	var place lease.Place
 	if p != nil {
 		place = *p
@@ -177,14 +188,15 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		err   error
 	}
 	done := make(chan result, 1)
-	a.room.goClean(func() {
-		ctx, cancel := context.WithDeadline(a.ctx, dl)
+	ctx, value := a.ctx, a.value
+	proc.goWork(func() {
+		ctx, cancel := context.WithDeadline(ctx, dl)
 		defer cancel()
 		var r result
 		if p == nil {
-			r.grant, r.err = m.store.Acquire(ctx, m.keys, a.value, m.ttl)
+			r.grant, r.err = e.store.Acquire(ctx, e.keys, value, e.ttl)
 		} else {
-			r.grant, r.err = m.store.AcquireOrQueue(ctx, m.keys, a.value, m.ttl, place)
+			r.grant, r.err = e.store.AcquireOrQueue(ctx, e.keys, value, e.ttl, place)
 		}
 		done <- r
 	})
@@ -205,9 +217,9 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		a.noted = &n
 		return lease.Grant{}, nil, errNoted
 	case <-a.ctx.Done():
-		return lease.Grant{}, nil, m.ctxError(a.ctx)
+		return lease.Grant{}, nil, e.ctxError(a.ctx)
 	case <-limit:
-		return lease.Grant{}, nil, &TimeoutError{Key: m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
+		return lease.Grant{}, nil, &TimeoutError{Key: e.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 	}
 }
 
@@ -225,123 +237,12 @@ var errNoted = errors.New("distlock: passed the lock while asking for it")
 func (a *acquirer) granted(token int64, sent time.Time, ttl time.Duration) (*Guard, error) {
 	if a.ctx.Err() != nil {
 		a.dirty = true
-		return nil, a.m.ctxError(a.ctx)
+		return nil, a.e.ctxError(a.ctx)
 	}
 	if !time.Now().Before(leaseDeadline(sent, ttl)) {
 		return nil, nil
 	}
-	return a.m.startGuard(a.ctx, a.value, token, a.attempts-1, sent, ttl, a.uncertain), nil
-}
-
-// queue is the default way to wait: stand in the lock's line in Redis and
-// sleep until the lease is passed to us.
-//
-// Each call to Redis (AcquireOrQueue) acquires the lock if it is free and
-// nobody is ahead, and otherwise puts us in line or refreshes our place. In
-// between, the waiter sleeps until its room wakes it with a grant, until it
-// is time to refresh its place (every half claim window; at the polling
-// interval while announcements do not arrive), or, when it is first in
-// line, until the holder's lease would end, in case the holder died.
-//
-// A grant passes the lease to us for the claim window, counted from the
-// release that made it. We did not send that release, so the lease deadline
-// counts from the send time of a call known to precede the grant: our last
-// call that found us in line (if the grant's token is above the last token
-// that call saw, the grant came after it), or the release itself when a
-// guard of this process made it. While the lease deadline counted from
-// there leaves at least a third of the window, the guard starts at once,
-// and renews the lease to the full TTL a third of the window in (at once,
-// if that is past) when it is held that long. Otherwise (a late wake-up,
-// or WithReplicaAck, which must see an acknowledged write first) we claim
-// it by calling AcquireOrQueue again: the lease holds our value, so Redis
-// grants it to us for the full TTL (a lock keeps the grant's token).
-func (a *acquirer) queue() (*Guard, error) {
-	m := a.m
-	r := a.room
-	w := r.join(a.value)
-	defer r.leave(w)
-	a.waiter = w
-
-	place := lease.Place{Claim: m.claim, Room: r.id}
-	var (
-		queued      time.Time // send time of our last call that left us in line
-		queuedFence int64     // the last token issued when that call ran
-		failures    int       // calls in a row that failed without a reply
-	)
-	// use acts on a grant: it returns the guard, or an error that ends the
-	// call, or neither when the grant must be claimed (claim) or is an
-	// announcement older than our last call (neither claim nor a result).
-	use := func(note grantNote) (g *Guard, err error, claim bool) {
-		from := note.sent
-		if note.token > queuedFence && queued.After(from) {
-			from = queued
-		}
-		if from.IsZero() {
-			return nil, nil, false
-		}
-		if m.ack.Replicas == 0 && time.Until(leaseDeadline(from, m.claim)) >= m.claim/3 {
-			if g, err := a.granted(note.token, from, m.claim); g != nil || err != nil {
-				return g, err, false
-			}
-		}
-		return nil, nil, true
-	}
-	for {
-		sent := time.Now()
-		g, grant, retry, err := a.attempt(&place)
-		if errors.Is(err, errNoted) {
-			// Passed the lock while asking (a refresh may be stuck on a
-			// dead connection): act on the grant now.
-			note := *a.noted
-			a.noted = nil
-			if g, err, _ := use(note); g != nil || err != nil {
-				return g, err
-			}
-			continue // claim it, or ask again after an old announcement
-		}
-		switch {
-		case g != nil:
-			return g, nil
-		case err != nil && (!retry || queued.IsZero()):
-			return nil, err
-		case err != nil:
-			// We stand in line already: keep the place and ask again soon.
-			failures++
-			m.log.Debug("distlock: asking for the lock failed; trying again", "err", err)
-		default:
-			failures = 0
-			a.dirty = true
-			queued, queuedFence, place.Ticket = sent, grant.Fence, grant.Ticket
-		}
-
-		wait := m.claim / 2
-		if !r.listen() {
-			wait = min(wait, DefaultRetryInterval)
-		}
-		if failures > 0 {
-			wait = min(wait, DefaultRetryInterval<<min(failures-1, 4))
-		} else if grant.Rank == 0 && grant.HolderTTL >= 0 {
-			wait = min(wait, grant.HolderTTL+expiryGrace)
-		}
-		until := sent.Add(wait)
-		for {
-			why, note, err := a.wait(max(time.Until(until), 0), w)
-			if err != nil {
-				return nil, err
-			}
-			if why != wokeByGrant {
-				break
-			}
-			g, err, claim := use(note)
-			if g != nil || err != nil {
-				return g, err
-			}
-			if claim {
-				break
-			}
-			// An announcement of a grant older than our last call.
-		}
-	}
+	return a.e.newGuard(a.ctx, a.value, token, a.attempts-1, sent, ttl, a.uncertain), nil
 }
 
 // once makes a single attempt.
@@ -350,7 +251,7 @@ func (a *acquirer) once() (*Guard, error) {
 	if g != nil || err != nil {
 		return g, err
 	}
-	return nil, &NotAcquiredError{Key: a.m.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL, Permits: a.m.keys.Permits}
+	return nil, &NotAcquiredError{Key: a.e.keys.Lease, Holder: lease.Owner(grant.Holder), Remaining: grant.HolderTTL, Permits: a.e.keys.Permits}
 }
 
 // poll tries, then tries again every interval (0: at once) until it
@@ -386,7 +287,7 @@ func (a *acquirer) wait(d time.Duration, w *waiter) (wakeReason, grantNote, erro
 	if !a.limit.IsZero() {
 		left := time.Until(a.limit)
 		if left <= 0 {
-			return wokeByTimer, grantNote{}, &TimeoutError{Key: a.m.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
+			return wokeByTimer, grantNote{}, &TimeoutError{Key: a.e.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 		}
 		if d < 0 || d > left {
 			d = left
@@ -406,7 +307,7 @@ func (a *acquirer) wait(d time.Duration, w *waiter) (wakeReason, grantNote, erro
 		default:
 		}
 		if a.ctx.Err() != nil {
-			return wokeByTimer, grantNote{}, a.m.ctxError(a.ctx)
+			return wokeByTimer, grantNote{}, a.e.ctxError(a.ctx)
 		}
 		return wokeByTimer, grantNote{}, nil
 	case d > 0:
@@ -425,6 +326,6 @@ func (a *acquirer) wait(d time.Duration, w *waiter) (wakeReason, grantNote, erro
 	case <-timerC:
 		return wokeByTimer, grantNote{}, nil
 	case <-a.ctx.Done():
-		return wokeByTimer, grantNote{}, a.m.ctxError(a.ctx)
+		return wokeByTimer, grantNote{}, a.e.ctxError(a.ctx)
 	}
 }

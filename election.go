@@ -35,7 +35,7 @@ import (
 // An Election holds configuration and, while someone observes it, one
 // watcher goroutine shared by its observers. It is safe for concurrent use.
 type Election struct {
-	m    *Mutex
+	e    *engine
 	read leaderReader
 
 	mu sync.Mutex
@@ -79,15 +79,15 @@ func (l Leader) String() string {
 // Campaign. [WithTTL] sets the length of a term's lease: a leader that
 // dies without resigning is replaced once it has run out.
 func NewElection(client rueidis.Client, name string, opts ...Option) (*Election, error) {
-	m, err := newLock(client, name, kindElection, 0, opts)
+	e, err := newEngine(client, name, kindElection, 0, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &Election{m: m, read: lease.New(client)}, nil
+	return &Election{e: e, read: lease.New(client)}, nil
 }
 
 // Key returns the Redis key that holds the leader's lease.
-func (e *Election) Key() string { return e.m.keys.Lease }
+func (e *Election) Key() string { return e.e.keys.Lease }
 
 // Campaign waits until this candidate leads, then returns the Guard of its
 // term. value is what it proclaims to observers, such as its address: 1 to
@@ -102,8 +102,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Guard, error) {
 	if err := lease.CheckOwner(value); err != nil {
 		return nil, badArgument("value", "%v", unwrapName(err))
 	}
-	m := e.m
-	return m.acquire(ctx, value, m.maxWait, m.retryInterval, m.polling, false)
+	return e.e.acquire(ctx, value, e.e.maxWait, e.e.retryInterval, e.e.polling, false)
 }
 
 // Leader asks Redis who leads now, in one round trip. It returns the zero
@@ -112,9 +111,9 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if ctx == nil {
 		return Leader{}, badArgument("ctx", "is nil")
 	}
-	s, err := e.read.Read(ctx, e.m.keys)
+	s, err := e.read.Read(ctx, e.e.keys)
 	if err != nil {
-		return Leader{}, fmt.Errorf("distlock: reading the leader of %s: %w", e.m.keys.Lease, err)
+		return Leader{}, fmt.Errorf("distlock: reading the leader of %s: %w", e.e.keys.Lease, err)
 	}
 	v, err := e.view(s)
 	if err != nil {
@@ -190,7 +189,7 @@ func (e *Election) view(s lease.Snapshot) (view, error) {
 	case s.Type == "none":
 		return view{after: s.Fence, none: true}, nil
 	}
-	return view{}, fmt.Errorf("distlock: reading the leader of %s: %w: the key holds a %s", e.m.keys.Lease, ErrNotElection, s.Type)
+	return view{}, fmt.Errorf("distlock: reading the leader of %s: %w: the key holds a %s", e.e.keys.Lease, ErrNotElection, s.Type)
 }
 
 // ErrNotElection is returned by [Election.Leader] when the election's key
@@ -321,7 +320,7 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 						// Its lease is at least a claim window long; read
 						// then, to learn how long, and to see it end if its
 						// holder died.
-						s.timer.Reset(e.m.claim + expiryGrace)
+						s.timer.Reset(e.e.claim + expiryGrace)
 					}
 				}
 			case readMsg:
@@ -349,10 +348,10 @@ func (w *watcher) read(ctx context.Context, a *actor.Actor[watchMsg], s *watchSt
 	s.children.Add(1)
 	a.Go(func() {
 		defer s.children.Done()
-		rctx, cancel := context.WithTimeout(ctx, max(e.m.ttl/3, time.Second))
+		rctx, cancel := context.WithTimeout(ctx, max(e.e.ttl/3, time.Second))
 		defer cancel()
 		var msg readMsg
-		snap, err := e.read.Read(rctx, e.m.keys)
+		snap, err := e.read.Read(rctx, e.e.keys)
 		if err == nil {
 			msg.v, err = e.view(snap)
 		}
@@ -366,7 +365,7 @@ func (w *watcher) readDone(ctx context.Context, a *actor.Actor[watchMsg], s *wat
 	e := w.e
 	if msg.err != nil {
 		s.failures++
-		e.m.log.Debug("distlock: reading the leader failed", "err", msg.err)
+		e.e.logger().Debug("distlock: reading the leader failed", "err", msg.err)
 		s.timer.Reset(min(minResubscribe<<min(s.failures-1, 6), maxResubscribe))
 		return
 	}
@@ -386,7 +385,7 @@ func (w *watcher) readDone(ctx context.Context, a *actor.Actor[watchMsg], s *wat
 	case !s.cur.none && s.cur.ttl > 0:
 		next = s.cur.ttl + expiryGrace // when the lease would end
 	case !s.cur.none:
-		next = e.m.ttl // a lease without expiry, or an announced one
+		next = e.e.ttl // a lease without expiry, or an announced one
 	default:
 		next = time.Hour
 	}
@@ -413,7 +412,7 @@ func (w *watcher) set(s *watchState, v view) {
 func (w *watcher) subscribe(ctx context.Context, a *actor.Actor[watchMsg]) {
 	e := w.e
 	resubscribe(ctx, func() error {
-		return e.read.SubscribeLeader(ctx, e.m.keys, func() {
+		return e.read.SubscribeLeader(ctx, e.e.keys, func() {
 			_ = a.Send(ctx, subMsg{up: true})
 		}, func(value string, token int64) {
 			_ = a.Send(ctx, announceMsg{v: announced(value, token)})

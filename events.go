@@ -60,24 +60,27 @@ func (e Event) String() string {
 // dropped (see [Guard.Subscribe]).
 const subscriberBuffer = 4
 
-// subscriber is one channel returned by Subscribe. Only the guard's actor
-// sends on it or closes it.
+// subscriber is one channel returned by Subscribe. It is sent on and
+// closed only under the guard's mutex.
 type subscriber struct {
 	ch   chan Event
 	stop func() bool // stops the context.AfterFunc that unsubscribes
 }
 
-// subscribers is the actor's set of subscriptions. It is owned by the actor
-// goroutine and never touched by anyone else.
+// subscribers is a guard's set of subscriptions, guarded by the guard's
+// mutex. The zero value is an empty set.
 type subscribers map[chan Event]subscriber
 
 // add registers ch, whose context is ctx, and sends it the current state,
 // if there is one to send. unsubscribe is called once ctx is done.
-func (s subscribers) add(ctx context.Context, ch chan Event, current *Event, unsubscribe func()) {
+func (s *subscribers) add(ctx context.Context, ch chan Event, current *Event, unsubscribe func()) {
 	if current != nil {
 		offer(ch, *current)
 	}
-	s[ch] = subscriber{ch: ch, stop: context.AfterFunc(ctx, unsubscribe)}
+	if *s == nil {
+		*s = make(subscribers)
+	}
+	(*s)[ch] = subscriber{ch: ch, stop: context.AfterFunc(ctx, unsubscribe)}
 }
 
 // remove closes ch and forgets it, if it is still registered.

@@ -8,7 +8,7 @@ import "time"
 // LeaseDeadline returns g's local lease deadline D: the send time of the last
 // write Redis confirmed plus the TTL minus the margin. It keeps its value
 // while the guard is Lost, and is zero once the guard is released.
-func LeaseDeadline(g *Guard) time.Time { return g.snap.Load().deadline }
+func LeaseDeadline(g *Guard) time.Time { return g.st.Load().deadline }
 
 // Margin returns how long before the earliest server-side expiry a guard
 // with this TTL stops reporting Acquired.
@@ -17,8 +17,8 @@ func Margin(ttl time.Duration) time.Duration { return margin(ttl) }
 // Rooms returns how many waiting rooms the process has.
 func Rooms() int {
 	n := 0
-	for i := range roomShards {
-		s := &roomShards[i]
+	for i := range proc.rooms {
+		s := &proc.rooms[i]
 		s.mu.Lock()
 		n += len(s.m)
 		s.mu.Unlock()
@@ -31,8 +31,8 @@ func Rooms() int {
 // its own rooms are gone without counting other tests' rooms.
 func RoomsOf(leaseKey string) int {
 	n := 0
-	for i := range roomShards {
-		s := &roomShards[i]
+	for i := range proc.rooms {
+		s := &proc.rooms[i]
 		s.mu.Lock()
 		for k := range s.m {
 			if k.lease == leaseKey {
@@ -42,4 +42,14 @@ func RoomsOf(leaseKey string) int {
 		s.mu.Unlock()
 	}
 	return n
+}
+
+// newMutex builds a Mutex without a client or store, for the tests that
+// give it a fake store.
+func newMutex(key string, opts []Option) (*Mutex, error) {
+	e, err := configure(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Mutex{e: e}, nil
 }

@@ -2,9 +2,10 @@ package distlock
 
 import (
 	"log/slog"
+	"os"
+	"strconv"
+	"sync"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/distkit-go/distlock/lease"
 )
@@ -45,22 +46,6 @@ const (
 	MaxTTL = 24 * time.Hour
 )
 
-// Timing of the lease, all derived from the TTL T.
-const (
-	// driftDivisor bounds the relative rate error between our clock and
-	// Redis's: 1/100 of the TTL.
-	driftDivisor = 100
-	// schedulingSlack is added to the margin so that a timer that fires late
-	// on a busy machine still reports Lost before Redis can expire the key.
-	schedulingSlack = 30 * time.Millisecond
-)
-
-// margin returns how long before the end of the lease (counted from the send
-// time of the last confirmed write) the guard stops reporting Acquired.
-func margin(ttl time.Duration) time.Duration {
-	return ttl/driftDivisor + schedulingSlack
-}
-
 // An Option configures a [Mutex]. Options are applied in order by
 // [NewMutex], which then checks the result as a whole.
 type Option interface {
@@ -93,11 +78,29 @@ func defaultOptions() options {
 		ttl:           DefaultTTL,
 		retryInterval: DefaultRetryInterval,
 		claim:         DefaultClaimWindow,
-		owner:         uuid.NewString(),
+		owner:         defaultOwner(),
 		logger:        slog.New(slog.DiscardHandler),
 		observer:      nopObserver{},
 	}
 }
+
+// defaultOwner is the owner id of a Mutex made without [WithOwner]: the
+// host name and the process id, "host:pid", which tells an operator where a
+// holder runs. Every acquisition still writes a value of its own, the owner
+// id followed by a unique suffix, so two acquisitions with one owner id never
+// renew or release each other's lease.
+var defaultOwner = sync.OnceValue(func() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	owner := host + ":" + strconv.Itoa(os.Getpid())
+	if lease.CheckOwner(owner) != nil {
+		// A host name that is not printable UTF-8, or absurdly long.
+		owner = "pid:" + strconv.Itoa(os.Getpid())
+	}
+	return owner
+})
 
 // WithNamespace sets the prefix of the lock's Redis keys (default
 // [DefaultNamespace]). It follows the same character rules as the key; see
@@ -115,10 +118,10 @@ func WithTTL(ttl time.Duration) Option {
 	return optionFunc(func(o *options) { o.ttl = ttl })
 }
 
-// WithOwner sets the owner id stored in the lease value (default: a random
-// UUID per Mutex). Use something an operator recognises, such as a host name
-// and process id. Two acquisitions with the same owner id are still told
-// apart: each writes a value of its own.
+// WithOwner sets the owner id stored in the lease value (default: the host
+// name and process id, "host:pid"). Use something an operator recognises,
+// such as the name of the job or the pod. Two acquisitions with the same
+// owner id are still told apart: each writes a value of its own.
 func WithOwner(id string) Option {
 	return optionFunc(func(o *options) { o.owner, o.ownerSet = id, true })
 }

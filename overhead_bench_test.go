@@ -13,7 +13,7 @@ func BenchmarkOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m.client, m.store = f, f
+	m.e.client, m.e.store = f, f
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -42,7 +42,7 @@ func hangingMutex(t *testing.T, ttl time.Duration) (*Mutex, *hangingStore) {
 	s := newHangingStore()
 	m, err := newMutex("job", []Option{WithTTL(ttl)})
 	require.NoError(t, err)
-	m.client, m.store = s, s
+	m.e.client, m.e.store = s, s
 	return m, s
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -181,7 +183,7 @@ func fakeMutex(t *testing.T, f *fakeStore, opts ...Option) *Mutex {
 	t.Helper()
 	m, err := newMutex("job", append([]Option{WithTTL(fakeTTL)}, opts...))
 	require.NoError(t, err)
-	m.client, m.store = f, f
+	m.e.client, m.e.store = f, f
 	return m
 }
 
@@ -404,7 +406,7 @@ func TestLostReplyIsCleanedUp(t *testing.T) {
 		m := fakeMutex(t, f)
 		lostReply := errors.New("read: connection reset by peer")
 		var value string
-		m.store = &replyLosingStore{fakeStore: f, err: lostReply, written: &value}
+		m.e.store = &replyLosingStore{fakeStore: f, err: lostReply, written: &value}
 		_, err := m.Lock(t.Context())
 		require.ErrorIs(t, err, lostReply)
 		require.NotEmpty(t, value)
@@ -436,16 +438,14 @@ func (s *replyLosingStore) AcquireOrQueue(ctx context.Context, k lease.Keys, val
 func TestNewMutexDefaults(t *testing.T) {
 	m, err := newMutex("k", nil)
 	require.NoError(t, err)
-	assert.Equal(t, DefaultTTL, m.ttl)
-	assert.Equal(t, DefaultRetryInterval, m.retryInterval)
-	assert.Zero(t, m.maxWait)
-	assert.Len(t, m.owner, 36, "a UUID")
-	m2, err := newMutex("k", nil)
-	require.NoError(t, err)
-	assert.NotEqual(t, m.owner, m2.owner, "each Mutex gets its own owner id")
+	assert.Equal(t, DefaultTTL, m.e.ttl)
+	assert.Equal(t, DefaultRetryInterval, m.e.retryInterval)
+	assert.Zero(t, m.e.maxWait)
+	host, _ := os.Hostname()
+	assert.Equal(t, host+":"+strconv.Itoa(os.Getpid()), m.e.owner, "host:pid")
 	m3, err := newMutex("k", []Option{WithTTL(1500*time.Millisecond + 700*time.Microsecond), WithLogger(slog.Default())})
 	require.NoError(t, err)
-	assert.Equal(t, 1500*time.Millisecond, m3.ttl, "TTL counts whole milliseconds")
+	assert.Equal(t, 1500*time.Millisecond, m3.e.ttl, "TTL counts whole milliseconds")
 }
 
 // recorder is an Observer that keeps everything it is told.
@@ -558,7 +558,7 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 		f := &fakeStore{cancelErr: errors.New("connection reset")}
 		m := fakeMutex(t, f)
 		var orphan string
-		m.store = &replyLosingStore{fakeStore: f, err: errors.New("read: connection reset"), written: &orphan}
+		m.e.store = &replyLosingStore{fakeStore: f, err: errors.New("read: connection reset"), written: &orphan}
 		_, err := m.Lock(t.Context())
 		require.Error(t, err)
 		synctest.Wait() // the clean-up runs, and fails, in the background
@@ -570,7 +570,7 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 		f.mu.Lock()
 		f.cancelErr = nil
 		f.mu.Unlock()
-		m.store = f
+		m.e.store = f
 		start := time.Now()
 		g, err := m.Lock(t.Context())
 		require.NoError(t, err)

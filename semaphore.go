@@ -52,7 +52,7 @@ const MaxPermits = 1 << 20
 // scripts refuse a lock's lease with an error, and the lock's a
 // semaphore's.
 type Semaphore struct {
-	m *Mutex
+	e *engine
 }
 
 // NewSemaphore returns a Semaphore of permits permits (1 to [MaxPermits])
@@ -72,22 +72,22 @@ func NewSemaphore(client rueidis.Client, key string, permits int, opts ...Option
 	case permits > MaxPermits:
 		return nil, invalid("permits", "%d is more than the maximum of %d", permits, MaxPermits)
 	}
-	m, err := newLock(client, key, kindSemaphore, permits, opts)
+	e, err := newEngine(client, key, kindSemaphore, permits, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &Semaphore{m: m}, nil
+	return &Semaphore{e: e}, nil
 }
 
 // Key returns the Redis key that holds the semaphore's holders, such as
 // "distlock:{workers}".
-func (s *Semaphore) Key() string { return s.m.keys.Lease }
+func (s *Semaphore) Key() string { return s.e.keys.Lease }
 
 // Permits returns the number of permits the Semaphore grants up to.
-func (s *Semaphore) Permits() int { return s.m.keys.Permits }
+func (s *Semaphore) Permits() int { return s.e.keys.Permits }
 
 // Owner returns the owner id written into the semaphore's holder values.
-func (s *Semaphore) Owner() string { return s.m.owner }
+func (s *Semaphore) Owner() string { return s.e.owner }
 
 // Acquire takes a permit, waiting in line while all are held, as
 // [Mutex.Lock] waits for a lock. It returns a [Guard] whose lease is
@@ -95,21 +95,20 @@ func (s *Semaphore) Owner() string { return s.m.owner }
 // ctx bounds the wait and the hold, and the errors are those of
 // [Mutex.Lock].
 func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
-	m := s.m
-	return m.acquire(ctx, m.owner, m.maxWait, m.retryInterval, m.polling, false)
+	e := s.e
+	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
 }
 
 // TryAcquire makes a single attempt to take a permit. When all are held,
 // or others wait in line for the one that is free, it returns an error
 // matching [ErrNotAcquired] (a [*NotAcquiredError] whose Permits is set).
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
-	m := s.m
-	return m.acquire(ctx, m.owner, 0, 0, false, true)
+	return s.e.acquire(ctx, s.e.owner, 0, 0, false, true)
 }
 
 // TryAcquireFor tries to take a permit for up to timeout, retrying every
 // retryInterval, as [Mutex.TryLockFor] does: it never stands in line, nor
 // takes a permit ahead of those who do.
 func (s *Semaphore) TryAcquireFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
-	return s.m.TryLockFor(ctx, timeout, retryInterval)
+	return (&Mutex{e: s.e}).TryLockFor(ctx, timeout, retryInterval)
 }

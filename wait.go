@@ -2,39 +2,176 @@ package distlock
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"hash/maphash"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
 )
 
-// Waiting rooms.
+// Waiting: the wait loop of Lock, and the waiting rooms it sleeps in.
 //
 // Waiters stand in one line per lock, in Redis (see the lease package for
 // the protocol): a release passes the lock to the first live waiter and
 // announces the grant on the channel of that waiter's room. A room is this
 // process's side of one lock's line, for one client: the waiters of this
-// process that stand in the line, and one subscription to the room's own
+// process that stand in the line, and one subscription to the room's
 // channel, shared by all of them. A grant wakes exactly the waiter it names,
 // whether it comes from the announcement or, when a guard of this process
 // made the release, straight from the release's reply.
 //
-// What the room keeps in memory is only a directory: which waiter to wake
-// for which value, and whether announcements currently arrive. It never
-// decides who holds the lock or who is next; Redis does. A waiter that
-// misses a wake-up (the subscription broke, or was not up yet) finds its
-// grant at its next call to Redis, which it makes at least every half claim
-// window and at once when the subscription comes back.
+// What a room keeps in memory is only a directory: which waiter to wake for
+// which value, and whether announcements currently arrive. It never decides
+// who holds the lock or who is next; Redis does. A waiter that misses a
+// wake-up (the subscription broke, or was not up yet) finds its grant at its
+// next call to Redis, which it makes at least every half claim window and
+// at once when the subscription comes up.
 //
-// A room lives while a Lock call waits in it or a clean-up runs for its
-// lock, and lingers for roomLinger after that with its subscription, so
-// that a lock taken over and over does not subscribe at every turn.
+// A room lives while a Lock call waits in it, and lingers for roomLinger
+// after that with its subscription, so that a lock taken over and over does
+// not subscribe at every turn. The rooms belong to the process's state (see
+// process.go).
+
+// queue is the default way to wait: stand in the lock's line in Redis and
+// sleep until the lease is passed to us.
+//
+// Each call to Redis (AcquireOrQueue) acquires the lock if it is free and
+// nobody is ahead, and otherwise puts us in line or refreshes our place. In
+// between, the waiter sleeps in its room until the room wakes it with a
+// grant, until it is time to refresh its place (every half claim window; at
+// the polling interval while announcements do not arrive), or, when it is
+// first in line, until the holder's lease would end, in case the holder
+// died.
+//
+// The first call is made before the waiter enters a room, unless a room of
+// this process waits for the lock already (then a grant may come at once,
+// and the waiter joins first so that it cannot miss it): an uncontended
+// Lock never touches the rooms. A waiter that joins a room only after its
+// first call asks again at once, unless the room is new and will make it
+// ask once its subscription is up; either way a grant that reached the room
+// before the waiter did is not missed.
+//
+// A grant passes the lease to us for the claim window, counted from the
+// release that made it. We did not send that release, so the lease deadline
+// counts from the send time of a call known to precede the grant: our last
+// call that found us in line (if the grant's token is above the last token
+// that call saw, the grant came after it), or the release itself when a
+// guard of this process made it. While the lease deadline counted from
+// there leaves at least a third of the window, the guard starts at once,
+// and renews the lease to the full TTL a third of the window in (at once,
+// if that is past) when it is held that long. Otherwise (a late wake-up,
+// or WithReplicaAck, which must see an acknowledged write first) we claim
+// it by calling AcquireOrQueue again: the lease holds our value, so Redis
+// grants it to us for the full TTL (a lock keeps the grant's token).
+func (a *acquirer) queue() (*Guard, error) {
+	e := a.e
+	place := lease.Place{Claim: e.claim, Room: proc.roomID}
+	var (
+		r           *room
+		queued      time.Time // send time of our last call that left us in line
+		queuedFence int64     // the last token issued when that call ran
+		failures    int       // calls in a row that failed without a reply
+		askNow      bool      // ask again at once: a grant may have gone unheard
+	)
+	defer func() {
+		if r != nil {
+			r.leave(a.waiter)
+			r.exit()
+		}
+	}()
+	enter := func(create bool) {
+		var fresh bool
+		if r, fresh = proc.enterRoom(e, create); r != nil {
+			a.waiter = r.join(a.value)
+			askNow = !queued.IsZero() && !fresh
+		}
+	}
+	enter(false)
+
+	// use acts on a grant: it returns the guard, or an error that ends the
+	// call, or neither when the grant must be claimed (claim) or is an
+	// announcement older than our last call (neither claim nor a result).
+	use := func(note grantNote) (g *Guard, err error, claim bool) {
+		from := note.sent
+		if note.token > queuedFence && queued.After(from) {
+			from = queued
+		}
+		if from.IsZero() {
+			return nil, nil, false
+		}
+		if e.ack.Replicas == 0 && usableGrant(leaseDeadline(from, e.claim), e.claim) {
+			if g, err := a.granted(note.token, from, e.claim); g != nil || err != nil {
+				return g, err, false
+			}
+		}
+		return nil, nil, true
+	}
+	for {
+		sent := time.Now()
+		g, grant, retry, err := a.attempt(&place)
+		if errors.Is(err, errNoted) {
+			// Passed the lock while asking (a refresh may be stuck on a
+			// dead connection): act on the grant now.
+			note := *a.noted
+			a.noted = nil
+			if g, err, _ := use(note); g != nil || err != nil {
+				return g, err
+			}
+			continue // claim it, or ask again after an old announcement
+		}
+		switch {
+		case g != nil:
+			return g, nil
+		case err != nil && (!retry || queued.IsZero()):
+			return nil, err
+		case err != nil:
+			// We stand in line already: keep the place and ask again soon.
+			failures++
+			if e.debug() {
+				e.logger().Debug("distlock: asking for the lock failed; trying again", "err", err)
+			}
+		default:
+			failures = 0
+			a.dirty = true
+			queued, queuedFence, place.Ticket = sent, grant.Fence, grant.Ticket
+		}
+		if r == nil {
+			enter(true)
+			if askNow {
+				askNow = false
+				continue
+			}
+		}
+
+		wait := refreshAfter(e.claim)
+		if !r.listen() {
+			wait = min(wait, DefaultRetryInterval)
+		}
+		if failures > 0 {
+			wait = min(wait, DefaultRetryInterval<<min(failures-1, 4))
+		} else if grant.Rank == 0 && grant.HolderTTL >= 0 {
+			wait = min(wait, grant.HolderTTL+expiryGrace)
+		}
+		until := sent.Add(wait)
+		for {
+			why, note, err := a.wait(max(time.Until(until), 0), a.waiter)
+			if err != nil {
+				return nil, err
+			}
+			if why != wokeByGrant {
+				break
+			}
+			g, err, claim := use(note)
+			if g != nil || err != nil {
+				return g, err
+			}
+			if claim {
+				break
+			}
+			// An announcement of a grant older than our last call.
+		}
+	}
+}
 
 // roomLinger is how long an idle room keeps its subscription.
 const roomLinger = 250 * time.Millisecond
@@ -51,18 +188,7 @@ type queueKey struct {
 	lease  string
 }
 
-// The process's rooms, spread over shards so that unrelated locks do not
-// contend for one mutex.
-var (
-	roomShards [64]roomSet
-	shardSeed  = maphash.MakeSeed()
-)
-
-// roomsFor returns the shard that holds k's room.
-func roomsFor(k queueKey) *roomSet {
-	return &roomShards[maphash.String(shardSeed, k.lease)%uint64(len(roomShards))]
-}
-
+// roomSet is one shard of the process's rooms.
 type roomSet struct {
 	mu sync.Mutex
 	m  map[queueKey]*room
@@ -73,12 +199,11 @@ type roomSet struct {
 type room struct {
 	key   queueKey
 	set   *roomSet
-	id    string // the suffix of the room's wake channel
 	store store
 	keys  lease.Keys
 
 	mu      sync.Mutex
-	refs    int                // waiting Lock calls and running clean-ups
+	refs    int                // Lock calls waiting in it
 	waiters map[string]*waiter // by value
 	linger  *time.Timer
 
@@ -111,20 +236,25 @@ type grantNote struct {
 	sent time.Time
 }
 
-// enterRoom returns m's room, creating it if needed, and counts the caller
-// in; the caller must call exit when done.
-func enterRoom(m *Mutex) *room {
-	k := m.queueKey()
-	s := roomsFor(k)
+// enterRoom returns e's room and counts the caller in; the caller must call
+// exit when done. When there is no room, it creates one if create is set
+// (fresh reports that it did) and returns nil otherwise.
+func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
+	k := e.queueKey()
+	s := p.roomsFor(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = make(map[queueKey]*room)
-	}
-	r := s.m[k]
+	r = s.m[k]
 	if r == nil {
-		r = &room{key: k, set: s, id: newRoomID(), store: m.store, keys: m.keys, waiters: make(map[string]*waiter)}
+		if !create {
+			return nil, false
+		}
+		if s.m == nil {
+			s.m = make(map[queueKey]*room)
+		}
+		r = &room{key: k, set: s, store: e.store, keys: e.keys, waiters: make(map[string]*waiter)}
 		s.m[k] = r
+		fresh = true
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -133,30 +263,12 @@ func enterRoom(m *Mutex) *room {
 		r.linger.Stop()
 		r.linger = nil
 	}
-	return r
-}
-
-// newRoomID returns a room id unique among the rooms of all processes: a
-// random prefix drawn once per process (16 hex digits) and a counter.
-func newRoomID() string {
-	return roomPrefix + strconv.FormatUint(roomCounter.Add(1), 36)
-}
-
-// The parts of newRoomID's ids.
-var (
-	roomPrefix  = randomHex()
-	roomCounter atomic.Uint64
-)
-
-func randomHex() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported systems
-	return hex.EncodeToString(b[:]) + "-"
+	return r, fresh
 }
 
 // lookupRoom returns k's room, if there is one.
-func lookupRoom(k queueKey) *room {
-	s := roomsFor(k)
+func (p *process) lookupRoom(k queueKey) *room {
+	s := p.roomsFor(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m[k]
@@ -281,7 +393,7 @@ func (r *room) setUp(up bool) {
 func (r *room) subscribe(ctx context.Context) {
 	defer close(r.subDone)
 	resubscribe(ctx, func() error {
-		return r.store.Subscribe(ctx, r.keys, r.id, func() { r.setUp(true) }, func(value string, token int64) {
+		return r.store.Subscribe(ctx, r.keys, proc.roomID, func() { r.setUp(true) }, func(value string, token int64) {
 			r.granted(value, grantNote{token: token})
 		})
 	}, func(noPubSub bool) {
@@ -321,53 +433,6 @@ func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub
 	}
 }
 
-// goClean runs f in the background, counted in the room so that the room
-// (and with it the owner of the goroutine) stays until f returns, and in
-// background for Settle. f must be bounded in time.
-func (r *room) goClean(f func()) {
-	r.mu.Lock()
-	r.refs++
-	r.mu.Unlock()
-	background.Add(1)
-	go func() {
-		defer background.Add(-1)
-		defer r.exit()
-		f()
-	}()
-}
-
-// background counts the goroutines that goClean runs.
-var background atomic.Int64
-
-// settlePoll is how often Settle looks whether the background work is done.
-const settlePoll = 5 * time.Millisecond
-
-// Settle waits until the work that acquire calls left to the background in
-// this process is done, or until ctx ends, and returns ctx's error then.
-//
-// A Lock, TryLock or TryLockFor call that gives up (its context ended, its
-// wait ran out, or a call's outcome was unknown) returns at once and leaves
-// its clean-up to a goroutine of its own: it takes the caller's place out of
-// the lock's line and passes on a lock that was passed to it meanwhile. A
-// program that exits right after such a call would cut that clean-up short;
-// Redis then forgets the place, and the lock passed to it, on its own within
-// the claim window (see [WithClaimWindow]). Calling Settle before exiting,
-// with a short timeout, lets the next waiter have the lock at once instead.
-// Settle is safe for concurrent use and needs no call to have given up: with
-// nothing in the background it returns nil at once.
-func Settle(ctx context.Context) error {
-	t := time.NewTicker(settlePoll)
-	defer t.Stop()
-	for background.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
-}
-
 // deliverPasses tells the waiters of this process that a release sent at
 // sent passed the lease (or a semaphore's permits) to, if there are any:
 // they wake at once instead of waiting for the announcement.
@@ -375,12 +440,12 @@ func deliverPasses(k queueKey, r lease.Release, sent time.Time) {
 	if r.Passed.Value == "" {
 		return
 	}
-	room := lookupRoom(k)
+	room := proc.lookupRoom(k)
 	if room == nil {
 		return
 	}
 	for _, p := range r.Passes() {
-		if room.id == p.Room {
+		if p.Room == proc.roomID {
 			room.granted(p.Value, grantNote{token: p.Token, sent: sent})
 		}
 	}

@@ -1,0 +1,123 @@
+package distlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"hash/maphash"
+	"sync"
+)
+
+// process is the state that this process keeps for all of its locks, in
+// one place with one owner: the package variable proc. It lives as long as
+// the process, and everything in it is removed once no call needs it:
+//
+//   - the waiting rooms (see wait.go), one per lock and client that a Lock
+//     call of this process waits for, with the room's subscription; a room
+//     goes a short linger after its last waiter leaves;
+//   - the work that acquire calls left to run in the background (a call in
+//     flight whose caller gave up, the clean-up of a call that gave up),
+//     counted so that [Settle] can wait for it.
+//
+// Nothing in it refers to a client once the last room of that client has
+// gone and the background work that used it has ended.
+type process struct {
+	// roomID names this process's waiting rooms in Redis: a waiter in line
+	// is told of its grant on the channel "<lock>:wake:<roomID>". It is
+	// drawn at random once per process, so the rooms of two processes never
+	// share a channel; the rooms of one process (one per client that waits
+	// for the lock) share it, and each wakes only its own waiters.
+	roomID string
+
+	rooms [64]roomSet // spread over shards so that unrelated locks do not contend
+	seed  maphash.Seed
+
+	work workCount
+}
+
+// proc is the process's state.
+var proc = &process{roomID: newProcessID(), seed: maphash.MakeSeed()}
+
+// newProcessID returns 16 random hex digits.
+func newProcessID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported systems
+	return hex.EncodeToString(b[:])
+}
+
+// roomsFor returns the shard that holds k's room.
+func (p *process) roomsFor(k queueKey) *roomSet {
+	return &p.rooms[maphash.String(p.seed, k.lease)%uint64(len(p.rooms))]
+}
+
+// goWork runs f in a goroutine of its own, counted until it returns, for
+// Settle. f must return in bounded time.
+func (p *process) goWork(f func()) {
+	p.work.add(1)
+	go func() {
+		defer p.work.add(-1)
+		f()
+	}()
+}
+
+// workCount counts goroutines and tells whoever waits when none is left.
+type workCount struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n is 0; replaced when n leaves 0
+}
+
+func (w *workCount) add(d int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.idle == nil {
+		w.idle = closedChan()
+	}
+	was := w.n
+	w.n += d
+	switch {
+	case was == 0 && w.n > 0:
+		w.idle = make(chan struct{})
+	case was > 0 && w.n == 0:
+		close(w.idle)
+	}
+}
+
+// wait returns once no counted goroutine runs, or ctx's error when ctx
+// ends first.
+func (w *workCount) wait(ctx context.Context) error {
+	w.mu.Lock()
+	idle := w.idle
+	w.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// Settle waits until the work that acquire calls left to the background in
+// this process is done, or until ctx ends, and returns ctx's error then.
+//
+// A Lock, TryLock or TryLockFor call that gives up (its context ended, its
+// wait ran out, or a call's outcome was unknown) returns at once and leaves
+// its clean-up to a goroutine of its own: it takes the caller's place out of
+// the lock's line and passes on a lock that was passed to it meanwhile. A
+// program that exits right after such a call would cut that clean-up short;
+// Redis then forgets the place, and the lock passed to it, on its own within
+// the claim window (see [WithClaimWindow]). Calling Settle before exiting,
+// with a short timeout, lets the next waiter have the lock at once instead.
+// Settle is safe for concurrent use and needs no call to have given up: with
+// nothing in the background it returns nil at once. It waits on a signal,
+// not by polling.
+func Settle(ctx context.Context) error { return proc.work.wait(ctx) }

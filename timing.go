@@ -1,0 +1,76 @@
+package distlock
+
+import "time"
+
+// The timing of a lease, in one place. Every figure derives from the TTL T
+// (or, for a lease passed to a waiter, its claim window) and from the
+// clock-rate and scheduling bounds below; SAFETY.md states the contract
+// they implement.
+
+const (
+	// driftDivisor bounds the relative rate error between our clock and
+	// Redis's: 1/100 of the TTL.
+	driftDivisor = 100
+	// schedulingSlack is added to the margin so that a timer that fires
+	// late on a busy machine still reports Lost before Redis can expire the
+	// key: a 2-core machine under load delays timers by 10 to 30 ms.
+	schedulingSlack = 30 * time.Millisecond
+)
+
+// margin returns how long before the end of the lease (counted from the
+// send time of the last confirmed write) the guard stops reporting
+// Acquired: the clock-rate error over the TTL plus the scheduling slack.
+func margin(ttl time.Duration) time.Duration {
+	return ttl/driftDivisor + schedulingSlack
+}
+
+// leaseDeadline returns the deadline D of a lease of ttl whose last
+// confirmed write was sent at sent: the guard vouches for the lease only
+// before it. Redis cannot expire the key before sent + ttl.
+func leaseDeadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - margin(ttl))
+}
+
+// renewAfter is how long after the send time of the last confirmed write
+// the next renewal is sent: a third of the lease, so that two renewals in a
+// row can fail before the deadline and the third still lands in time. For a
+// lease passed to a waiter (its claim window), the first renewal, which
+// extends it to the full TTL, comes a third of the window in.
+func renewAfter(ttl time.Duration) time.Duration { return ttl / 3 }
+
+// lostRetry is how long a Lost guard waits between renewals: a ninth of the
+// TTL, so that a short outage heals quickly without a storm of calls.
+func lostRetry(ttl time.Duration) time.Duration { return ttl / 9 }
+
+// refreshAfter is how often a waiter in line refreshes its place: half the
+// claim window, so that one refresh can be late or lost and the place still
+// does not lapse.
+func refreshAfter(claim time.Duration) time.Duration { return claim / 2 }
+
+// usableGrant reports whether a lease passed to a waiter, whose deadline is
+// d, leaves enough of its claim window to hold it at once: a third of the
+// window, the time until its first renewal. Otherwise the waiter claims it
+// with a call of its own, which grants it the full TTL.
+func usableGrant(d time.Time, claim time.Duration) bool {
+	return time.Until(d) >= renewAfter(claim)
+}
+
+const (
+	// expiryGrace is added to the holder's remaining TTL (which Redis
+	// rounds down to the millisecond) before the first waiter in line asks
+	// again, so that it asks just after a holder that died without
+	// releasing has expired.
+	expiryGrace = time.Millisecond
+
+	// cleanupTimeout bounds the conditional delete that an acquire call
+	// sends when it gives up after an attempt whose outcome it could not
+	// see (the reply was lost or the context ended while the script was in
+	// flight).
+	cleanupTimeout = 250 * time.Millisecond
+
+	// minReleaseWait is the least time the final delete is given, even when
+	// the lease has already lapsed: a lease lost to a failed renewal may
+	// still hold our value in Redis, and deleting it frees the lock for the
+	// next holder.
+	minReleaseWait = 100 * time.Millisecond
+)
