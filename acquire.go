@@ -101,7 +101,7 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 		sent := time.Now()
 		a.attempts++
 		var stop error
-		grant, err, stop = a.call(leaseDeadline(sent, e.ttl), p)
+		grant, err, stop = a.call(p)
 		if stop != nil {
 			a.dirty, a.uncertain = true, true
 			return nil, grant, false, stop
@@ -149,27 +149,28 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 	}
 }
 
-// call sends one acquire call with deadline dl: Acquire when p is nil,
-// AcquireOrQueue with *p otherwise.
+// call sends one acquire call: Acquire when p is nil, AcquireOrQueue with
+// *p otherwise. The call carries the caller's ctx and no deadline of its
+// own: its reply is trusted only if it comes before the lease deadline
+// counted from its send time (see granted), and rueidis bounds a call that
+// gets no reply with its own timeouts.
 //
 // When nothing can end the call early (ctx can never be done, there is no
 // wait limit and the caller does not stand in line yet), call sends it on
 // the caller's goroutine: that is an uncontended Lock or TryLock with a
 // context such as context.Background(), and it costs no goroutine and no
-// hand-off. The call then needs no deadline of its own: rueidis bounds it
-// with its own timeouts, and a reply that comes after dl is not trusted (see
-// granted).
+// hand-off.
 //
 // Otherwise the call runs in a goroutine of the process's background work,
-// with deadline dl, and the caller waits for it, for ctx and for the wait
-// limit: when one of those ends first, call returns the error that ends the
-// acquire (stop) at once and leaves the call to finish in the background.
-// rueidis watches ctx while a command waits for its reply, but not while it
-// (re)establishes a connection, which can take its dial timeout. A waiter
-// in line also stops waiting for its call when a grant comes: it returns
-// errNoted with the grant in a.noted, and the call (a refresh of its place,
-// perhaps stuck on a dead connection) goes on in the background.
-func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
+// and the caller waits for it, for ctx and for the wait limit: when one of
+// those ends first, call returns the error that ends the acquire (stop) at
+// once and leaves the call to finish in the background. rueidis watches
+// ctx while a command waits for its reply, but not while it (re)establishes
+// a connection, which can take its dial timeout. A waiter in line also
+// stops waiting for its call when a grant comes: it returns errNoted with
+// the grant in a.noted, and the call (a refresh of its place, perhaps stuck
+// on a dead connection) goes on in the background.
+func (a *acquirer) call(p *lease.Place) (grant lease.Grant, err, stop error) {
 	e := a.e
 	if a.ctx.Done() == nil && a.limit.IsZero() && a.waiter == nil {
 		if p == nil {
@@ -189,9 +190,9 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 	}
 	done := make(chan result, 1)
 	ctx, value := a.ctx, a.value
-	proc.goWork(func() {
-		ctx, cancel := context.WithDeadline(ctx, dl)
-		defer cancel()
+	proc.work.add(1)
+	go func() {
+		defer proc.work.add(-1)
 		var r result
 		if p == nil {
 			r.grant, r.err = e.store.Acquire(ctx, e.keys, value, e.ttl)
@@ -199,7 +200,7 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 			r.grant, r.err = e.store.AcquireOrQueue(ctx, e.keys, value, e.ttl, place)
 		}
 		done <- r
-	})
+	}()
 	var limit <-chan time.Time
 	if !a.limit.IsZero() {
 		t := time.NewTimer(time.Until(a.limit))

@@ -85,48 +85,84 @@ func reportPairs(b *testing.B, pairs int, ours, bare, floor time.Duration) {
 	b.ReportMetric(bare.Seconds()/floor.Seconds(), "floor-ratio")
 }
 
-// BenchmarkUncontended alternates, in one loop, a distlock lock + release
-// pair, a bare SET NX PX + DEL pair and the protocol floor, each on a key of
-// its own, so all three see the same machine at the same moment. "ratio" is
-// distlock against the bare pair, "floor-ratio" the scripts alone against it.
+// BenchmarkUncontended follows a worker's path: for each job a new Mutex,
+// Lock, and Release with context.WithoutCancel(ctx), as the README does. It
+// alternates, in one loop, that pair, a bare SET NX PX + DEL pair and the
+// protocol floor (distlock's two scripts called directly), each on a key
+// of its own, so all three see the same machine at the same moment. "ratio"
+// is distlock against the bare pair, "floor-ratio" the scripts alone
+// against it, "ceiling" distlock against the scripts alone.
+//
+// The sub-benchmarks differ in the Lock context: context.Background(),
+// which nothing can cancel, and a cancellable one (what a worker usually
+// passes); the bare pair and the floor are sent with the same context. Each
+// has a client of its own: rueidis sends a command with a cancellable
+// context and no deadline through its background pipeline, and keeps the
+// connection in that mode from then on.
 func BenchmarkUncontended(b *testing.B) {
 	srv := redistest.Start(b)
-	c := srv.Client()
-	ctx := context.Background()
-	m := mustMutex(b, c, "bench")
-	lc := lease.New(c)
-	floorKeys, err := lease.NewKeys("bench", "floor")
-	if err != nil {
-		b.Fatal(err)
+	for _, cancellable := range []bool{false, true} {
+		name := "ctx=background"
+		if cancellable {
+			name = "ctx=cancellable"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := srv.Client()
+			ctx := context.Background()
+			if cancellable {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+			}
+			lc := lease.New(c)
+			floorKeys, err := lease.NewKeys("bench", "floor")
+			if err != nil {
+				b.Fatal(err)
+			}
+			floorValue := lease.NewValue("bench")
+			pair := func() {
+				m := mustMutex(b, c, "bench")
+				g, err := m.Lock(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := g.Release(context.WithoutCancel(ctx)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var bare, ours, floor time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				if _, err := bareLock(ctx, c, "bench:bare"); err != nil {
+					b.Fatal(err)
+				}
+				if err := bareUnlock(ctx, c, "bench:bare"); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				pair()
+				t2 := time.Now()
+				if err := scriptsPair(ctx, lc, floorKeys, floorValue); err != nil {
+					b.Fatal(err)
+				}
+				t3 := time.Now()
+				bare += t1.Sub(t0)
+				ours += t2.Sub(t1)
+				floor += t3.Sub(t2)
+			}
+			b.StopTimer()
+			const allocRuns = 200
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range allocRuns {
+				pair()
+			}
+			runtime.ReadMemStats(&after)
+			reportPairs(b, b.N, ours, bare, floor)
+			b.ReportMetric(floor.Seconds()/ours.Seconds(), "ceiling")
+			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/allocRuns, "allocs/pair")
+		})
 	}
-	floorValue := lease.NewValue("bench")
-	var bare, ours, floor time.Duration
-	for b.Loop() {
-		t0 := time.Now()
-		if _, err := bareLock(ctx, c, "bench:bare"); err != nil {
-			b.Fatal(err)
-		}
-		if err := bareUnlock(ctx, c, "bench:bare"); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		g, err := m.Lock(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := g.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-		t2 := time.Now()
-		if err := scriptsPair(ctx, lc, floorKeys, floorValue); err != nil {
-			b.Fatal(err)
-		}
-		t3 := time.Now()
-		bare += t1.Sub(t0)
-		ours += t2.Sub(t1)
-		floor += t3.Sub(t2)
-	}
-	reportPairs(b, b.N, ours, bare, floor)
 }
 
 // contention is the outcome of one or more contended runs.

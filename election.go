@@ -35,7 +35,7 @@ import (
 // An Election holds configuration and, while someone observes it, one
 // watcher goroutine shared by its observers. It is safe for concurrent use.
 type Election struct {
-	e    *engine
+	e    engine
 	read leaderReader
 
 	mu sync.Mutex
@@ -79,11 +79,11 @@ func (l Leader) String() string {
 // Campaign. [WithTTL] sets the length of a term's lease: a leader that
 // dies without resigning is replaced once it has run out.
 func NewElection(client rueidis.Client, name string, opts ...Option) (*Election, error) {
-	e, err := newEngine(client, name, kindElection, 0, opts)
-	if err != nil {
+	e := &Election{read: lease.New(client)}
+	if err := e.e.init(client, name, kindElection, 0, opts); err != nil {
 		return nil, err
 	}
-	return &Election{e: e, read: lease.New(client)}, nil
+	return e, nil
 }
 
 // Key returns the Redis key that holds the leader's lease.

@@ -58,20 +58,22 @@ type engine struct {
 	ack           lease.Ack // WithReplicaAck; Replicas 0 when off
 }
 
-// newEngine checks client, key and opts and builds the engine of a lock of
-// the given kind (a semaphore of permits permits when permits > 0).
-func newEngine(client rueidis.Client, key, kind string, permits int, opts []Option) (*engine, error) {
+// init checks client, key and opts and makes e the engine of a lock of
+// the given kind (a semaphore of permits permits when permits > 0). The
+// engine lives inside the Mutex, Semaphore or Election it serves, so that
+// making one costs few allocations: a worker may make one per job.
+func (e *engine) init(client rueidis.Client, key, kind string, permits int, opts []Option) error {
 	if client == nil {
-		return nil, invalid("client", "is nil")
+		return invalid("client", "is nil")
 	}
-	e, err := configure(key, opts, func(o *options) error {
+	err := e.configure(key, opts, func(o *options) error {
 		if kind == kindElection && o.ownerSet {
 			return invalid("owner", "does not apply to an election: each candidate proclaims its own value in Campaign")
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	e.client, e.kind = client, kind
 	switch kind {
@@ -81,78 +83,77 @@ func newEngine(client rueidis.Client, key, kind string, permits int, opts []Opti
 		e.keys = e.keys.Election()
 	}
 	if e.store, err = lease.NewWithAck(client, e.ack); err != nil {
-		return nil, invalid("replica ack", "%v", err) // configure checked it
+		return invalid("replica ack", "%v", err) // configure checked it
 	}
-	return e, nil
+	return nil
 }
 
-// configure checks key and opts and builds an engine of kindMutex without a
-// client or store. extra, if given, checks the options further before the
-// common checks.
-func configure(key string, opts []Option, extra ...func(*options) error) (*engine, error) {
+// configure checks key and opts and sets e up as an engine of kindMutex
+// without a client or store. extra, if given, checks the options further
+// before the common checks.
+func (e *engine) configure(key string, opts []Option, extra ...func(*options) error) error {
 	o := defaultOptions()
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, invalid("option", "is nil")
+			return invalid("option", "is nil")
 		}
 		opt.apply(&o)
 	}
 	for _, check := range extra {
 		if err := check(&o); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := lease.CheckName(key); err != nil {
-		return nil, invalid("key", "%v", unwrapName(err))
+		return invalid("key", "%v", unwrapName(err))
 	}
 	keys, err := lease.NewKeys(o.namespace, key)
 	if err != nil {
-		return nil, invalid("namespace", "%v", unwrapName(err))
+		return invalid("namespace", "%v", unwrapName(err))
 	}
 	if err := lease.CheckOwner(o.owner); err != nil {
-		return nil, invalid("owner", "%v", unwrapName(err))
+		return invalid("owner", "%v", unwrapName(err))
 	}
 	switch {
 	case o.ttl <= 0:
-		return nil, invalid("ttl", "%v is not positive", o.ttl)
+		return invalid("ttl", "%v is not positive", o.ttl)
 	case o.ttl < MinTTL:
-		return nil, invalid("ttl", "%v is below the minimum of %v, too short to renew in time", o.ttl, MinTTL)
+		return invalid("ttl", "%v is below the minimum of %v, too short to renew in time", o.ttl, MinTTL)
 	case o.ttl > MaxTTL:
-		return nil, invalid("ttl", "%v is above the maximum of %v", o.ttl, MaxTTL)
+		return invalid("ttl", "%v is above the maximum of %v", o.ttl, MaxTTL)
 	}
 	if !o.claimSet {
 		o.claim = min(o.claim, o.ttl)
 	}
 	switch {
 	case o.claim < MinClaimWindow:
-		return nil, invalid("claim window", "%v is below the minimum of %v", o.claim, MinClaimWindow)
+		return invalid("claim window", "%v is below the minimum of %v", o.claim, MinClaimWindow)
 	case o.claim > o.ttl:
-		return nil, invalid("claim window", "%v is longer than the TTL (%v)", o.claim, o.ttl)
+		return invalid("claim window", "%v is longer than the TTL (%v)", o.claim, o.ttl)
 	case o.maxWait < 0:
-		return nil, invalid("max wait", "%v is negative", o.maxWait)
+		return invalid("max wait", "%v is negative", o.maxWait)
 	case o.retryInterval < 0:
-		return nil, invalid("retry interval", "%v is negative", o.retryInterval)
+		return invalid("retry interval", "%v is negative", o.retryInterval)
 	case o.logger == nil:
-		return nil, invalid("logger", "is nil")
+		return invalid("logger", "is nil")
 	case o.observer == nil:
-		return nil, invalid("observer", "is nil")
+		return invalid("observer", "is nil")
 	}
 	if err := o.checkAck(); err != nil {
-		return nil, err
+		return err
 	}
-	return &engine{
-		kind:          kindMutex,
-		keys:          keys,
-		owner:         o.owner,
-		ttl:           o.ttl.Truncate(time.Millisecond),
-		claim:         o.claim.Truncate(time.Millisecond),
-		maxWait:       o.maxWait,
-		retryInterval: o.retryInterval,
-		polling:       o.polling,
-		log:           o.logger,
-		obs:           o.observer,
-		ack:           o.ack,
-	}, nil
+	e.kind = kindMutex
+	e.keys = keys
+	e.owner = o.owner
+	e.ttl = o.ttl.Truncate(time.Millisecond)
+	e.claim = o.claim.Truncate(time.Millisecond)
+	e.maxWait = o.maxWait
+	e.retryInterval = o.retryInterval
+	e.polling = o.polling
+	e.log = o.logger
+	e.obs = o.observer
+	e.ack = o.ack
+	return nil
 }
 
 // unwrapName strips lease.ErrInvalidName's prefix from a validation message,

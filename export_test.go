@@ -47,9 +47,9 @@ func RoomsOf(leaseKey string) int {
 // newMutex builds a Mutex without a client or store, for the tests that
 // give it a fake store.
 func newMutex(key string, opts []Option) (*Mutex, error) {
-	e, err := configure(key, opts)
-	if err != nil {
+	m := new(Mutex)
+	if err := m.e.configure(key, opts); err != nil {
 		return nil, err
 	}
-	return &Mutex{e: e}, nil
+	return m, nil
 }

@@ -41,8 +41,10 @@ type Guard struct {
 	done     chan struct{} // closed by finish
 
 	// st is the guard's published status. It changes only in publish,
-	// under mu; State and Deadline read it without a lock.
-	st atomic.Pointer[status]
+	// under mu; State and Deadline read it without a lock. It starts at
+	// first.
+	st    atomic.Pointer[status]
+	first status
 
 	mu sync.Mutex // guards everything below, and every change of st
 	// how is how the guard ends, once Release, Leave or the Lock context's
@@ -82,6 +84,9 @@ type status struct {
 	deadline time.Time // D: while Acquired, and kept while Lost; zero once Released
 	err      error     // why, for Lost
 }
+
+// released is the status of every guard whose end has begun.
+var released = &status{state: Released}
 
 // endHow says how a guard ends.
 type endHow int8
@@ -124,7 +129,8 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 	now := time.Now()
 	g := &Guard{e: e, value: value, token: token, attempt: attempt, void: void, lockCtx: lockCtx, acquired: now,
 		done: make(chan struct{}), lastSent: sent, leaseTTL: ttl}
-	g.st.Store(&status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)})
+	g.first = status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)}
+	g.st.Store(&g.first)
 	if e.debug() {
 		g.logger().Debug("distlock: acquired", "attempt", attempt)
 	}
@@ -379,7 +385,7 @@ func (g *Guard) beginEnd(how endHow) bool {
 	// so yet, was lost first.
 	g.checkDeadlineLocked()
 	g.how, g.endFrom = how, g.st.Load().state
-	g.publish(&status{state: Released, since: time.Now()})
+	g.publish(released)
 	if g.firstRenewal != nil {
 		g.firstRenewal.Stop()
 	}

@@ -13,7 +13,7 @@ import (
 // call Lock on the same Mutex; they contend for the lock exactly as separate
 // processes would.
 type Mutex struct {
-	e *engine
+	e engine
 }
 
 // NewMutex returns a Mutex for the lock named key, reached through client.
@@ -32,11 +32,11 @@ type Mutex struct {
 // [ErrInvalidOption] (a [*OptionError] naming the field) for the first one
 // that is wrong; it sends nothing to Redis.
 func NewMutex(client rueidis.Client, key string, opts ...Option) (*Mutex, error) {
-	e, err := newEngine(client, key, kindMutex, 0, opts)
-	if err != nil {
+	m := new(Mutex)
+	if err := m.e.init(client, key, kindMutex, 0, opts); err != nil {
 		return nil, err
 	}
-	return &Mutex{e: e}, nil
+	return m, nil
 }
 
 // Key returns the Redis key that holds the lease, such as "distlock:{job}".
@@ -73,7 +73,7 @@ func (m *Mutex) Owner() string { return m.e.owner }
 // does not reach Redis, an orphan expires within the TTL). Lock is safe for
 // concurrent use.
 func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
-	e := m.e
+	e := &m.e
 	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
 }
 
@@ -93,13 +93,18 @@ func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
 // [ErrInvalidOption]. Like [Mutex.Lock], ctx bounds the wait and the hold,
 // and when ctx ends first the error matches ctx.Err().
 func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
+	return m.e.tryFor(ctx, timeout, retryInterval)
+}
+
+// tryFor is TryLockFor, for every kind.
+func (e *engine) tryFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
 	switch {
 	case timeout < 0:
 		return nil, invalid("timeout", "%v is negative", timeout)
 	case retryInterval < 0:
 		return nil, invalid("retry interval", "%v is negative", retryInterval)
 	case timeout == 0:
-		return m.e.acquire(ctx, m.e.owner, 0, 0, false, true)
+		return e.acquire(ctx, e.owner, 0, 0, false, true)
 	}
-	return m.e.acquire(ctx, m.e.owner, timeout, retryInterval, true, false)
+	return e.acquire(ctx, e.owner, timeout, retryInterval, true, false)
 }

@@ -79,10 +79,13 @@ func defaultOptions() options {
 		retryInterval: DefaultRetryInterval,
 		claim:         DefaultClaimWindow,
 		owner:         defaultOwner(),
-		logger:        slog.New(slog.DiscardHandler),
+		logger:        discard,
 		observer:      nopObserver{},
 	}
 }
+
+// discard is the default logger, which writes nothing.
+var discard = slog.New(slog.DiscardHandler)
 
 // defaultOwner is the owner id of a Mutex made without [WithOwner]: the
 // host name and the process id, "host:pid", which tells an operator where a

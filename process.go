@@ -61,25 +61,23 @@ func (p *process) goWork(f func()) {
 }
 
 // workCount counts goroutines and tells whoever waits when none is left.
+// Counting costs no allocation; a waiter's channel is made only when
+// someone waits.
 type workCount struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed while n is 0; replaced when n leaves 0
+	mu      sync.Mutex
+	n       int
+	waiters []chan struct{} // closed when n drops to 0
 }
 
 func (w *workCount) add(d int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.idle == nil {
-		w.idle = closedChan()
-	}
-	was := w.n
 	w.n += d
-	switch {
-	case was == 0 && w.n > 0:
-		w.idle = make(chan struct{})
-	case was > 0 && w.n == 0:
-		close(w.idle)
+	if w.n == 0 {
+		for _, ch := range w.waiters {
+			close(ch)
+		}
+		w.waiters = nil
 	}
 }
 
@@ -87,23 +85,19 @@ func (w *workCount) add(d int) {
 // ends first.
 func (w *workCount) wait(ctx context.Context) error {
 	w.mu.Lock()
-	idle := w.idle
-	w.mu.Unlock()
-	if idle == nil {
+	if w.n == 0 {
+		w.mu.Unlock()
 		return nil
 	}
+	ch := make(chan struct{})
+	w.waiters = append(w.waiters, ch)
+	w.mu.Unlock()
 	select {
-	case <-idle:
+	case <-ch:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func closedChan() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
 }
 
 // Settle waits until the work that acquire calls left to the background in

@@ -52,7 +52,7 @@ const MaxPermits = 1 << 20
 // scripts refuse a lock's lease with an error, and the lock's a
 // semaphore's.
 type Semaphore struct {
-	e *engine
+	e engine
 }
 
 // NewSemaphore returns a Semaphore of permits permits (1 to [MaxPermits])
@@ -72,11 +72,11 @@ func NewSemaphore(client rueidis.Client, key string, permits int, opts ...Option
 	case permits > MaxPermits:
 		return nil, invalid("permits", "%d is more than the maximum of %d", permits, MaxPermits)
 	}
-	e, err := newEngine(client, key, kindSemaphore, permits, opts)
-	if err != nil {
+	s := new(Semaphore)
+	if err := s.e.init(client, key, kindSemaphore, permits, opts); err != nil {
 		return nil, err
 	}
-	return &Semaphore{e: e}, nil
+	return s, nil
 }
 
 // Key returns the Redis key that holds the semaphore's holders, such as
@@ -95,7 +95,7 @@ func (s *Semaphore) Owner() string { return s.e.owner }
 // ctx bounds the wait and the hold, and the errors are those of
 // [Mutex.Lock].
 func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
-	e := s.e
+	e := &s.e
 	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
 }
 
@@ -110,5 +110,5 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
 // retryInterval, as [Mutex.TryLockFor] does: it never stands in line, nor
 // takes a permit ahead of those who do.
 func (s *Semaphore) TryAcquireFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
-	return (&Mutex{e: s.e}).TryLockFor(ctx, timeout, retryInterval)
+	return s.e.tryFor(ctx, timeout, retryInterval)
 }

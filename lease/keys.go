@@ -97,15 +97,32 @@ func NewKeys(ns, name string) (Keys, error) {
 	if err := CheckName(name); err != nil {
 		return Keys{}, err
 	}
-	base := ns + ":{" + name + "}"
+	// One allocation holds every key: each is a piece of one string.
+	suffixes := [...]string{"", ":fence", ":queue", ":waiters", ":wake", ":leader", ":permits"}
+	baseLen := len(ns) + len(":{") + len(name) + len("}")
+	var b strings.Builder
+	b.Grow(len(suffixes)*baseLen + len(":fence:queue:waiters:wake:leader:permits"))
+	for _, suffix := range suffixes {
+		b.WriteString(ns)
+		b.WriteString(":{")
+		b.WriteString(name)
+		b.WriteString("}")
+		b.WriteString(suffix)
+	}
+	all := b.String()
+	var keys [len(suffixes)]string
+	for i, suffix := range suffixes {
+		n := baseLen + len(suffix)
+		keys[i], all = all[:n], all[n:]
+	}
 	return Keys{
-		Lease:   base,
-		Fence:   base + ":fence",
-		Queue:   base + ":queue",
-		Waiters: base + ":waiters",
-		Wake:    base + ":wake",
-		Leader:  base + ":leader",
-		Limit:   base + ":permits",
+		Lease:   keys[0],
+		Fence:   keys[1],
+		Queue:   keys[2],
+		Waiters: keys[3],
+		Wake:    keys[4],
+		Leader:  keys[5],
+		Limit:   keys[6],
 	}, nil
 }
 

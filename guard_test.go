@@ -1,0 +1,202 @@
+package distlock
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// goid returns the id of the calling goroutine, as runtime.Stack prints it.
+func goid() int64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	id, _ := strconv.ParseInt(string(b[:bytes.IndexByte(b, ' ')]), 10, 64)
+	return id
+}
+
+// goroutineStore is a fakeStore that records which goroutine sends each
+// acquire and release.
+type goroutineStore struct {
+	*fakeStore
+	mu       sync.Mutex
+	acquires []int64
+	releases []int64
+}
+
+func (s *goroutineStore) note(to *[]int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*to = append(*to, goid())
+}
+
+func (s *goroutineStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error) {
+	s.note(&s.acquires)
+	return s.fakeStore.Acquire(ctx, k, value, ttl)
+}
+
+func (s *goroutineStore) AcquireOrQueue(ctx context.Context, k lease.Keys, value string, ttl time.Duration, p lease.Place) (lease.Grant, error) {
+	s.note(&s.acquires)
+	return s.fakeStore.AcquireOrQueue(ctx, k, value, ttl, p)
+}
+
+func (s *goroutineStore) Release(ctx context.Context, k lease.Keys, value string) (lease.Release, error) {
+	s.note(&s.releases)
+	return s.fakeStore.Release(ctx, k, value)
+}
+
+// The uncontended path: with a context that nothing can cancel, Lock and
+// Release send their calls from the caller's goroutine and start no
+// goroutine; with a cancellable one, only the acquire call runs in a
+// goroutine of its own (rueidis does not watch ctx while it dials).
+func TestUncontendedPathRunsOnTheCallersGoroutine(t *testing.T) {
+	for _, cancellable := range []bool{false, true} {
+		t.Run("cancellable="+strconv.FormatBool(cancellable), func(t *testing.T) {
+			s := &goroutineStore{fakeStore: &fakeStore{}}
+			m := fakeMutex(t, s.fakeStore)
+			m.e.store = s
+			ctx := context.Background()
+			if cancellable {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+			}
+			me := goid()
+			for _, lock := range []func(context.Context) (*Guard, error){m.Lock, m.TryLock} {
+				g, err := lock(ctx)
+				require.NoError(t, err)
+				g.mu.Lock()
+				actor := g.stopActor != nil
+				g.mu.Unlock()
+				assert.False(t, actor, "a guard released before its first renewal has no actor")
+				st, err := g.Release(context.WithoutCancel(ctx))
+				require.NoError(t, err)
+				require.Equal(t, Released, st)
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			require.Len(t, s.acquires, 2)
+			require.Len(t, s.releases, 2)
+			for i := range 2 {
+				if cancellable {
+					assert.NotEqual(t, me, s.acquires[i], "acquire %d with a cancellable ctx", i)
+				} else {
+					assert.Equal(t, me, s.acquires[i], "acquire %d with a ctx that cannot end", i)
+				}
+				assert.Equal(t, me, s.releases[i], "release %d", i)
+			}
+		})
+	}
+}
+
+// A Release with a context that can be cancelled sends the delete from
+// another goroutine, so that the context bounds the wait (rueidis does not
+// watch the cancellation of a command that has a deadline while nothing
+// else uses its connection).
+func TestReleaseWithCancellableContextWaitsOnAnotherGoroutine(t *testing.T) {
+	s := &goroutineStore{fakeStore: &fakeStore{}}
+	m := fakeMutex(t, s.fakeStore)
+	m.e.store = s
+	g, err := m.Lock(context.Background())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := g.Release(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Released, st)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Len(t, s.releases, 1)
+	assert.NotEqual(t, goid(), s.releases[0])
+}
+
+// The actor starts when the first renewal is due, not before, and a guard
+// that lives past it renews from there on.
+func TestActorStartsAtTheFirstRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		active := func() bool {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			return g.stopActor != nil
+		}
+		time.Sleep(fakeTTL/3 - time.Nanosecond)
+		synctest.Wait()
+		assert.False(t, active(), "just before the first renewal")
+		assert.Empty(t, f.renewCalls())
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.True(t, active(), "at the first renewal")
+		assert.Len(t, f.renewCalls(), 1)
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
+		synctest.Wait()
+	})
+}
+
+// The Lock context's end releases a guard that has no actor yet, from the
+// watch's own goroutine.
+func TestLockContextEndReleasesAnIdleGuard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		ctx, cancel := context.WithCancelCause(t.Context())
+		g, err := fakeMutex(t, f).Lock(ctx)
+		require.NoError(t, err)
+		events := g.Subscribe(t.Context())
+		require.Equal(t, Acquired, (<-events).State)
+		cancel(errTestDone)
+		<-g.Done()
+		assert.Equal(t, Released, g.State())
+		assert.Equal(t, []State{Released}, drain(events))
+		assert.ErrorIs(t, context.Cause(g.Context()), errTestDone)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.Len(t, f.releases, 1)
+		assert.Empty(t, f.holder)
+	})
+}
+
+var errTestDone = testError("the job is done")
+
+type testError string
+
+func (e testError) Error() string { return string(e) }
+
+// The worker's pair costs few allocations on distlock's side (the fake
+// store allocates next to nothing): a new Mutex, Lock and Release with a
+// context that cannot be cancelled. The figure with real Redis (rueidis's
+// command and reply included) is in BenchmarkUncontended.
+func TestUncontendedPairAllocations(t *testing.T) {
+	f := &fakeStore{}
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(200, func() {
+		m, err := newMutex("job", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.e.client, m.e.store = f, f
+		g, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.Release(context.WithoutCancel(ctx)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%.1f allocations per pair", allocs)
+	// A Mutex (with its options and keys), a value, a guard with its done
+	// channel and first-renewal timer, the release's deadline: about 12.
+	assert.LessOrEqual(t, allocs, 14.0)
+}
