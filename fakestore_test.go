@@ -195,4 +195,3 @@ func drain(ch <-chan Event) []State {
 		}
 	}
 }
-
