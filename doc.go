@@ -202,7 +202,8 @@
 //
 // # Renewal and loss
 //
-// Each [Guard] runs one goroutine, its actor, that renews the lease every TTL/3.
+// Each [Guard] renews its lease every TTL/3, from a goroutine of its own (its
+// actor) that starts with the first renewal.
 // The guard becomes [Lost] when a renewal is refused (the key expired, was
 // deleted or now holds someone else's value), when a renewal fails (Redis
 // unreachable or erroring), or when the lease deadline passes without a
@@ -266,16 +267,26 @@
 //
 // # Goroutines
 //
-// A held lock costs one goroutine, plus one short-lived goroutine per renewal
-// in flight and one for the final delete. The actor exits when the guard is
-// released, and nothing it started outlives it. A lock that has waiters in this process also has one
-// goroutine that keeps its room's subscription; it ends a quarter of a
-// second after the last waiter leaves. A waiter that gives up leaves a
-// short-lived goroutine that cancels its place in line. Subscribers never
-// slow the actor down: their channels are buffered and drop their oldest
-// event rather than block. A guard that is
-// neither released nor cancelled keeps its lock, and its goroutine, until the
-// process exits, just as a forgotten Unlock would.
+// An uncontended Lock and Release with a context that cannot be cancelled
+// (context.Background(), or the context.WithoutCancel(ctx) of the Release
+// idiom) run on the caller's goroutine and start none. With a cancellable
+// Lock context, the acquire call runs in a goroutine of its own, so that
+// Lock returns the moment ctx ends even while rueidis is still dialing.
+//
+// A guard gets its goroutine, its actor, when its first renewal is due, a
+// third of the TTL after the acquisition; a lock held for less costs no
+// goroutine. The actor renews the lease, takes the final delete itself if
+// the guard is released while it runs, and exits then. A Release with a
+// context that can be cancelled sends the delete from a goroutine of its
+// own, so that the context bounds the wait. A lock that has waiters in this
+// process also has one goroutine that keeps its room's subscription; it ends
+// a quarter of a second after the last waiter leaves. A waiter that gives up
+// leaves a short-lived goroutine that cancels its place in line. Nothing
+// that distlock starts outlives the guard or the call that started it, and
+// subscribers never slow anything down: their channels are buffered and drop
+// their oldest event rather than block. A guard that is neither released nor
+// cancelled keeps its lock, and its goroutine, until the process exits, just
+// as a forgotten Unlock would.
 //
 // # Keys
 //
