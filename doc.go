@@ -203,15 +203,26 @@
 // # Renewal and loss
 //
 // Each [Guard] renews its lease every TTL/3, from a goroutine of its own (its
-// actor) that starts with the first renewal.
-// The guard becomes [Lost] when a renewal is refused (the key expired, was
-// deleted or now holds someone else's value), when a renewal fails (Redis
-// unreachable or erroring), or when the lease deadline passes without a
-// confirmed renewal, even while a renewal call is still waiting for its
-// answer. After a failure it retries every TTL/9, and if a renewal then proves
-// the key still holds this acquisition's value, the guard returns to
-// [Acquired]: a brief network blip heals itself. A lease that really expired
-// cannot come back.
+// actor) that starts with the first renewal. The guard becomes [Lost] only
+// when the lease is really in doubt: when a renewal is refused (the key
+// expired, was deleted or now holds someone else's value), or when the
+// lease deadline passes without a confirmed renewal, even while a renewal
+// call is still waiting for its answer.
+//
+// A renewal that fails without an answer about the key (a reset connection,
+// a refused dial, a timeout, an error reply, replicas that did not
+// acknowledge it) proves nothing: it can only have extended the lease. The
+// guard stays [Acquired], and its context alive, while its deadline holds;
+// it reports the failure (an Acquired [Event] whose Err is a [*RenewError],
+// the Observer's RenewInfo, and a log line at Warn) and retries at once,
+// then after pauses that grow from 10 ms up to TTL/9, with jitter. So a
+// connection reset, a proxy restart or a Sentinel failover that takes a
+// few hundred milliseconds costs a few retries, not the lock. If no renewal
+// is confirmed by the deadline, the guard is Lost then. A Lost guard keeps
+// trying every TTL/9, and if a renewal then proves the key still holds this
+// acquisition's value, the guard returns to [Acquired] (its context stays
+// cancelled: the time in between was not protected). A lease that really
+// expired cannot come back.
 //
 // # Waiting
 //

@@ -256,7 +256,7 @@ type watchState struct {
 	heard     int                         // announcements so far
 	heardAt   int                         // heard when the read in flight was sent
 	up        bool                        // announcements arrive
-	failures  int                         // reads in a row that failed
+	retry     backoff                     // the pause after a read that failed
 	timer     *time.Timer                 // the next read
 	children  sync.WaitGroup              // the subscription and the read in flight
 }
@@ -264,7 +264,8 @@ type watchState struct {
 // run is the watcher's loop. It ends when its last observer has left.
 func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &watchState{observers: make(map[chan Leader]func() bool), timer: time.NewTimer(time.Hour)}
+	s := &watchState{observers: make(map[chan Leader]func() bool), timer: time.NewTimer(time.Hour),
+		retry: backoff{first: minResubscribe, most: maxResubscribe}}
 	defer func() {
 		// The children (the subscription and a read) end soon once ctx is
 		// cancelled; the observers' channels close after them, so that an
@@ -364,12 +365,11 @@ func (w *watcher) read(ctx context.Context, a *actor.Actor[watchMsg], s *watchSt
 func (w *watcher) readDone(ctx context.Context, a *actor.Actor[watchMsg], s *watchState, msg readMsg) {
 	e := w.e
 	if msg.err != nil {
-		s.failures++
 		e.e.logger().Debug("distlock: reading the leader failed", "err", msg.err)
-		s.timer.Reset(min(minResubscribe<<min(s.failures-1, 6), maxResubscribe))
+		s.timer.Reset(s.retry.next())
 		return
 	}
-	s.failures = 0
+	s.retry.reset()
 	// A read sent after the last announcement is the newest word there is,
 	// even against the token order (the fencing key may have been lost);
 	// one that raced an announcement is ordered by token.

@@ -25,6 +25,10 @@ var (
 	// ErrReleased is the cause of [Guard.Context] once the guard has been
 	// released (or left, see [Guard.Leave]).
 	ErrReleased = errors.New("distlock: lock released")
+	// ErrRenewFailed is matched by the [*RenewError] of an event that
+	// reports a renewal that failed while the lease still held: the guard
+	// stays Acquired until its deadline and retries.
+	ErrRenewFailed = errors.New("distlock: renewal failed")
 	// ErrInvalidOption means that distlock refused its input before it sent
 	// anything to Redis: the configuration of a lock (the client, key or an
 	// option given to [NewMutex], or the timeout and retry interval given to
@@ -165,6 +169,33 @@ func (e *NotAcquiredError) Error() string {
 // Is reports whether target is [ErrNotAcquired].
 func (e *NotAcquiredError) Is(target error) bool { return target == ErrNotAcquired }
 
+// RenewError reports a renewal that failed without telling anything about
+// the lease: no reply came (a reset connection, a refused dial, a
+// timeout), Redis answered with an error, or too few replicas acknowledged
+// it ([WithReplicaAck]). Such a renewal can only have extended the lease, so
+// the guard stays [Acquired] until Deadline and retries after Retry; it is
+// [Lost] only if no renewal is confirmed before Deadline. It comes as the
+// Err of an [Event] whose State is Acquired, and it matches
+// [ErrRenewFailed]. A program that wants to act before the lease is in
+// doubt (checkpoint its work, say) can watch for it.
+type RenewError struct {
+	Key      string
+	Err      error         // why the renewal failed
+	Deadline time.Time     // until when the guard still vouches for the lease
+	Retry    time.Duration // when the next renewal is sent
+}
+
+func (e *RenewError) Error() string {
+	return fmt.Sprintf("distlock: renewing %s failed: %v; the lease holds for another %v, retrying in %v",
+		e.Key, e.Err, time.Until(e.Deadline).Round(time.Millisecond), e.Retry.Round(time.Millisecond))
+}
+
+// Is reports whether target is [ErrRenewFailed].
+func (e *RenewError) Is(target error) bool { return target == ErrRenewFailed }
+
+// Unwrap returns why the renewal failed.
+func (e *RenewError) Unwrap() error { return e.Err }
+
 // LostReason says why a lease was lost.
 type LostReason int
 
@@ -172,12 +203,15 @@ const (
 	// LostRefused: a renewal found that the key no longer holds this
 	// acquisition's value (it expired, was deleted or was overwritten).
 	LostRefused LostReason = iota + 1
-	// LostRenewFailed: a renewal failed (Redis unreachable or answered with
-	// an error, or fewer replicas than [WithReplicaAck] asks for
-	// acknowledged it), so the lease could not be confirmed.
+	// LostRenewFailed: renewals kept failing (Redis unreachable or
+	// answering with an error, or fewer replicas than [WithReplicaAck] asks
+	// for acknowledging them) until the lease deadline passed; Err is the
+	// last failure. Each failure before the deadline was reported as a
+	// [*RenewError] while the guard stayed Acquired.
 	LostRenewFailed
 	// LostDeadline: the local lease deadline passed without a confirmed
-	// renewal; Redis may expire the key at any moment after it.
+	// renewal, with a renewal still waiting for its reply (or with none
+	// sent in time); Redis may expire the key at any moment after it.
 	LostDeadline
 )
 
@@ -213,7 +247,7 @@ func (e *LostError) Error() string {
 		}
 		return fmt.Sprintf("distlock: lock lost: %s now holds %q", e.Key, e.Holder)
 	case LostRenewFailed:
-		return fmt.Sprintf("distlock: lock lost: renewing %s failed: %v", e.Key, e.Err)
+		return fmt.Sprintf("distlock: lock lost: renewing %s failed until the lease deadline passed: %v", e.Key, e.Err)
 	case LostDeadline:
 		return fmt.Sprintf("distlock: lock lost: lease deadline of %s passed without a confirmed renewal", e.Key)
 	}

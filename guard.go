@@ -63,6 +63,11 @@ type Guard struct {
 	firstRenewal *time.Timer
 	stopActor    context.CancelFunc
 	unwatch      func() bool
+	// The actor's retries of renewals that failed while the lease held:
+	// their pause, and the last failure (the cause of a loss at the
+	// deadline, until a renewal is confirmed).
+	retry    backoff
+	renewErr error
 	subs         subscribers
 	// The guard's context is made on first use: most critical sections
 	// never ask for it. cause is why it was cancelled, if it was before it
@@ -575,6 +580,8 @@ func (g *Guard) tell(from, to State, at time.Time, err error, held time.Duration
 // confirmed: the deadline moves on, and a Lost guard is Acquired again.
 func (g *Guard) confirmLocked(sent time.Time, ttl time.Duration) {
 	g.lastSent, g.leaseTTL = sent, ttl
+	g.renewErr = nil
+	g.retry.reset()
 	prev := g.st.Load()
 	next := &status{state: Acquired, since: prev.since, deadline: leaseDeadline(sent, ttl)}
 	if prev.state == Lost {
@@ -597,10 +604,16 @@ func (g *Guard) loseLocked(cause *LostError) {
 	g.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
 }
 
-// checkDeadlineLocked marks the guard Lost if its deadline has passed.
+// checkDeadlineLocked marks the guard Lost if its deadline has passed:
+// because renewals failed up to it (the last failure says why), or because
+// none was confirmed in time.
 func (g *Guard) checkDeadlineLocked() {
 	if s := g.st.Load(); s.state == Acquired && !time.Now().Before(s.deadline) {
-		g.loseLocked(&LostError{Key: g.e.keys.Lease, Reason: LostDeadline})
+		cause := &LostError{Key: g.e.keys.Lease, Reason: LostDeadline}
+		if g.renewErr != nil {
+			cause.Reason, cause.Err = LostRenewFailed, g.renewErr
+		}
+		g.loseLocked(cause)
 	}
 }
 

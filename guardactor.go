@@ -33,6 +33,7 @@ func (g *Guard) activate() {
 	}
 	end, stop := context.WithCancel(context.Background())
 	g.stopActor = stop
+	g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
 	g.mu.Unlock()
 	g.run(end)
 }
@@ -100,6 +101,16 @@ func (g *Guard) renew(end context.Context) time.Duration {
 // renewed applies the answer to a renewal sent at sent and returns how long
 // to wait before the next one. Once the guard's end has begun, an answer
 // changes nothing.
+//
+// A renewal that Redis refused (the key no longer holds this acquisition's
+// value) makes the guard Lost at once. One that failed without confirming
+// anything (no reply: a reset, a refused dial, a timeout; or an error
+// reply, or replicas that did not acknowledge it) proves nothing either
+// way: it can only have extended the lease, never shortened it (L1b). While
+// the guard is Acquired, such a failure is reported (to the Observer, to
+// the subscribers as an Acquired event with a [*RenewError], and in the
+// log at Warn) and the renewal is retried after a short pause that grows
+// with each failure; the guard turns Lost when its deadline comes first.
 func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) time.Duration {
 	e := g.e
 	ttl := e.ttl
@@ -114,17 +125,38 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) time.Duratio
 	if g.how != 0 {
 		return 0
 	}
+	s := g.st.Load()
 	switch {
+	case err != nil && s.state == Acquired && now.Before(s.deadline):
+		g.renewErr = err
+		pause := g.retry.next()
+		if left := s.deadline.Sub(now); pause >= left {
+			// No retry can be sent before the deadline: the guard is
+			// Lost then (see run).
+			pause = left
+		}
+		rerr := &RenewError{Key: e.keys.Lease, Err: err, Deadline: s.deadline, Retry: pause}
+		g.subs.publish(Event{State: Acquired, Time: now, Err: rerr})
+		g.logger().Warn("distlock: renewal failed; the lease still holds, retrying",
+			"err", err, "deadline_in", s.deadline.Sub(now), "retry_in", pause)
+		return pause
 	case err != nil:
-		reason := LostRenewFailed
-		if errors.Is(err, context.DeadlineExceeded) && !now.Before(g.st.Load().deadline) {
-			reason = LostDeadline
+		cause := &LostError{Key: e.keys.Lease, Reason: LostRenewFailed, Err: err}
+		if errors.Is(err, context.DeadlineExceeded) && s.state == Acquired {
+			// A renewal still in flight at the deadline: Lost for the
+			// failures before it, if there were any, or for the deadline.
+			if g.renewErr != nil {
+				cause.Err = g.renewErr
+			} else {
+				cause.Reason = LostDeadline
+			}
 		}
 		if e.debug() {
 			g.logger().Debug("distlock: renewal failed", "err", err, "took", now.Sub(sent))
 		}
-		g.loseLocked(&LostError{Key: e.keys.Lease, Reason: reason, Err: err})
-		// Retry sooner than usual: a short outage then heals quickly.
+		g.loseLocked(cause)
+		// A Lost guard keeps trying: a renewal that finds the key still
+		// holding its value regains it.
 		return lostRetry(ttl)
 	case !r.OK:
 		if e.debug() {

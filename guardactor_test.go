@@ -72,7 +72,70 @@ func TestLostExactlyAtDeadlineWhileRenewalHangs(t *testing.T) {
 	})
 }
 
-func TestFailedRenewalLosesThenRegains(t *testing.T) {
+// L1b: a renewal that fails without telling anything about the lease is
+// reported and retried; the guard stays Acquired, and its context alive,
+// while its deadline holds.
+func TestFailedRenewalIsRetriedWhileTheLeaseHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		obs := &recorder{}
+		g, err := fakeMutex(t, f, WithObserver(obs)).Lock(t.Context())
+		require.NoError(t, err)
+		start := time.Now()
+		events := g.Subscribe(t.Context())
+		require.Equal(t, Acquired, (<-events).State)
+
+		f.set(renewFail)
+		time.Sleep(fakeTTL/3 + 100*time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, Acquired, g.State(), "a failed renewal proves nothing: the lease still holds")
+		assert.NoError(t, g.Context().Err())
+		ev := <-events
+		assert.Equal(t, Acquired, ev.State)
+		var re *RenewError
+		require.ErrorAs(t, ev.Err, &re)
+		assert.ErrorIs(t, ev.Err, ErrRenewFailed)
+		assert.EqualError(t, errors.Unwrap(re), "connection refused")
+		assert.Equal(t, start.Add(fakeTTL-margin(fakeTTL)), re.Deadline)
+		assert.Positive(t, re.Retry)
+		calls := f.renewCalls()
+		require.Greater(t, len(calls), 2, "retried promptly")
+		for i, c := range calls {
+			assert.Equal(t, start.Add(fakeTTL-margin(fakeTTL)), c.deadline, "L1: retry %d is bounded by D", i)
+		}
+		for i := 2; i < len(calls); i++ {
+			assert.GreaterOrEqual(t, calls[i].sent.Sub(calls[i-1].sent), calls[i-1].sent.Sub(calls[i-2].sent)/2,
+				"the pauses grow (with jitter)")
+		}
+		obs.mu.Lock()
+		failed := 0
+		for _, r := range obs.renews {
+			if r.Err != nil {
+				failed++
+			}
+		}
+		obs.mu.Unlock()
+		assert.Equal(t, len(calls), failed, "the Observer hears of every failed renewal")
+
+		// The path heals: the next retry confirms, and the deadline moves on.
+		f.set(renewOK)
+		time.Sleep(fakeTTL / 9)
+		synctest.Wait()
+		assert.Equal(t, Acquired, g.State())
+		assert.True(t, LeaseDeadline(g).After(start.Add(fakeTTL-margin(fakeTTL))), "the deadline moved on")
+		assert.NoError(t, g.Context().Err(), "the context never went")
+		for _, st := range drain(events) {
+			assert.Equal(t, Acquired, st, "no Lost in between")
+		}
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
+	})
+}
+
+// L1b: renewals that keep failing lose the lease at the deadline, with the
+// last failure as the reason; a renewal that later proves the key still
+// holds this acquisition's value regains it.
+func TestFailingRenewalsLoseAtTheDeadlineThenRegain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
@@ -82,29 +145,42 @@ func TestFailedRenewalLosesThenRegains(t *testing.T) {
 		require.Equal(t, Acquired, (<-events).State)
 
 		f.set(renewFail)
-		time.Sleep(fakeTTL/3 + time.Millisecond)
+		d := start.Add(fakeTTL - margin(fakeTTL))
+		time.Sleep(time.Until(d) - time.Nanosecond)
 		synctest.Wait()
-		assert.Equal(t, Lost, g.State(), "a failed renewal loses the lease at once")
-		ev := <-events
+		assert.Equal(t, Acquired, g.State(), "just before D")
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, Lost, g.State(), "at D")
+		var lost Event
+		for ev := range events {
+			if ev.State == Lost {
+				lost = ev
+				break
+			}
+			assert.ErrorIs(t, ev.Err, ErrRenewFailed, "before D, only reports of failed renewals")
+		}
+		assert.Equal(t, d, lost.Time, "Lost published at D")
 		var le *LostError
-		require.ErrorAs(t, ev.Err, &le)
+		require.ErrorAs(t, lost.Err, &le)
 		assert.Equal(t, LostRenewFailed, le.Reason)
 		assert.EqualError(t, errors.Unwrap(le), "connection refused")
+		assert.ErrorIs(t, context.Cause(g.Context()), ErrLost)
+		for _, c := range f.renewCalls() {
+			assert.False(t, c.sent.After(d), "no retry is sent for the held lease after D")
+		}
 
-		// The next try comes TTL/9 later and succeeds: the lease is back.
+		// A Lost guard keeps trying every TTL/9; the next try succeeds.
 		f.set(renewOK)
 		time.Sleep(fakeTTL / 9)
 		synctest.Wait()
 		assert.Equal(t, Acquired, g.State())
-		ev = <-events
+		ev := <-events
 		assert.Equal(t, Acquired, ev.State)
-		assert.Equal(t, start.Add(fakeTTL/3+fakeTTL/9), ev.Time)
-		// The context stays cancelled.
-		assert.ErrorIs(t, context.Cause(g.Context()), ErrLost)
-
-		st, err := g.Release(t.Context())
+		assert.NoError(t, ev.Err)
+		assert.ErrorIs(t, context.Cause(g.Context()), ErrLost, "the context stays cancelled")
+		_, err = g.Release(t.Context())
 		require.NoError(t, err)
-		assert.Equal(t, Released, st)
 	})
 }
 
@@ -172,11 +248,11 @@ func TestSlowSubscriberSeesNewestState(t *testing.T) {
 		slow := g.Subscribe(t.Context()) // read only at the end
 		// Flap five times: ten transitions, far more than the buffer.
 		for range 5 {
-			f.set(renewFail)
+			f.set(renewRefuse)
 			time.Sleep(fakeTTL / 3)
 			synctest.Wait()
 			f.set(renewOK)
-			time.Sleep(fakeTTL / 9)
+			time.Sleep(fakeTTL / 3) // a refused guard tries again a third of the TTL later
 			synctest.Wait()
 		}
 		_, err = g.Release(t.Context())

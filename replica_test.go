@@ -190,23 +190,32 @@ func TestReplicaAckRenewal(t *testing.T) {
 	require.Zero(t, bad, "a renewal went unacknowledged with a healthy replica")
 
 	// The replica stops acknowledging: the next renewal is applied on the
-	// primary but does not count, and the guard is Lost at once, long
-	// before its deadline.
+	// primary but does not count. It is reported and retried (L1b), and the
+	// guard stays Acquired until the deadline of its last acknowledged
+	// renewal; then it is Lost, for the renewals that kept failing.
 	probe := startProbe(t, nil)
 	paused := time.Now()
-	lostBy := paused.Add(ttl/3 + ackTimeout)
 	rs.replica.Pause()
 	ev := nextEvent(t, events)
-	require.Equal(t, distlock.Lost, ev.State)
+	require.Equal(t, distlock.Acquired, ev.State, "a renewal that replicas did not acknowledge proves nothing")
+	require.ErrorIs(t, ev.Err, distlock.ErrRenewFailed)
 	assert.ErrorIs(t, ev.Err, distlock.ErrNotReplicated)
-	var le *distlock.LostError
-	require.ErrorAs(t, ev.Err, &le)
-	assert.Equal(t, distlock.LostRenewFailed, le.Reason)
 	var ae *distlock.ReplicaAckError
 	require.ErrorAs(t, ev.Err, &ae)
 	assert.Equal(t, "renew", ae.Op)
+	assert.NoError(t, g.Context().Err(), "the guard's context lives while the lease holds")
+	for ev.State == distlock.Acquired {
+		ev = nextEvent(t, events)
+	}
+	require.Equal(t, distlock.Lost, ev.State)
+	var le *distlock.LostError
+	require.ErrorAs(t, ev.Err, &le)
+	assert.Equal(t, distlock.LostRenewFailed, le.Reason)
+	assert.ErrorIs(t, ev.Err, distlock.ErrNotReplicated)
+	deadline := distlock.LeaseDeadline(g) // kept while Lost: the one that passed
 	late := stepHops * probe.delay(paused, ev.Time)
-	assert.Less(t, ev.Time.Sub(lostBy), ttl/3+late, "Lost came late (%v explained by scheduling)", late)
+	assert.False(t, ev.Time.Before(deadline), "Lost before the deadline of the last acknowledged renewal")
+	assert.Less(t, ev.Time.Sub(deadline), late+slack, "Lost came late (%v explained by scheduling)", late)
 	assert.ErrorIs(t, context.Cause(g.Context()), distlock.ErrNotReplicated)
 	// The primary still holds our lease: nobody else can take it.
 	_, err = newMutex(t, c, "renewed").TryLock(t.Context())

@@ -230,10 +230,11 @@ type holding struct {
 	watching chan struct{}      // closed when the watcher has returned
 	lostCh   chan loss          // every Lost event, for tests to wait on
 
-	mu       sync.Mutex
-	losses   []loss
-	regains  int
-	released bool
+	mu            sync.Mutex
+	losses        []loss
+	regains       int
+	renewFailures []time.Time // when renewals were reported failed while the lease held
+	released      bool
 }
 
 // loss is one Lost event as the watcher saw it.
@@ -394,7 +395,14 @@ func (h *holding) event(ev distlock.Event, first bool) {
 		default:
 		}
 	case distlock.Acquired:
-		if !first {
+		switch {
+		case errors.Is(ev.Err, distlock.ErrRenewFailed):
+			// A renewal failed while the lease held (L1b): reported, not
+			// a change of state.
+			h.mu.Lock()
+			h.renewFailures = append(h.renewFailures, ev.Time)
+			h.mu.Unlock()
+		case !first:
 			op.Kind = history.Regained
 			w.rec.Add(op)
 			h.mu.Lock()
@@ -439,6 +447,20 @@ func (h *holding) regainCount() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.regains
+}
+
+// renewFailuresSince returns when the renewals reported failed at or after
+// from failed.
+func (h *holding) renewFailuresSince(from time.Time) []time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []time.Time
+	for _, at := range h.renewFailures {
+		if !at.Before(from) {
+			out = append(out, at)
+		}
+	}
+	return out
 }
 
 func (h *holding) isReleased() bool {

@@ -87,7 +87,7 @@ func recordEvents(ctx context.Context, g *distlock.Guard, op func(history.Kind) 
 		switch {
 		case ev.State == distlock.Lost:
 			sink.Add(o)
-		case ev.State == distlock.Acquired && !first:
+		case ev.State == distlock.Acquired && !first && ev.Err == nil: // not a failed renewal's report
 			o.Kind = history.Regained
 			sink.Add(o)
 		}

@@ -165,13 +165,16 @@ func TestSentinelFailover(t *testing.T) {
 
 		// What A sees: its renewals reach the new primary, which extends
 		// the lease, but no replica is left to acknowledge them, so they do
-		// not count and A reports Lost. The lease stays with A in Redis.
+		// not count. Each is reported and retried (L1b); A stays Acquired
+		// until the deadline of its last acknowledged renewal and reports
+		// Lost then. The lease stays with A in Redis.
 		require.Eventually(t, func() bool { _, n := obs.renewals(distlock.ErrNotReplicated); return n > 0 },
 			failoverWait, pollEvery, "no renewal reached the new primary")
-		// The observer hears of the renewal just before the guard marks
-		// itself Lost: wait for that rather than race it.
-		waitState(t, ga, distlock.Lost)
+		require.Eventually(t, func() bool { return ga.Context().Err() != nil }, ttl+eventually, pollEvery,
+			"A never reported Lost without acknowledged renewals")
+		assert.Equal(t, distlock.Lost, ga.State())
 		assert.ErrorIs(t, context.Cause(ga.Context()), distlock.ErrLost)
+		assert.ErrorIs(t, context.Cause(ga.Context()), distlock.ErrNotReplicated)
 		_, err = b.TryLock(t.Context())
 		require.ErrorIs(t, err, distlock.ErrNotAcquired, "B while A's lease is kept alive")
 

@@ -1,6 +1,9 @@
 package distlock
 
-import "time"
+import (
+	"math/rand/v2"
+	"time"
+)
 
 // The timing of a lease, in one place. Every figure derives from the TTL T
 // (or, for a lease passed to a waiter, its claim window) and from the
@@ -73,4 +76,42 @@ const (
 	// still hold our value in Redis, and deleting it frees the lock for the
 	// next holder.
 	minReleaseWait = 100 * time.Millisecond
+)
+
+// backoff paces the retries of something that failed: each pause doubles
+// from first up to most, and is drawn between half of it and all of it, so
+// that clients that failed together (a Redis restart, a proxy that reset
+// every connection) do not all retry together. The zero pause count starts
+// at first; reset starts over after a success. It is used by one goroutine.
+type backoff struct {
+	first, most time.Duration
+	step        time.Duration // the current pause before jitter; 0 before the first
+}
+
+// next returns the pause before the next retry.
+func (b *backoff) next() time.Duration {
+	if b.step == 0 {
+		b.step = b.first
+	} else {
+		b.step = min(2*b.step, b.most)
+	}
+	half := b.step / 2
+	return half + rand.N(b.step-half+1)
+}
+
+// reset makes the next pause the first again.
+func (b *backoff) reset() { b.step = 0 }
+
+// Back-off bounds.
+const (
+	// A renewal or a release that got no reply is retried after 10 ms at
+	// first: a reset connection is usually replaced at the first retry,
+	// and a proxy that restarts or a Sentinel failover takes a few hundred
+	// milliseconds. Retries stay at most a ninth of the TTL apart (and
+	// never past the lease deadline), so a blip costs a few calls.
+	firstRetry = 10 * time.Millisecond
+	// A subscription that broke is set up again after 20 ms at first, and
+	// at most a second apart.
+	minResubscribe = 20 * time.Millisecond
+	maxResubscribe = time.Second
 )

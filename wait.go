@@ -70,8 +70,9 @@ func (a *acquirer) queue() (*Guard, error) {
 		r           *room
 		queued      time.Time // send time of our last call that left us in line
 		queuedFence int64     // the last token issued when that call ran
-		failures    int       // calls in a row that failed without a reply
-		askNow      bool      // ask again at once: a grant may have gone unheard
+		failing     bool      // the last call failed without a reply
+		pause       = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
+		askNow      bool // ask again at once: a grant may have gone unheard
 	)
 	defer func() {
 		if r != nil {
@@ -126,12 +127,13 @@ func (a *acquirer) queue() (*Guard, error) {
 			return nil, err
 		case err != nil:
 			// We stand in line already: keep the place and ask again soon.
-			failures++
+			failing = true
 			if e.debug() {
 				e.logger().Debug("distlock: asking for the lock failed; trying again", "err", err)
 			}
 		default:
-			failures = 0
+			failing = false
+			pause.reset()
 			a.dirty = true
 			queued, queuedFence, place.Ticket = sent, grant.Fence, grant.Ticket
 		}
@@ -147,8 +149,8 @@ func (a *acquirer) queue() (*Guard, error) {
 		if !r.listen() {
 			wait = min(wait, DefaultRetryInterval)
 		}
-		if failures > 0 {
-			wait = min(wait, DefaultRetryInterval<<min(failures-1, 4))
+		if failing {
+			wait = min(wait, pause.next())
 		} else if grant.Rank == 0 && grant.HolderTTL >= 0 {
 			wait = min(wait, grant.HolderTTL+expiryGrace)
 		}
@@ -175,12 +177,6 @@ func (a *acquirer) queue() (*Guard, error) {
 
 // roomLinger is how long an idle room keeps its subscription.
 const roomLinger = 250 * time.Millisecond
-
-// Subscription retry back-off.
-const (
-	minResubscribe = 20 * time.Millisecond
-	maxResubscribe = time.Second
-)
 
 // queueKey identifies the room of one lock on one client.
 type queueKey struct {
@@ -409,9 +405,9 @@ func (r *room) subscribe(ctx context.Context) {
 // resubscribe runs subscribe until ctx ends. Each time it returns for
 // another reason, resubscribe calls down, with whether the server refused
 // pub/sub; then it stops if it did, and otherwise subscribes again after a
-// pause that doubles from minResubscribe up to maxResubscribe.
+// pause that grows from minResubscribe up to maxResubscribe (see backoff).
 func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub bool)) {
-	backoff := minResubscribe
+	pause := backoff{first: minResubscribe, most: maxResubscribe}
 	for {
 		err := subscribe()
 		if ctx.Err() != nil {
@@ -422,14 +418,13 @@ func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub
 		if noPubSub {
 			return // the caller polls
 		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(pause.next())
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
 			return
 		}
-		backoff = min(2*backoff, maxResubscribe)
 	}
 }
 

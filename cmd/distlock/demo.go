@@ -269,6 +269,10 @@ func (d *demo) event(id int, g *distlock.Guard, ev distlock.Event) {
 		d.mu.Unlock()
 		d.printf(id, "LOST      token=%d  %s", g.Token(), message(ev.Err))
 	case distlock.Acquired:
+		if ev.Err != nil { // a renewal failed; the lease still holds
+			d.printf(id, "renewal failed  token=%d  %s", g.Token(), message(ev.Err))
+			return
+		}
 		d.printf(id, "regained  token=%d", g.Token())
 	}
 }

@@ -76,9 +76,12 @@ should pass the same N: a semaphore and a lock of one name share keys and
 refuse each other, and each caller brings its own N (see "distlock help
 inspect" for what it shows).
 
-If the lock is lost while the command runs (the lease could not be renewed in
-time, or someone deleted or took over the key), distlock sends the command
-SIGTERM, then SIGKILL after --grace, and exits with status 76.
+If the lock is lost while the command runs (no renewal could be confirmed
+before the lease deadline, or someone deleted or took over the key),
+distlock sends the command SIGTERM, then SIGKILL after --grace, and exits
+with status 76. A renewal that merely fails (a reset connection, a refused
+dial, a timeout) is retried while the lease holds and does not stop the
+command; -v says so on stderr.
 
 The command runs in a process group of its own, and signals go to the whole
 group, so that a shell script stops together with what it started. SIGINT,
