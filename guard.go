@@ -68,7 +68,7 @@ type Guard struct {
 	// deadline, until a renewal is confirmed).
 	retry    backoff
 	renewErr error
-	subs         subscribers
+	subs     subscribers
 	// The guard's context is made on first use: most critical sections
 	// never ask for it. cause is why it was cancelled, if it was before it
 	// was made.
