@@ -43,7 +43,10 @@ type Event struct {
 	Time time.Time
 	// Err says why: for Lost, an error matching [ErrLost] (a [*LostError]);
 	// for Released, the error of the final delete if it failed (the lease then
-	// expires on its own); nil otherwise.
+	// expires on its own). For Acquired it is nil, except in the report of a
+	// renewal that failed while the lease still held: then it matches
+	// [ErrRenewFailed] (a [*RenewError], which says until when the lease
+	// holds and when the next try comes), and the state has not changed.
 	Err error
 }
 

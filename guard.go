@@ -229,7 +229,10 @@ func (g *Guard) Context() context.Context {
 }
 
 // Subscribe returns a channel of the guard's states. The first event is the
-// state at the time of the call; each later event is a transition. After the
+// state at the time of the call; each later event is a transition, or the
+// report of a renewal that failed while the lease still held (State
+// Acquired, Err a [*RenewError]: nothing has changed yet, and the guard
+// retries; see the package documentation, "Renewal and loss"). After the
 // Released event, or once ctx is done, the channel is closed.
 //
 // Subscribe does not wait on Redis: it answers at once, even while a

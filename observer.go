@@ -47,7 +47,9 @@ type RenewInfo struct {
 	// Err is nil when Redis confirmed the lease; a *LostError with reason
 	// LostRefused when the key no longer held this acquisition's value;
 	// otherwise the Redis or deadline error, or a *ReplicaAckError when too
-	// few replicas acknowledged the renewal (see WithReplicaAck).
+	// few replicas acknowledged the renewal (see WithReplicaAck). A failed
+	// renewal does not by itself make the guard Lost: it is retried while
+	// the lease deadline holds.
 	Err error
 }
 

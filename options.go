@@ -190,10 +190,14 @@ func WithObserver(o Observer) Option {
 // hold it: an acquisition that is not acknowledged in time is deleted again
 // and Lock returns an error matching [ErrNotReplicated] (a
 // [*ReplicaAckError]); it does not retry. A renewal that is not acknowledged
-// in time does not count: the lease deadline is not extended and the guard
-// becomes [Lost] at once, as after a failed renewal, with a [*LostError]
-// that unwraps to the *ReplicaAckError. It regains the lock at the next
-// renewal that is acknowledged. The section "Redis Cluster and Sentinel"
+// in time does not count: the lease deadline is not extended. Like any
+// renewal that failed without proving the lease gone, it is reported (a
+// [*RenewError] that unwraps to the *ReplicaAckError) and retried, and the
+// guard stays [Acquired] until the deadline of its last acknowledged write
+// (the replicas hold that one); if no renewal is acknowledged by then, it
+// becomes [Lost], with a [*LostError] that unwraps to the
+// *ReplicaAckError. It regains the lock at the next renewal that is
+// acknowledged. The section "Redis Cluster and Sentinel"
 // of the package documentation, and TOPOLOGIES.md in the repository, say
 // what this does and does not protect against.
 //
