@@ -292,8 +292,13 @@ func (g *Guard) Subscribe(ctx context.Context) <-chan Event {
 //
 // It returns Released when the lease was held until it was deleted, and Lost
 // when it had already slipped (the guard was Lost, or the key no longer held
-// this acquisition's value). A Redis error is returned wrapped alongside the
-// state; the lease then expires on its own within the TTL.
+// this acquisition's value). A delete that gets no reply (a reset
+// connection, a refused dial) may not have run, so it is sent again after a
+// pause that grows from 10 ms to 200 ms, while the wait and the lease last;
+// Release returns Released and no error as soon as one is confirmed. An
+// error that Redis answered with is returned wrapped alongside the state,
+// as is the last failure when no try was confirmed in time; the lease then
+// expires on its own within the TTL.
 //
 // ctx bounds the wait, not the release. If ctx has no deadline, Release
 // waits at most [ReleaseTimeout]; the delete itself never waits past the
@@ -462,6 +467,9 @@ func (g *Guard) wait(ctx context.Context, bound time.Time, verb string) (State, 
 type releaseResult struct {
 	deleted bool
 	err     error
+	// unanswered: an earlier try got no reply, so it may be the one that
+	// deleted the lease, and a later "not deleted" says nothing.
+	unanswered bool
 }
 
 // release sends the final delete: the conditional delete (or, for a guard
@@ -470,11 +478,14 @@ type releaseResult struct {
 // line. It runs on the goroutine that takes the end's last step (see
 // beginEnd) and records the end.
 //
-// Waiting past the end of the lease would be pointless, since the key is
-// gone by then either way; minReleaseWait still gives a lapsed lease one
-// try. When until is set (the Release that sends it waits only that long)
-// and passes first, the delete goes on in a goroutine of its own until the
-// end of the lease, and the guard ends when it has its answer.
+// A delete that fails without a reply may not have run, so it is sent
+// again after a pause that grows from firstRetry (L1b): a reset connection
+// or a proxy that restarts does not leave the lock held for the rest of
+// its lease. Waiting past the end of the lease would be pointless, since
+// the key is gone by then either way; minReleaseWait still gives a lapsed
+// lease one try. When until is set (the Release that sends it waits only
+// that long) and passes first, the delete goes on in a goroutine of its own
+// until the end of the lease, and the guard ends when it has its answer.
 func (g *Guard) release(ctx context.Context, until time.Time) {
 	e := g.e
 	g.mu.Lock()
@@ -487,26 +498,56 @@ func (g *Guard) release(ctx context.Context, until time.Time) {
 	if !until.IsZero() && until.Before(dl) {
 		dl = until
 	}
-	cctx, cancel := context.WithDeadline(ctx, dl)
-	sent := time.Now()
-	var r lease.Release
-	var err error
-	if g.void {
-		r, err = e.store.Cancel(cctx, e.keys, g.value, e.ttl)
-	} else {
-		r, err = e.store.Release(cctx, e.keys, g.value)
-	}
-	cancel()
-	// The release passed the lock to the next in line; if that waiter is in
-	// this process, it wakes now rather than at the announcement.
-	deliverPasses(e.queueKey(), r, sent)
-	if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && dl.Before(leaseEnd) && !time.Now().Before(dl) {
-		// The caller's wait is over, the lease is not.
-		go g.release(ctx, time.Time{})
+	pause := backoff{first: firstRetry, most: maxReleaseRetry}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	unanswered := false // an attempt got no reply: it may have deleted the lease
+	for {
+		cctx, cancel := context.WithDeadline(ctx, dl)
+		sent := time.Now()
+		var r lease.Release
+		var err error
+		if g.void {
+			r, err = e.store.Cancel(cctx, e.keys, g.value, e.ttl)
+		} else {
+			r, err = e.store.Release(cctx, e.keys, g.value)
+		}
+		cancel()
+		// The release passed the lock to the next in line; if that waiter
+		// is in this process, it wakes now rather than at the announcement.
+		deliverPasses(e.queueKey(), r, sent)
+		if _, replied := rueidis.IsRedisErr(err); err == nil || replied {
+			g.finish(releaseResult{deleted: r.Deleted, err: err, unanswered: unanswered})
+			return
+		}
+		unanswered = true
+		wait := pause.next()
+		if time.Now().Add(wait).Before(dl) {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			<-timer.C
+			continue
+		}
+		if dl.Before(leaseEnd) {
+			// The caller's wait is over, the lease is not.
+			go g.release(ctx, time.Time{})
+			return
+		}
+		g.finish(releaseResult{err: err})
 		return
 	}
-	g.finish(releaseResult{deleted: r.Deleted, err: err})
 }
+
+// maxReleaseRetry is the longest pause between two tries of the final
+// delete: a released lock should be free again soon after the path is back.
+const maxReleaseRetry = 200 * time.Millisecond
 
 // finish records how the guard ended, publishes Released and closes every
 // subscription and Done. After Leave, r is empty: nothing was sent, and
@@ -520,7 +561,7 @@ func (g *Guard) finish(r releaseResult) {
 		// Nothing new was learnt: the lease stays until it expires (after
 		// Leave the waiter first in line watches its TTL and takes it then;
 		// after a failed delete it expires on its own).
-	case !r.deleted && from == Acquired:
+	case !r.deleted && from == Acquired && !r.unanswered:
 		// The key no longer held our value: whatever we believed, the
 		// lease had slipped.
 		cause := &LostError{Key: g.e.keys.Lease, Reason: LostRefused}

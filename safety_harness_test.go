@@ -176,6 +176,14 @@ func (w *world) leaseValue() (string, bool) {
 	return get(w.t, w.srv, w.key)
 }
 
+// lineLength returns how many waiters stand in the lock's line.
+func (w *world) lineLength() int {
+	w.t.Helper()
+	n, err := w.srv.MustDo("ZCARD", w.key+":queue").AsInt64()
+	require.NoError(w.t, err)
+	return int(n)
+}
+
 // client is one participant: its own proxy, wire recorder and Mutex.
 type client struct {
 	w     *world
@@ -486,6 +494,12 @@ func (h *holding) increment() bool {
 func (h *holding) release() (distlock.State, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), eventually)
 	defer cancel()
+	return h.releaseWith(ctx)
+}
+
+// releaseWith is release with the given context, such as the README's
+// context.WithoutCancel(ctx).
+func (h *holding) releaseWith(ctx context.Context) (distlock.State, error) {
 	st, err := h.g.Release(ctx)
 	w := h.c.w
 	w.rec.Add(history.Op{Kind: history.Released, At: history.Now(), Key: w.key, Client: h.c.name, Token: h.token,

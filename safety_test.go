@@ -333,6 +333,38 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 		figure(t, label("4", "port-closed-briefly"), "renewed_after_reopen_ms", renewed.Sub(healed),
 			"failures_reported", len(failures), "losses", ha.lossCount())
 	})
+	subtest(t, "release while the port is closed briefly", 1, func(t *testing.T) {
+		// Release during a 300 ms blip, with a long lease left: the delete
+		// is retried within Release's bound, Release reports Released with
+		// no error, and the waiter gets the lock at the heal, not at the
+		// end of the lease.
+		const long = 3 * time.Second
+		w, a, b, ha := pair(t, long)
+		bw := b.lockInBackground(t.Context())
+		w.waitFor(t, long, "b in line", func() bool { return w.lineLength() == 1 })
+		a.proxy.Refuse()
+		healAt := time.Now().Add(300 * time.Millisecond)
+		healed := make(chan time.Time, 1)
+		go func() {
+			time.Sleep(time.Until(healAt))
+			a.proxy.Heal()
+			healed <- time.Now()
+		}()
+		start := time.Now()
+		st, err := ha.releaseWith(context.WithoutCancel(t.Context()))
+		took := time.Since(start)
+		heal := <-healed
+		require.NoError(t, err, "Release during a blip")
+		assert.Equal(t, distlock.Released, st)
+		assert.Less(t, took, distlock.ReleaseTimeout, "Release waited past its bound")
+		hb := <-bw.got
+		require.NotNil(t, hb, "b never acquired")
+		afterHeal := hb.granted.Sub(heal)
+		assert.Less(t, afterHeal, long/3, "b got the lock %v after the heal: the release was not retried", afterHeal)
+		hb.mustRelease(t, distlock.Released)
+		w.requireClean(label("4", "release-port-closed-briefly"))
+		figure(t, label("4", "release-port-closed-briefly"), "release_ms", took, "b_after_heal_ms", afterHeal)
+	})
 	subtest(t, "port closed", 1, func(t *testing.T) {
 		w, a, b, ha := pair(t, ttl)
 		bw := b.lockInBackground(t.Context())

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/distkit-go/distlock/internal/faultproxy"
 	"github.com/distkit-go/distlock/internal/redistest"
 	"github.com/distkit-go/distlock/lease"
 )
@@ -153,6 +154,38 @@ func TestRunStopsTheCommandWhenTheLockIsLost(t *testing.T) {
 			assert.ErrorIs(t, syscall.Kill(rep.Pid, 0), syscall.ESRCH, "the command is still running")
 		})
 	}
+}
+
+// A blip of 300 ms around a renewal (the Redis port closed: dials refused,
+// connections reset) does not stop the command: the renewal is retried
+// while the lease holds, and distlock exits with the command's status, not
+// exitLost. With -v it says that a renewal failed.
+func TestRunRidesOutABlip(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := faultproxy.New(t, srv.Addr())
+	dir := t.TempDir()
+	const key = "blip"
+	const ttl = 3 * time.Second
+	args := []string{"run", "--redis", "redis://" + proxy.Addr(), "--foreground=false", "-v", "--ttl", ttl.String(), key}
+	p := start(t, nil, cmdline(args, childArgs(t, dir, "c")...)...)
+	waitReport(t, dir, "c")
+	// Blips of 300 ms, 100 ms apart, until one has caught a renewal (they
+	// come every second).
+	for blips := 0; !strings.Contains(p.stderr.String(), "failed"); blips++ {
+		require.Less(t, blips, 10, "no renewal was caught in a blip; stderr: %s", &p.stderr)
+		proxy.Refuse()
+		time.Sleep(300 * time.Millisecond)
+		proxy.Heal()
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(ttl / 3) // a renewal after the heal
+	letExit(t, dir, "c")
+	code := p.wait(t)
+	errOut := p.stderr.String()
+	assert.Equal(t, 0, code, "the command should have run to its end; stderr: %s", errOut)
+	assert.Empty(t, signalsOf(dir, "c"), "the command was signalled")
+	assert.Contains(t, errOut, "renewing", "-v should report the failed renewal")
+	assertFree(t, srv, key)
 }
 
 // Signals sent to distlock reach the command (and, in its own process group,
