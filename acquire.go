@@ -52,6 +52,9 @@ func (e *engine) acquire(ctx context.Context, owner string, wait, interval time.
 	if a.timer != nil {
 		a.timer.Stop()
 	}
+	if a.stopCalls != nil {
+		a.stopCalls()
+	}
 	if g == nil && a.dirty {
 		// The call gives up with something of its value possibly in Redis:
 		// a place in line, a lease passed to it, or a call whose reply it
@@ -79,6 +82,11 @@ type acquirer struct {
 	limit    time.Time // when waiting must end; zero for no limit
 	attempts int
 	timer    *time.Timer
+	// callCtx is the context of the calls that the acquire call may leave
+	// behind while ctx lives (see call); stopCalls cancels it when the
+	// acquire call returns.
+	callCtx   context.Context
+	stopCalls context.CancelFunc
 	// dirty: something of value may be in Redis (a place in line, a lease,
 	// or a call whose reply was lost) that must be cancelled if the call
 	// gives up.
@@ -190,6 +198,17 @@ func (a *acquirer) call(p *lease.Place) (grant lease.Grant, err, stop error) {
 	}
 	done := make(chan result, 1)
 	ctx, value := a.ctx, a.value
+	if !a.limit.IsZero() || a.waiter != nil {
+		// The call may be left behind while ctx lives: when the wait limit
+		// ends the acquire, or a grant comes while a refresh is in flight.
+		// It must not go on after the acquire call has returned (it could,
+		// say, dial a connection of a client that its owner has closed
+		// since), so it gets a context that ends with the acquire call.
+		if a.stopCalls == nil {
+			a.callCtx, a.stopCalls = context.WithCancel(a.ctx)
+		}
+		ctx = a.callCtx
+	}
 	proc.work.add(1)
 	go func() {
 		defer proc.work.add(-1)

@@ -34,6 +34,8 @@ import (
 //
 // An Election holds configuration and, while someone observes it, one
 // watcher goroutine shared by its observers. It is safe for concurrent use.
+// Make one with [NewElection]: Campaign and Leader of the zero Election
+// return an error matching [ErrInvalidOption], and its Observe panics.
 type Election struct {
 	e    engine
 	read leaderReader
@@ -99,6 +101,9 @@ func (e *Election) Key() string { return e.e.keys.Lease }
 // the guard is released (resigning), when ctx ends, or when the lease is
 // lost; the guard's Context, State and Subscribe say so at once.
 func (e *Election) Campaign(ctx context.Context, value string) (*Guard, error) {
+	if e.e.store == nil {
+		return nil, zeroValue("Election")
+	}
 	if err := lease.CheckOwner(value); err != nil {
 		return nil, badArgument("value", "%v", unwrapName(err))
 	}
@@ -108,6 +113,9 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Guard, error) {
 // Leader asks Redis who leads now, in one round trip. It returns the zero
 // Leader when nobody does.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	if e.read == nil {
+		return Leader{}, zeroValue("Election")
+	}
 	if ctx == nil {
 		return Leader{}, badArgument("ctx", "is nil")
 	}
@@ -136,7 +144,13 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 // the last observer's ctx ends, the watcher unsubscribes before that
 // observer's channel is closed, so a program that has drained the channel
 // leaves nothing of it running. A nil ctx returns a closed channel.
+// Observe panics on a zero Election (one that NewElection did not make).
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
+	if e.read == nil {
+		// No error to return: fail here, in the caller's goroutine, rather
+		// than in the watcher's.
+		panic(zeroValue("Election"))
+	}
 	ch := make(chan Leader, 1)
 	if ctx == nil {
 		close(ch)
@@ -417,8 +431,9 @@ func (w *watcher) subscribe(ctx context.Context, a *actor.Actor[watchMsg]) {
 		}, func(value string, token int64) {
 			_ = a.Send(ctx, announceMsg{v: announced(value, token)})
 		})
-	}, func(bool) {
+	}, func(noPubSub bool) bool {
 		_ = a.Send(ctx, subMsg{}) // down: the loop reads now, then polls
+		return !noPubSub
 	})
 }
 

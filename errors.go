@@ -114,6 +114,13 @@ func invalid(field, format string, args ...any) error {
 	return &OptionError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
+// zeroValue returns the error of a method called on a typ (Mutex,
+// Semaphore, Election) that its constructor did not make, such as a
+// "var m distlock.Mutex": it has no client to talk to.
+func zeroValue(typ string) error {
+	return &OptionError{Field: "receiver", Reason: fmt.Sprintf("is a zero %s; make one with New%s", typ, typ)}
+}
+
 // badArgument returns an [*ArgumentError] for arg.
 func badArgument(arg, format string, args ...any) error {
 	return &ArgumentError{Arg: arg, Reason: fmt.Sprintf(format, args...)}

@@ -325,7 +325,7 @@ func (g *Guard) Release(ctx context.Context) (State, error) {
 		return g.State(), badArgument("ctx", "is nil")
 	}
 	bound := waitBound(ctx)
-	if g.beginEnd(endRelease) {
+	if _, last := g.beginEnd(endRelease); last {
 		if ctx.Done() == nil {
 			g.release(ctx, bound)
 		} else {
@@ -366,7 +366,7 @@ func (g *Guard) Leave(ctx context.Context) (State, error) {
 		return g.State(), badArgument("ctx", "is nil")
 	}
 	bound := waitBound(ctx)
-	if g.beginEnd(endLeave) {
+	if _, last := g.beginEnd(endLeave); last {
 		g.finish(releaseResult{})
 	}
 	return g.wait(ctx, bound, "leaving")
@@ -375,8 +375,17 @@ func (g *Guard) Leave(ctx context.Context) (State, error) {
 // lockCtxEnded is the watch on the Lock context: its end releases the
 // guard, as Release would. It runs in a goroutine of its own
 // (context.AfterFunc's), which sends the delete if the guard has no actor.
+//
+// A deadline that ends the hold is logged at Warn: it is usually a timeout
+// meant for the wait alone (the habit of libraries whose lock outlives the
+// context it was taken with), and the work under the lock is cut short.
 func (g *Guard) lockCtxEnded() {
-	if g.beginEnd(endRelease) {
+	began, last := g.beginEnd(endRelease)
+	if began && errors.Is(g.lockCtx.Err(), context.DeadlineExceeded) {
+		g.logger().Warn("distlock: the deadline of the context given to Lock has ended the hold; releasing the lock "+
+			"(to bound only the wait, use WithMaxWait or TryLockFor)", "held", time.Since(g.acquired))
+	}
+	if last {
 		g.release(context.WithoutCancel(g.lockCtx), time.Time{})
 	}
 }
@@ -385,14 +394,15 @@ func (g *Guard) lockCtxEnded() {
 // already. From this moment State reports Released and the guard's context
 // is cancelled; the timer of the first renewal and the watch on the Lock
 // context stop, and an actor is told to stop. It reports whether the
-// caller must take the end's last step (the delete for a release; nothing
-// to send for Leave, but the end to record): it must when it began the end
-// and the guard has no actor, which takes the step itself otherwise.
-func (g *Guard) beginEnd(how endHow) bool {
+// caller began the end, and whether it must take the end's last step (the
+// delete for a release; nothing to send for Leave, but the end to record):
+// it must when it began the end and the guard has no actor, which takes the
+// step itself otherwise.
+func (g *Guard) beginEnd(how endHow) (began, last bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.how != 0 {
-		return false
+		return false, false
 	}
 	// A lease that lapsed before the end began, though no timer has said
 	// so yet, was lost first.
@@ -410,9 +420,9 @@ func (g *Guard) beginEnd(how endHow) bool {
 	}
 	if g.stopActor != nil {
 		g.stopActor()
-		return false
+		return true, false
 	}
-	return true
+	return true, true
 }
 
 // waitBound returns until when Release or Leave waits: ctx's deadline, or

@@ -3,8 +3,10 @@ package distlock
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -199,4 +201,67 @@ func TestUncontendedPairAllocations(t *testing.T) {
 	// A Mutex (with its options and keys), a value, a guard with its done
 	// channel and first-renewal timer, the release's deadline: about 12.
 	assert.LessOrEqual(t, allocs, 14.0)
+}
+
+// records is a slog handler that keeps the records it is given.
+type records struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// at returns the records of level and message.
+func (r *records) at(level slog.Level, message string) []slog.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []slog.Record
+	for _, rec := range r.recs {
+		if rec.Level == level && strings.Contains(rec.Message, message) {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// A Lock context whose deadline ends the hold (a timeout meant for the wait,
+// as other libraries take it) releases the lock, and says so at Warn, with
+// how long the lock was held; a cancellation does not.
+func TestLockContextDeadlineIsLoggedAtWarn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		log := &records{}
+		m := fakeMutex(t, f, WithLogger(slog.New(log)))
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		g, err := m.Lock(ctx)
+		require.NoError(t, err)
+		<-g.Done()
+		assert.Equal(t, Released, g.State())
+		warns := log.at(slog.LevelWarn, "deadline of the context given to Lock")
+		require.Len(t, warns, 1)
+		var held time.Duration
+		warns[0].Attrs(func(a slog.Attr) bool {
+			if a.Key == "held" {
+				held = a.Value.Duration()
+			}
+			return true
+		})
+		assert.Equal(t, 2*time.Second, held)
+
+		ctx, cancel = context.WithCancel(t.Context())
+		g, err = m.Lock(ctx)
+		require.NoError(t, err)
+		cancel()
+		<-g.Done()
+		assert.Len(t, log.at(slog.LevelWarn, "deadline of the context given to Lock"), 1, "a cancellation is not a deadline")
+	})
 }

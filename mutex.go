@@ -11,7 +11,9 @@ import (
 // no state: every successful Lock returns a new [Guard] that owns one
 // acquisition. A Mutex is safe for concurrent use, and several goroutines may
 // call Lock on the same Mutex; they contend for the lock exactly as separate
-// processes would.
+// processes would. Unlike a sync.Mutex, the zero Mutex cannot be used, since
+// it has no Redis client: make one with [NewMutex]. Its methods return an
+// error matching [ErrInvalidOption].
 type Mutex struct {
 	e engine
 }
@@ -74,6 +76,9 @@ func (m *Mutex) Owner() string { return m.e.owner }
 // concurrent use.
 func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 	e := &m.e
+	if e.store == nil {
+		return nil, zeroValue("Mutex")
+	}
 	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
 }
 
@@ -82,6 +87,9 @@ func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 // [*NotAcquiredError] that names the holder). Like [Mutex.Lock], ctx bounds
 // the attempt and the hold.
 func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
+	if m.e.store == nil {
+		return nil, zeroValue("Mutex")
+	}
 	return m.e.acquire(ctx, m.e.owner, 0, 0, false, true)
 }
 
@@ -93,6 +101,9 @@ func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
 // [ErrInvalidOption]. Like [Mutex.Lock], ctx bounds the wait and the hold,
 // and when ctx ends first the error matches ctx.Err().
 func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
+	if m.e.store == nil {
+		return nil, zeroValue("Mutex")
+	}
 	return m.e.tryFor(ctx, timeout, retryInterval)
 }
 

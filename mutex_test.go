@@ -624,6 +624,30 @@ func TestInvalidInput(t *testing.T) {
 		require.ErrorIs(t, err, distlock.ErrInvalidOption)
 	})
 
+	t.Run("zero values", func(t *testing.T) {
+		// Not made by their constructors: an error (or, for Observe, a
+		// panic) in the caller's goroutine, never a crash elsewhere.
+		var zm distlock.Mutex
+		var zs distlock.Semaphore
+		var ze distlock.Election
+		calls := map[string]func() error{
+			"Mutex.Lock":              func() error { _, err := zm.Lock(t.Context()); return err },
+			"Mutex.TryLock":           func() error { _, err := zm.TryLock(t.Context()); return err },
+			"Mutex.TryLockFor":        func() error { _, err := zm.TryLockFor(t.Context(), time.Second, 0); return err },
+			"Semaphore.Acquire":       func() error { _, err := zs.Acquire(t.Context()); return err },
+			"Semaphore.TryAcquire":    func() error { _, err := zs.TryAcquire(t.Context()); return err },
+			"Semaphore.TryAcquireFor": func() error { _, err := zs.TryAcquireFor(t.Context(), time.Second, 0); return err },
+			"Election.Campaign":       func() error { _, err := ze.Campaign(t.Context(), "me"); return err },
+			"Election.Leader":         func() error { _, err := ze.Leader(t.Context()); return err },
+		}
+		for name, call := range calls {
+			err := call()
+			require.ErrorIs(t, err, distlock.ErrInvalidOption, name)
+			assert.Contains(t, err.Error(), "zero", name)
+		}
+		assert.Panics(t, func() { ze.Observe(t.Context()) }, "Election.Observe")
+	})
+
 	// None of that reached Redis: no script ran and no key exists.
 	info, err := srv.MustDo("INFO", "commandstats").ToString()
 	require.NoError(t, err)

@@ -13,7 +13,9 @@ const MaxPermits = 1 << 20
 // A Semaphore is a named distributed counting semaphore kept in Redis: up
 // to a fixed number of holders at once, each with a lease of its own that
 // its [Guard] renews, exactly as a [Mutex] guard renews its lock. It holds
-// configuration only and is safe for concurrent use.
+// configuration only and is safe for concurrent use. Make one with
+// [NewSemaphore]; the methods of the zero Semaphore return an error matching
+// [ErrInvalidOption].
 //
 // A permit is a lease: the guard says Acquired only while Redis cannot yet
 // have expired it (the same contract as a Mutex guard), a holder that
@@ -95,6 +97,9 @@ func (s *Semaphore) Owner() string { return s.e.owner }
 // ctx bounds the wait and the hold, and the errors are those of
 // [Mutex.Lock].
 func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
+	if s.e.store == nil {
+		return nil, zeroValue("Semaphore")
+	}
 	e := &s.e
 	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
 }
@@ -103,6 +108,9 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
 // or others wait in line for the one that is free, it returns an error
 // matching [ErrNotAcquired] (a [*NotAcquiredError] whose Permits is set).
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
+	if s.e.store == nil {
+		return nil, zeroValue("Semaphore")
+	}
 	return s.e.acquire(ctx, s.e.owner, 0, 0, false, true)
 }
 
@@ -110,5 +118,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
 // retryInterval, as [Mutex.TryLockFor] does: it never stands in line, nor
 // takes a permit ahead of those who do.
 func (s *Semaphore) TryAcquireFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
+	if s.e.store == nil {
+		return nil, zeroValue("Semaphore")
+	}
 	return s.e.tryFor(ctx, timeout, retryInterval)
 }

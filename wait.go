@@ -298,6 +298,12 @@ func (r *room) close() <-chan struct{} {
 		return nil
 	}
 	delete(r.set.m, r.key)
+	if len(r.set.m) == 0 {
+		// A Go map never shrinks: drop an empty one, so that a process
+		// that waits for many different locks over time keeps nothing of
+		// the ones it no longer waits for.
+		r.set.m = nil
+	}
 	if r.cancelSub != nil {
 		r.cancelSub()
 	}
@@ -339,8 +345,9 @@ func (r *room) listen() bool {
 	if !r.listening && !r.noPubSub {
 		r.listening = true
 		ctx, cancel := context.WithCancel(context.Background())
-		r.cancelSub, r.subDone = cancel, make(chan struct{})
-		go r.subscribe(ctx)
+		done := make(chan struct{})
+		r.cancelSub, r.subDone = cancel, done
+		go r.subscribe(ctx, done)
 	}
 	return r.up
 }
@@ -384,39 +391,49 @@ func (r *room) setUp(up bool) {
 	}
 }
 
-// subscribe keeps the room subscribed to its wake channel until ctx is
-// cancelled by close, or until the server refuses pub/sub.
-func (r *room) subscribe(ctx context.Context) {
-	defer close(r.subDone)
+// subscribe keeps the room subscribed to its wake channel, and closes done
+// when it stops: when ctx is cancelled by close, when the server refuses
+// pub/sub, or when the subscription ends while no Lock call waits in the
+// room. A room nobody waits in only keeps a subscription that is up (its
+// linger); it never sets one up again, so it sends nothing on a client
+// that its owner may have closed meanwhile. A Lock call that enters the
+// room later starts a new one (see listen).
+func (r *room) subscribe(ctx context.Context, done chan struct{}) {
+	defer close(done)
 	resubscribe(ctx, func() error {
 		return r.store.Subscribe(ctx, r.keys, proc.roomID, func() { r.setUp(true) }, func(value string, token int64) {
 			r.granted(value, grantNote{token: token})
 		})
-	}, func(noPubSub bool) {
+	}, func(noPubSub bool) bool {
 		r.setUp(false)
-		if noPubSub {
-			r.mu.Lock()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		switch {
+		case noPubSub:
 			r.noPubSub, r.listening = true, false
-			r.mu.Unlock()
+			return false // the waiters poll
+		case r.refs == 0:
+			r.listening = false
+			return false
 		}
+		return true
 	})
 }
 
 // resubscribe runs subscribe until ctx ends. Each time it returns for
 // another reason, resubscribe calls down, with whether the server refused
-// pub/sub; then it stops if it did, and otherwise subscribes again after a
-// pause that grows from minResubscribe up to maxResubscribe (see backoff).
-func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub bool)) {
+// pub/sub, and stops unless down says to go on; then it subscribes again
+// after a pause that grows from minResubscribe up to maxResubscribe (see
+// backoff).
+func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub bool) (again bool)) {
 	pause := backoff{first: minResubscribe, most: maxResubscribe}
 	for {
 		err := subscribe()
 		if ctx.Err() != nil {
 			return
 		}
-		noPubSub := errors.Is(err, lease.ErrNoPubSub)
-		down(noPubSub)
-		if noPubSub {
-			return // the caller polls
+		if !down(errors.Is(err, lease.ErrNoPubSub)) {
+			return
 		}
 		t := time.NewTimer(pause.next())
 		select {

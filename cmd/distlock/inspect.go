@@ -51,9 +51,12 @@ to its leader channel, one per observed Election value in each process. A
 lock and an election that nobody observes look alike, and are shown as a
 lock.
 
-With --watch it prints the state, then one line for each change (a new
-holder, a release, a new token, an error) until interrupted; it polls every
---interval. With --json each state is one JSON object per line:
+With --watch it prints the state, then reads it again every --interval and
+prints one line for each change it sees (a new holder, a release, a new
+token, an error) until interrupted. It reads, it does not follow every
+event: a hold that begins and ends between two reads is not shown, but the
+token it took is, in the next line. With --json each state is one JSON
+object per line:
 
   {"time":"...","key":"distlock:{backup}","state":"held","kind":"lock",
    "owner":"db-2:4711","value":"db-2:4711#<uuid>","expires_in_ms":8734,

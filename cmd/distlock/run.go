@@ -97,6 +97,10 @@ For flock(1) users: -n, -w, -E, -c and -v mean what they mean there, but
 the default -E is 75, not 1; -c runs sh, not $SHELL; and -w also takes
 durations such as 1m30s. The lock is exclusive (no -s; --permits N lets N
 commands share it), and is released when the command exits (no -u, -o or -F).
+Unlike flock's lock, which goes with the holder's processes, a lease
+outlives a distlock that is killed with SIGKILL (an OOM kill, say): the lock
+stays held until its lease ends, at most --ttl (10s by default) after the
+last renewal, and a -n run that starts meanwhile skips.
 
 Exit status:
   the command's    the command exited on its own
@@ -138,6 +142,14 @@ type runConfig struct {
 	verbose      bool
 }
 
+// runTTL is the default lease of "distlock run": shorter than the library's
+// DefaultTTL (30 s). A holder that is SIGKILLed (an OOM kill) cannot
+// release, so its lock stays held for the rest of its lease and a -n cron
+// job that starts meanwhile skips its run; flock(1) frees the lock as soon
+// as the holder's processes are gone. Ten seconds bounds that; renewals,
+// every TTL/3, are one round trip each and cost little.
+const runTTL = 10 * time.Second
+
 // singleAttempt reports whether the command line asks for one attempt at
 // the lock: -n, or -w 0.
 func (c *runConfig) singleAttempt() bool { return c.try || (c.wait.set && c.wait.d == 0) }
@@ -145,7 +157,7 @@ func (c *runConfig) singleAttempt() bool { return c.try || (c.wait.set && c.wait
 // runFlags returns the flag set of "distlock run", bound to c.
 func runFlags(c *runConfig) *flag.FlagSet {
 	fs := newFlagSet("run")
-	c.register(fs, "; run needs a real Redis", distlock.DefaultTTL)
+	c.register(fs, "; run needs a real Redis", runTTL)
 	fs.BoolVar(&c.try, "n", false, "make a single attempt: if the lock is held, exit at once with the status of -E")
 	alias(fs, "n", "nonblock", "try")
 	fs.Var(&c.wait, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
