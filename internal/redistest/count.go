@@ -40,9 +40,16 @@ func WithCounting(opt rueidis.ClientOption) (rueidis.ClientOption, *CommandCount
 		if err != nil {
 			return nil, err
 		}
-		return &countingConn{Conn: conn, counter: counter}, nil
+		return counter.Wrap(conn), nil
 	}
 	return opt, counter
+}
+
+// Wrap returns conn with the commands written to it counted in c, for a
+// client that dials through a function of its own (go-redis's
+// Options.Dialer, say). Several connections may share one counter.
+func (c *CommandCounter) Wrap(conn net.Conn) net.Conn {
+	return &countingConn{Conn: conn, counter: c}
 }
 
 // countingConn parses the RESP arrays written to it and counts them.
