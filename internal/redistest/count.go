@@ -3,9 +3,11 @@ package redistest
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -59,6 +61,18 @@ type countingConn struct {
 
 	mu    sync.Mutex
 	state respState
+}
+
+// SyscallConn gives the file descriptor of the connection underneath, so
+// that a client that peeks at a pooled connection's socket to check its
+// health (go-redis does, to drop one with a stale reply in it) treats a
+// counted connection as it treats a plain one.
+func (c *countingConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("redistest: the counted connection has no file descriptor")
+	}
+	return sc.SyscallConn()
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
