@@ -52,10 +52,10 @@ type scenario struct {
 }
 
 var scenarios = []scenario{
-	{name: "serial", title: "Serial Lock + Release, one goroutine, no contention", workers: 1},
-	{name: "keys64", title: "64 goroutines on 64 keys, no contention", workers: 64},
-	{name: "goroutines8", title: "8 goroutines on one key, each holding it 100 µs", workers: 8, shared: true, hold: holdFor},
-	{name: "processes8", title: "8 processes on one key, each holding it 100 µs", procs: 8, shared: true, hold: holdFor},
+	{name: "serial", title: "1. Serial Lock + Release, one goroutine, no contention", workers: 1},
+	{name: "keys64", title: "2. 64 goroutines on 64 keys, no contention", workers: 64},
+	{name: "goroutines8", title: "3. 8 goroutines on one key, each holding it 100 µs", workers: 8, shared: true, hold: holdFor},
+	{name: "processes8", title: "4. 8 processes on one key, each holding it 100 µs", procs: 8, shared: true, hold: holdFor},
 }
 
 func scenarioNames() []string {
