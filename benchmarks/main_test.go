@@ -27,9 +27,11 @@ const (
 
 // TestSmoke runs every scenario with every library and both contexts for
 // one short round, so that CI keeps the harness compiling and working: no
-// worker may see an error or an overlap, every variant must acquire, and
-// distlock and the bare commands must never leave a job stuck. Other
-// libraries may (see the report for rueidislock's lost wake-up).
+// worker may see an error or an overlap, every variant must acquire (in
+// the round, or after its end: a loaded machine under -race can take
+// longer than a round for the first Lock), and distlock and the bare
+// commands must never leave a job stuck. Other libraries may (see
+// openRueidislock for rueidislock's lost wake-up).
 func TestSmoke(t *testing.T) {
 	for _, e := range envFlags {
 		t.Setenv(e.env, "") // the defaults, whatever the environment says
@@ -57,8 +59,8 @@ func TestSmoke(t *testing.T) {
 				continue
 			}
 			s := samples[0]
-			if len(s.waits) == 0 && s.stuck == 0 {
-				t.Errorf("%s %s %s: no acquisition in a %v round", res.scenario.name, v.lib, v.ctx, smokeRound)
+			if len(s.waits)+s.late == 0 && s.stuck == 0 {
+				t.Errorf("%s %s %s: no acquisition in a %v round and its drain", res.scenario.name, v.lib, v.ctx, smokeRound)
 			}
 			if s.stuck > 0 && (v.lib == "distlock" || strings.HasPrefix(v.lib, libBare)) {
 				t.Errorf("%s %s %s: %d jobs stuck (%s)", res.scenario.name, v.lib, v.ctx, s.stuck, s.keys)

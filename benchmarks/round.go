@@ -73,8 +73,11 @@ type localResult struct {
 	// job then called Lock again); Stuck counts workers still in a job
 	// drainTimeout after the round's end; Overlaps counts acquisitions that
 	// found another worker of the process holding the same key.
-	GaveUp   int      `json:"gave_up"`
-	Stuck    int      `json:"stuck"`
+	GaveUp int `json:"gave_up"`
+	Stuck  int `json:"stuck"`
+	// Late counts jobs that held the lock only after the round's end
+	// (released, not counted).
+	Late     int      `json:"late"`
 	Overlaps int      `json:"overlaps"`
 	Errs     []string `json:"errs,omitempty"`
 }
@@ -133,6 +136,7 @@ func runLocal(lib *library, spec roundSpec) localResult {
 			res.Unfinished = append(res.Unfinished, w.unfinished)
 		}
 		res.GaveUp += w.gaveUp
+		res.Late += w.late
 		res.Overlaps += w.overlaps
 		res.Errs = append(res.Errs, w.errs...)
 		w.mu.Unlock()
@@ -156,6 +160,7 @@ type worker struct {
 	spans      []span
 	unfinished time.Duration // the wait, until the end, of a job that held the lock only after it
 	gaveUp     int
+	late       int
 	overlaps   int
 	errs       []string
 	done       bool
@@ -204,6 +209,7 @@ func (w *worker) run() {
 			}
 		} else {
 			w.unfinished = w.end.Sub(asked)
+			w.late++
 		}
 		w.mu.Unlock()
 		err := release()
@@ -266,7 +272,7 @@ func workerStacks() string {
 	all := string(buf[:runtime.Stack(buf, true)])
 	var out []string
 	for g := range strings.SplitSeq(all, "\n\n") {
-		if strings.Contains(g, "main.(*worker)") {
+		if strings.Contains(g, ".(*worker).") {
 			out = append(out, g)
 		}
 	}

@@ -108,6 +108,7 @@ type sample struct {
 	clientCPU  time.Duration // holds included
 	gaveUp     int
 	stuck      int
+	late       int // jobs that held the lock only after the end
 	overlaps   int
 	errs       []string
 	// keys describes the round's keys in Redis, after a round with an
@@ -124,6 +125,7 @@ func (s *sample) add(r localResult) {
 	s.clientCPU += r.CPU
 	s.gaveUp += r.GaveUp
 	s.stuck += r.Stuck
+	s.late += r.Late
 	s.overlaps += r.Overlaps
 	s.errs = append(s.errs, r.Errs...)
 }
