@@ -3,9 +3,11 @@ package redistest
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -40,9 +42,16 @@ func WithCounting(opt rueidis.ClientOption) (rueidis.ClientOption, *CommandCount
 		if err != nil {
 			return nil, err
 		}
-		return &countingConn{Conn: conn, counter: counter}, nil
+		return counter.Wrap(conn), nil
 	}
 	return opt, counter
+}
+
+// Wrap returns conn with the commands written to it counted in c, for a
+// client that dials through a function of its own (go-redis's
+// Options.Dialer, say). Several connections may share one counter.
+func (c *CommandCounter) Wrap(conn net.Conn) net.Conn {
+	return &countingConn{Conn: conn, counter: c}
 }
 
 // countingConn parses the RESP arrays written to it and counts them.
@@ -52,6 +61,18 @@ type countingConn struct {
 
 	mu    sync.Mutex
 	state respState
+}
+
+// SyscallConn gives the file descriptor of the connection underneath, so
+// that a client that peeks at a pooled connection's socket to check its
+// health (go-redis does, to drop one with a stale reply in it) treats a
+// counted connection as it treats a plain one.
+func (c *countingConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("redistest: the counted connection has no file descriptor")
+	}
+	return sc.SyscallConn()
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {

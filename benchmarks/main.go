@@ -1,0 +1,170 @@
+// Command benchmarks measures distlock against the locks users would pick
+// instead, side by side against one private redis-server, and prints a
+// markdown table per scenario, ready to paste into BENCHMARKS.md:
+//
+//	cd benchmarks && go run .                     # every scenario, 5 rounds of 500ms (about 3 minutes)
+//	go run . -scenarios serial,keys64 -rounds 9   # some scenarios, more rounds
+//	go run . -libs bare,distlock -round 1s        # some libraries, longer rounds
+//
+// It is a module of its own (github.com/distkit-go/distlock/benchmarks), so
+// that distlock never depends on the peers it is measured against; its go.mod
+// replaces distlock with the tree it sits in, so it measures that code.
+//
+// # What it runs
+//
+// Each library is called as a worker calls it: for every job a new Mutex
+// (or locker object, where the library has one) and a blocking Lock with the
+// library's own way of waiting; the job's context is context.Background() in
+// one variant and a context.WithCancel of it in the other (what workers
+// pass); distlock releases with context.WithoutCancel(ctx), the README's
+// idiom. The libraries and how they are configured are listed in catalog
+// (libraries.go) and in the output.
+//
+// The scenarios (the -scenarios names):
+//
+//   - serial: one goroutine, Lock and Release on one key, no contention;
+//   - keys64: 64 goroutines, a key each, in parallel, no contention;
+//   - goroutines8: 8 goroutines of this process on one key, each holding it
+//     for 100µs of busy work;
+//   - processes8: 8 processes on one key, the same way, each with a client
+//     of its own: this binary started again with a role in its environment
+//     (see procs.go).
+//
+// A hold is busy work, never a sleep: a sleep shorter than a millisecond
+// lasts a whole millisecond on an otherwise idle Linux process.
+//
+// # How it measures
+//
+// Rounds alternate across libraries and contexts (every variant's round 1,
+// then every variant's round 2 in the reverse order, and so on), so that all
+// of them see the same moments of the machine, and every round of every
+// variant uses keys of its own. Before its first round each variant runs one
+// unmeasured warm-up round (connections dialled, scripts loaded). Each figure
+// is computed per round, and the table shows its median over the rounds with
+// the spread (min–max) in brackets:
+//
+//   - ops/s: acquisitions (each followed by its release) per second;
+//   - × bare: ops/s over that of the bare SET NX PX + DEL on rueidis in the
+//     same round with the same context; × own client: over the bare commands
+//     sent through the library's own client (rueidis or go-redis);
+//   - wait p50, p99, worst: from calling Lock to holding the lock;
+//   - fairness (contended scenarios): the fewest acquisitions of one
+//     contender over the most;
+//   - cmds/op: Redis commands per acquisition, counted on the client (a
+//     counting net.Conn under each client; a script is one command);
+//   - Redis CPU/op: used_cpu_sys + used_cpu_user of the private server (INFO
+//     cpu) over the round, per acquisition;
+//   - client CPU/op: the CPU time of the process (getrusage), or of the
+//     contending processes together, over the round, less the busy holds
+//     (100µs for each acquisition), per acquisition.
+//
+// Flags override the environment variables DISTLOCK_BENCH_ROUNDS,
+// DISTLOCK_BENCH_ROUND, DISTLOCK_BENCH_SCENARIOS and DISTLOCK_BENCH_LIBS.
+//
+// `go test ./...` in this directory runs every scenario with every library
+// for one short round (see main_test.go), so that CI keeps the harness
+// compiling and working.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Defaults of the flags.
+const (
+	defaultRounds = 5
+	defaultRound  = 500 * time.Millisecond
+)
+
+func main() {
+	if role := os.Getenv(roleVar); role != "" {
+		os.Exit(runHelper(role))
+	}
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(2)
+	}
+	cfg.out, cfg.progress = os.Stdout, os.Stderr
+	if _, err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(1)
+	}
+}
+
+// parseFlags reads the command line, with defaults from the environment.
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("benchmarks", flag.ContinueOnError)
+	rounds := fs.Int("rounds", defaultRounds, "measured rounds per variant (the tables show the median and min–max)")
+	round := fs.Duration("round", defaultRound, "length of one round")
+	scenarios := fs.String("scenarios", strings.Join(scenarioNames(), ","), "comma-separated scenarios to run")
+	libs := fs.String("libs", strings.Join(libraryNames(), ","), "comma-separated libraries to run")
+	ctxs := fs.String("ctx", strings.Join(ctxKinds, ","), "comma-separated Lock contexts: "+strings.Join(ctxKinds, ", "))
+	for _, e := range envFlags {
+		if v := os.Getenv(e.env); v != "" {
+			if err := fs.Set(e.flag, v); err != nil {
+				return config{}, fmt.Errorf("%s=%q: %v", e.env, v, err)
+			}
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg := config{rounds: *rounds, round: *round, drain: drainTimeout}
+	if cfg.rounds < 1 || cfg.round <= 0 {
+		return config{}, fmt.Errorf("-rounds %d -round %v: want at least one round of some length", cfg.rounds, cfg.round)
+	}
+	var err error
+	if cfg.scenarios, err = pick("scenario", *scenarios, scenarioNames()); err != nil {
+		return config{}, err
+	}
+	if cfg.libs, err = pick("library", *libs, libraryNames()); err != nil {
+		return config{}, err
+	}
+	if cfg.ctxs, err = pick("context", *ctxs, ctxKinds); err != nil {
+		return config{}, err
+	}
+	return cfg, nil
+}
+
+// pick splits a comma-separated list and checks every name against known,
+// returning them in known's order.
+func pick(what, list string, known []string) ([]string, error) {
+	want := map[string]bool{}
+	for name := range strings.SplitSeq(list, ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		want[name] = true
+	}
+	var out []string
+	for _, k := range known {
+		if want[k] {
+			out = append(out, k)
+			delete(want, k)
+		}
+	}
+	for name := range want {
+		return nil, fmt.Errorf("unknown %s %q (known: %s)", what, name, strings.Join(known, ", "))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no %s selected", what)
+	}
+	return out, nil
+}
+
+// envFlags are the environment variables that set a flag's default; the
+// command line overrides them.
+var envFlags = []struct{ env, flag string }{
+	{"DISTLOCK_BENCH_ROUNDS", "rounds"},
+	{"DISTLOCK_BENCH_ROUND", "round"},
+	{"DISTLOCK_BENCH_SCENARIOS", "scenarios"},
+	{"DISTLOCK_BENCH_LIBS", "libs"},
+}

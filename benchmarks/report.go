@@ -1,0 +1,334 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// figures are one round's figures of one variant.
+type figures struct {
+	ops              float64 // acquisitions per second
+	p50, p99, worst  time.Duration
+	fairness         float64 // fewest / most acquisitions of one contender
+	cmds             float64 // commands per acquisition
+	redis, client    time.Duration
+	redisKnown, some bool // Redis CPU was read; at least one acquisition
+}
+
+// figuresOf computes a round's figures; hold is taken out of the client's
+// CPU for every acquisition.
+func figuresOf(s sample, hold time.Duration) figures {
+	n := len(s.waits)
+	f := figures{ops: float64(n) / s.elapsed.Seconds(), some: n > 0}
+	if len(s.unfinished) > 0 {
+		f.worst = slices.Max(s.unfinished)
+	}
+	if n == 0 {
+		return f
+	}
+	waits := slices.Clone(s.waits)
+	slices.Sort(waits)
+	f.p50, f.p99 = waits[(n-1)/2], waits[int(0.99*float64(n-1))]
+	f.worst = max(f.worst, waits[n-1])
+	if most := slices.Max(s.acq); most > 0 {
+		f.fairness = float64(slices.Min(s.acq)) / float64(most)
+	}
+	f.cmds = float64(s.cmds) / float64(n)
+	if s.redisCPU >= 0 {
+		f.redis, f.redisKnown = s.redisCPU/time.Duration(n), true
+	}
+	f.client = max(0, s.clientCPU-time.Duration(n)*hold) / time.Duration(n)
+	return f
+}
+
+// spread is a figure over the rounds: the median and the range.
+type spread struct {
+	med, lo, hi float64
+	n           int
+}
+
+func spreadOf(xs []float64) spread {
+	if len(xs) == 0 {
+		return spread{}
+	}
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	med := xs[len(xs)/2]
+	if len(xs)%2 == 0 {
+		med = (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+	}
+	return spread{med: med, lo: xs[0], hi: xs[len(xs)-1], n: len(xs)}
+}
+
+// cell formats a spread as "median (min–max)" with format, or "–" when
+// there is no figure.
+func (s spread) cell(format func(float64) string) string {
+	if s.n == 0 {
+		return "–"
+	}
+	if s.n == 1 || format(s.lo) == format(s.hi) {
+		return format(s.med)
+	}
+	return fmt.Sprintf("%s (%s–%s)", format(s.med), format(s.lo), format(s.hi))
+}
+
+// durationCell formats a spread of nanoseconds in the unit that suits its
+// median, the same for all three numbers, the unit once at the median.
+func (s spread) durationCell() string {
+	if s.n == 0 {
+		return "–"
+	}
+	unit, scale := "µs", 1e3
+	switch {
+	case s.med >= 1e9:
+		unit, scale = "s", 1e9
+	case s.med >= 1e6:
+		unit, scale = "ms", 1e6
+	}
+	digits := 0
+	switch m := s.med / scale; {
+	case unit == "µs":
+		if m < 10 {
+			digits = 1
+		}
+	case m < 10:
+		digits = 2
+	case m < 100:
+		digits = 1
+	}
+	num := func(x float64) string { return strconv.FormatFloat(x/scale, 'f', digits, 64) }
+	if s.n == 1 || num(s.lo) == num(s.hi) {
+		return num(s.med) + " " + unit
+	}
+	return fmt.Sprintf("%s %s (%s–%s)", num(s.med), unit, num(s.lo), num(s.hi))
+}
+
+func fixed(digits int) func(float64) string {
+	return func(x float64) string { return strconv.FormatFloat(x, 'f', digits, 64) }
+}
+
+// thousands formats x rounded to an integer with commas: 12,345.
+func thousands(x float64) string {
+	s := strconv.FormatInt(int64(math.Round(x)), 10)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// ctxLabel is how a Lock ctx kind reads in the tables.
+func ctxLabel(kind string) string {
+	if kind == ctxCancel {
+		return "WithCancel"
+	}
+	return "Background"
+}
+
+// printHeader prints how the run was made: the command that repeats it,
+// the machine, and how each library is called.
+func printHeader(cfg config, admin rueidis.Client) {
+	w := cfg.out
+	fmt.Fprintf(w, "## distlock and its peers\n\n")
+	fmt.Fprintf(w, "`%s`\n\n", commandLine(cfg))
+	fmt.Fprintf(w, "%d CPUs (GOMAXPROCS %d), %s/%s, %s, redis-server %s%s, %s. "+
+		"Median of %d rounds of %v per variant, range (min–max) in brackets; "+
+		"rounds interleaved across libraries and contexts, keys of their own per round.\n\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version(),
+		redisVersion(admin), gitRevision(), time.Now().Format("2006-01-02 15:04 MST"), cfg.rounds, cfg.round)
+	for _, name := range cfg.libs {
+		spec, _ := specOf(name)
+		fmt.Fprintf(w, "- **%s**: %s.\n", spec.name, spec.how)
+	}
+	fmt.Fprintf(w, "\n"+
+		"ops/s: Lock + Release pairs per second; × bare: ops/s over bare's, same round and ctx; "+
+		"× own client: over the bare commands on the library's own client (bare or bare-goredis); "+
+		"wait: from calling Lock to holding (the worst includes a job still waiting at the round's end, counted to the end); fairness: fewest / most acquisitions of one contender; "+
+		"cmds/op: commands sent per acquisition, counted on the client (a script is one); "+
+		"Redis CPU/op: the server's used_cpu_sys+used_cpu_user (INFO cpu) over the round; "+
+		"client CPU/op: getrusage of the process (of the 8 processes together in scenario 4) over the round, "+
+		"less the busy holds.\n")
+}
+
+// commandLine returns the command that repeats this run, flags at their
+// defaults left out.
+func commandLine(cfg config) string {
+	args := []string{"cd benchmarks && go run ."}
+	if cfg.rounds != defaultRounds {
+		args = append(args, "-rounds", strconv.Itoa(cfg.rounds))
+	}
+	if cfg.round != defaultRound {
+		args = append(args, "-round", cfg.round.String())
+	}
+	for _, f := range []struct {
+		flag       string
+		got, known []string
+	}{
+		{"-scenarios", cfg.scenarios, scenarioNames()},
+		{"-libs", cfg.libs, libraryNames()},
+		{"-ctx", cfg.ctxs, ctxKinds},
+	} {
+		if !slices.Equal(f.got, f.known) {
+			args = append(args, f.flag, strings.Join(f.got, ","))
+		}
+	}
+	return strings.Join(args, " ")
+}
+
+func redisVersion(admin rueidis.Client) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := admin.Do(ctx, admin.B().Info().Section("server").Build()).ToString()
+	if err != nil {
+		return "(version unknown)"
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return "(version unknown)"
+}
+
+// gitRevision returns ", distlock at <commit>" (with "+changes" for a
+// work tree that differs from it), or "" outside a git work tree.
+func gitRevision() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	rev := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		rev += "+changes"
+	}
+	return ", distlock at " + rev
+}
+
+// printTable prints a scenario's table and the notes under it.
+func printTable(w io.Writer, sc scenario, res scenarioResult) {
+	fmt.Fprintf(w, "\n### %s\n\n", sc.title)
+	head := []string{"ctx", "library", "ops/s", "× bare", "× own client", "wait p50", "wait p99", "worst wait"}
+	if sc.shared {
+		head = append(head, "fairness")
+	}
+	head = append(head, "cmds/op", "Redis CPU/op", "client CPU/op")
+	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
+
+	figs := map[variant][]figures{}
+	for _, v := range res.variants {
+		for _, s := range res.samples[v] {
+			figs[v] = append(figs[v], figuresOf(s, sc.hold))
+		}
+	}
+	// ratio collects, round by round, v's ops/s over base's.
+	ratio := func(v variant, base string) spread {
+		b, ok := figs[variant{lib: base, ctx: v.ctx}]
+		if !ok {
+			return spread{}
+		}
+		var xs []float64
+		for i, f := range figs[v] {
+			if i < len(b) && b[i].ops > 0 {
+				xs = append(xs, f.ops/b[i].ops)
+			}
+		}
+		return spreadOf(xs)
+	}
+	var notes []string
+	for _, v := range res.variants {
+		fs := figs[v]
+		pick := func(get func(figures) float64, cond func(figures) bool) spread {
+			var xs []float64
+			for _, f := range fs {
+				if cond == nil && f.some || cond != nil && cond(f) {
+					xs = append(xs, get(f))
+				}
+			}
+			return spreadOf(xs)
+		}
+		var ops []float64
+		for _, f := range fs {
+			ops = append(ops, f.ops)
+		}
+		own := libBare
+		if res.libs[v.lib].client == clientGoRedis {
+			own = libBareGoRedis
+		}
+		name := v.lib
+		if name == "distlock" {
+			name = "**distlock**"
+		}
+		row := []string{
+			ctxLabel(v.ctx), name,
+			spreadOf(ops).cell(thousands),
+			ratio(v, libBare).cell(fixed(2)),
+			ratio(v, own).cell(fixed(2)),
+			pick(func(f figures) float64 { return float64(f.p50) }, nil).durationCell(),
+			pick(func(f figures) float64 { return float64(f.p99) }, nil).durationCell(),
+			pick(func(f figures) float64 { return float64(f.worst) }, func(f figures) bool { return f.worst > 0 }).durationCell(),
+		}
+		if sc.shared {
+			row = append(row, pick(func(f figures) float64 { return f.fairness }, nil).cell(fixed(2)))
+		}
+		row = append(row,
+			pick(func(f figures) float64 { return f.cmds }, nil).cell(fixed(2)),
+			pick(func(f figures) float64 { return float64(f.redis) }, func(f figures) bool { return f.redisKnown }).durationCell(),
+			pick(func(f figures) float64 { return float64(f.client) }, nil).durationCell(),
+		)
+		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+
+		gaveUp, empty, stuck := 0, 0, 0
+		var stuckKeys []string
+		for i, s := range res.samples[v] {
+			gaveUp += s.gaveUp
+			stuck += s.stuck
+			if s.stuck > 0 {
+				stuckKeys = append(stuckKeys, fmt.Sprintf("round %d: %s", i+1, s.keys))
+			}
+			if !fs[i].some {
+				empty++
+			}
+		}
+		if stuck > 0 {
+			notes = append(notes, fmt.Sprintf("%s, %s: %s still in Lock %v after the round's end, left behind "+
+				"(the worst wait counts them to then; %s)", v.lib, ctxLabel(v.ctx), count(stuck, "job"), res.drain, strings.Join(stuckKeys, "; ")))
+		}
+		if gaveUp > 0 {
+			notes = append(notes, fmt.Sprintf("%s, %s: %s gave up waiting by the library's own rule and were called again "+
+				"(the job's wait counts from its first call)", v.lib, ctxLabel(v.ctx), count(gaveUp, "Lock call")))
+		}
+		if empty > 0 {
+			notes = append(notes, fmt.Sprintf("%s, %s: no acquisition in %d of %d rounds (left out of all but ops/s)", v.lib, ctxLabel(v.ctx), empty, len(fs)))
+		}
+	}
+	for _, err := range res.failures() {
+		notes = append(notes, "FAILED: "+err.Error())
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(w)
+		for _, n := range notes {
+			fmt.Fprintf(w, "- %s.\n", n)
+		}
+	}
+}
+
+// count says "1 job" or "3 jobs".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}

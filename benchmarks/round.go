@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The Lock contexts of a job (the -ctx names).
+const (
+	ctxBackground = "background" // context.Background()
+	ctxCancel     = "cancel"     // context.WithCancel(context.Background()), cancelled after the release
+)
+
+var ctxKinds = []string{ctxBackground, ctxCancel}
+
+// Bounds of a round.
+const (
+	// drainTimeout bounds how long after a round's end its workers may take
+	// to finish the job they are in (a Lock still waiting at the end goes on
+	// until it holds the lock: a Background ctx cannot be cancelled). The
+	// slowest legitimate drain here is redsync's: a retry within 250 ms.
+	drainTimeout = 3 * time.Second
+	// maxErrors bounds the error messages a worker keeps.
+	maxErrors = 3
+)
+
+// roundSpec is what the workers of one round do, in this process or in a
+// helper (it travels as JSON).
+type roundSpec struct {
+	Lib  string        `json:"lib"`
+	Ctx  string        `json:"ctx"`
+	Keys []string      `json:"keys"` // one worker per key; one key for all of them is contention
+	Hold time.Duration `json:"hold"` // busy work while holding
+	// Start and End bound the round (Unix ns, one wall clock for all the
+	// processes of the machine). Only acquisitions that hold the lock
+	// before End count.
+	Start int64 `json:"start"`
+	End   int64 `json:"end"`
+	// Spans asks for each acquisition's hold interval, to check across
+	// processes that no two holds overlap.
+	Spans bool `json:"spans,omitempty"`
+	// Drain bounds how long after End the workers may take to finish
+	// their jobs (drainTimeout unless the smoke test says less).
+	Drain time.Duration `json:"drain"`
+}
+
+// span is one hold, in ns from the round's start.
+type span struct {
+	Held  int64 `json:"held"`
+	Freed int64 `json:"freed"`
+}
+
+// localResult is what the workers of one process measured in a round.
+type localResult struct {
+	Acq   []int           `json:"acq"`   // acquisitions of each worker
+	Waits []time.Duration `json:"waits"` // from calling Lock to holding, per acquisition
+	Spans []span          `json:"spans,omitempty"`
+	// Unfinished is, for each worker whose job was still waiting at the
+	// round's end, how long it had waited by then.
+	Unfinished []time.Duration `json:"unfinished,omitempty"`
+	// Commands the library's client sent and the process's CPU time, both
+	// from the round's start to its end.
+	Cmds int64         `json:"cmds"`
+	CPU  time.Duration `json:"cpu"`
+	// GaveUp counts Lock calls that gave up by the library's own rule (the
+	// job then called Lock again); Stuck counts workers still in a job
+	// drainTimeout after the round's end; Overlaps counts acquisitions that
+	// found another worker of the process holding the same key.
+	GaveUp int `json:"gave_up"`
+	Stuck  int `json:"stuck"`
+	// Late counts jobs that held the lock only after the round's end
+	// (released, not counted).
+	Late     int      `json:"late"`
+	Overlaps int      `json:"overlaps"`
+	Errs     []string `json:"errs,omitempty"`
+}
+
+// runLocal runs spec's workers in this process with lib and measures them.
+// A worker still in a job spec.Drain after the round's end is counted as
+// stuck and left behind (its ctx cancelled, if it has a cancellable one).
+func runLocal(lib *library, spec roundSpec) localResult {
+	start, end := localTime(spec.Start), localTime(spec.End)
+	var holders *atomic.Int32 // the number holding the one key, when all share it
+	if len(spec.Keys) > 1 && allSame(spec.Keys) {
+		holders = new(atomic.Int32)
+	}
+	gate := make(chan struct{})
+	workers := make([]*worker, len(spec.Keys))
+	var wg sync.WaitGroup
+	for i, key := range spec.Keys {
+		w := &worker{lib: lib, spec: spec, key: key, start: start, end: end, holders: holders}
+		workers[i] = w
+		wg.Go(func() {
+			<-gate
+			w.run()
+		})
+	}
+	time.Sleep(time.Until(start))
+	cmds0, cpu0 := lib.counter.Load(), processCPU()
+	close(gate)
+	time.Sleep(time.Until(end))
+	res := localResult{Cmds: lib.counter.Load() - cmds0, CPU: processCPU() - cpu0}
+
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		wg.Wait()
+	}()
+	select {
+	case <-drained:
+	case <-time.After(spec.Drain):
+		fmt.Fprintf(os.Stderr, "benchmarks: pid %d: %s: a job still busy %v after the round's end:\n%s\n",
+			os.Getpid(), lib.name, spec.Drain, workerStacks())
+	}
+	for _, w := range workers {
+		w.mu.Lock()
+		res.Acq = append(res.Acq, len(w.waits))
+		res.Waits = append(res.Waits, w.waits...)
+		res.Spans = append(res.Spans, w.spans...)
+		switch {
+		case !w.done && !w.asked.IsZero():
+			res.Stuck++
+			res.Unfinished = append(res.Unfinished, time.Since(w.asked))
+			w.cancel()
+		case !w.done:
+			res.Stuck++
+			res.Errs = append(res.Errs, fmt.Sprintf("%s: a release still busy %v after the round's end", lib.name, spec.Drain))
+		case w.unfinished > 0:
+			res.Unfinished = append(res.Unfinished, w.unfinished)
+		}
+		res.GaveUp += w.gaveUp
+		res.Late += w.late
+		res.Overlaps += w.overlaps
+		res.Errs = append(res.Errs, w.errs...)
+		w.mu.Unlock()
+	}
+	return res
+}
+
+// worker is one worker of a round. Its goroutine updates the results under
+// mu, so that runLocal can read them even while it is stuck in a job.
+type worker struct {
+	lib        *library
+	spec       roundSpec
+	key        string
+	start, end time.Time
+	holders    *atomic.Int32
+
+	mu         sync.Mutex
+	asked      time.Time          // when the job in Lock asked for the lock; zero outside Lock
+	cancel     context.CancelFunc // the Lock ctx's, while in Lock
+	waits      []time.Duration
+	spans      []span
+	unfinished time.Duration // the wait, until the end, of a job that held the lock only after it
+	gaveUp     int
+	late       int
+	overlaps   int
+	errs       []string
+	done       bool
+}
+
+func (w *worker) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.errs) < maxErrors {
+		w.errs = append(w.errs, err.Error())
+	}
+}
+
+// run does jobs on w.key from now until w.end, as a worker does: a Lock
+// ctx of spec.Ctx's kind and a new lock object per job, hold, release.
+// A Lock that gives up is called again, its wait counting from the job's
+// first call; a job that starts after end is not done, and one that holds
+// the lock after end is released and not counted.
+func (w *worker) run() {
+	defer func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	}()
+	for time.Now().Before(w.end) {
+		release, cancel, asked, ok := w.lock()
+		if !ok {
+			return
+		}
+		held := time.Now()
+		in := held.Before(w.end)
+		overlap := w.holders != nil && w.holders.Add(1) > 1
+		busy(w.spec.Hold)
+		freed := time.Now()
+		if w.holders != nil {
+			w.holders.Add(-1)
+		}
+		w.mu.Lock()
+		if overlap {
+			w.overlaps++
+		}
+		if in {
+			w.waits = append(w.waits, held.Sub(asked))
+			if w.spec.Spans {
+				w.spans = append(w.spans, span{Held: held.Sub(w.start).Nanoseconds(), Freed: freed.Sub(w.start).Nanoseconds()})
+			}
+		} else {
+			w.unfinished = w.end.Sub(asked)
+			w.late++
+		}
+		w.mu.Unlock()
+		err := release()
+		cancel()
+		if err != nil {
+			w.fail(fmt.Errorf("release: %w", err))
+			return
+		}
+		if !in {
+			return
+		}
+	}
+}
+
+// lock is the Lock of one job: it calls the library's Lock, again when it
+// gives up, until it holds the lock; it reports false for an error, and
+// for a Lock that gave up after the round's end.
+func (w *worker) lock() (release func() error, cancel context.CancelFunc, asked time.Time, ok bool) {
+	asked = time.Now()
+	defer func() {
+		w.mu.Lock()
+		w.asked, w.cancel = time.Time{}, nil
+		w.mu.Unlock()
+	}()
+	for {
+		ctx := context.Background()
+		cancel = func() {}
+		if w.spec.Ctx == ctxCancel {
+			ctx, cancel = context.WithCancel(ctx)
+		}
+		w.mu.Lock()
+		w.asked, w.cancel = asked, cancel
+		w.mu.Unlock()
+		var err error
+		if release, err = w.lib.lock(ctx, w.key); err == nil {
+			return release, cancel, asked, true
+		}
+		cancel()
+		if !giveUp(err) {
+			w.fail(err)
+			return nil, nil, asked, false
+		}
+		w.mu.Lock()
+		w.gaveUp++
+		over := !time.Now().Before(w.end)
+		if over {
+			w.unfinished = w.end.Sub(asked)
+		}
+		w.mu.Unlock()
+		if over {
+			return nil, nil, asked, false
+		}
+	}
+}
+
+// workerStacks returns the stacks of the goroutines in a worker's job,
+// which say where a stuck one waits.
+func workerStacks() string {
+	buf := make([]byte, 4<<20)
+	all := string(buf[:runtime.Stack(buf, true)])
+	var out []string
+	for g := range strings.SplitSeq(all, "\n\n") {
+		if strings.Contains(g, ".(*worker).") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
+
+// busy keeps the CPU busy for d. A hold never sleeps: here a sleep shorter
+// than a millisecond lasts a whole one.
+func busy(d time.Duration) {
+	for start := time.Now(); time.Since(start) < d; {
+	}
+}
+
+// processCPU returns the CPU time, user and system, of this process so
+// far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// localTime turns a Unix time in ns, perhaps from another process, into a
+// local time with a monotonic reading.
+func localTime(unixNano int64) time.Time {
+	return time.Now().Add(time.Until(time.Unix(0, unixNano)))
+}
+
+func allSame(keys []string) bool {
+	for _, k := range keys {
+		if k != keys[0] {
+			return false
+		}
+	}
+	return true
+}

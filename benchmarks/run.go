@@ -1,0 +1,379 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// holdFor is how long a contended scenario's holder works under the lock.
+const holdFor = 100 * time.Microsecond
+
+// Leads: how far ahead of a round's start it is set, so that every worker
+// (or helper process, told over a pipe) is ready before it.
+const (
+	localLead  = 2 * time.Millisecond
+	helperLead = 30 * time.Millisecond
+)
+
+// maxWarmUp bounds the unmeasured round each variant runs first.
+const maxWarmUp = 200 * time.Millisecond
+
+// config is what to run, from the flags.
+type config struct {
+	rounds    int
+	round     time.Duration
+	scenarios []string
+	libs      []string
+	ctxs      []string
+	drain     time.Duration // roundSpec.Drain
+
+	out      io.Writer // the tables
+	progress io.Writer // a line per scenario and round
+}
+
+// scenario is one way of calling the locks.
+type scenario struct {
+	name  string
+	title string
+	// workers contend in this process, or procs processes with one worker
+	// each.
+	workers, procs int
+	shared         bool          // all workers on one key: contention
+	hold           time.Duration // busy work under the lock
+}
+
+var scenarios = []scenario{
+	{name: "serial", title: "1. Serial Lock + Release, one goroutine, no contention", workers: 1},
+	{name: "keys64", title: "2. 64 goroutines on 64 keys, no contention", workers: 64},
+	{name: "goroutines8", title: "3. 8 goroutines on one key, each holding it 100 µs", workers: 8, shared: true, hold: holdFor},
+	{name: "processes8", title: "4. 8 processes on one key, each holding it 100 µs", procs: 8, shared: true, hold: holdFor},
+}
+
+func scenarioNames() []string {
+	names := make([]string, len(scenarios))
+	for i, s := range scenarios {
+		names[i] = s.name
+	}
+	return names
+}
+
+func scenarioOf(name string) scenario {
+	for _, s := range scenarios {
+		if s.name == name {
+			return s
+		}
+	}
+	panic("unknown scenario " + name) // parseFlags checked the names
+}
+
+// contenders is the number of workers in all.
+func (s scenario) contenders() int { return max(s.workers, s.procs) }
+
+// variant is one row of a scenario's table: a library with a Lock ctx.
+type variant struct {
+	lib, ctx string
+}
+
+// keys returns the keys of v's workers in the round tagged tag: a
+// namespace of their own for every scenario, variant and round.
+func (s scenario) keys(v variant, tag string) []string {
+	prefix := strings.Join([]string{"bench", s.name, v.lib, v.ctx, tag}, ":")
+	keys := make([]string, s.contenders())
+	for i := range keys {
+		keys[i] = prefix + ":k"
+		if !s.shared {
+			keys[i] += strconv.Itoa(i)
+		}
+	}
+	return keys
+}
+
+// sample is what one round of one variant measured.
+type sample struct {
+	elapsed    time.Duration
+	acq        []int // per contender
+	waits      []time.Duration
+	unfinished []time.Duration
+	cmds       int64
+	redisCPU   time.Duration
+	clientCPU  time.Duration // holds included
+	gaveUp     int
+	stuck      int
+	late       int // jobs that held the lock only after the end
+	overlaps   int
+	errs       []string
+	// keys describes the round's keys in Redis, after a round with an
+	// error or a stuck job.
+	keys string
+}
+
+// add merges a process's result into s.
+func (s *sample) add(r localResult) {
+	s.acq = append(s.acq, r.Acq...)
+	s.waits = append(s.waits, r.Waits...)
+	s.unfinished = append(s.unfinished, r.Unfinished...)
+	s.cmds += r.Cmds
+	s.clientCPU += r.CPU
+	s.gaveUp += r.GaveUp
+	s.stuck += r.Stuck
+	s.late += r.Late
+	s.overlaps += r.Overlaps
+	s.errs = append(s.errs, r.Errs...)
+}
+
+// run runs the configured scenarios and prints their tables. It fails if a
+// worker saw an error (a stuck job is reported in the table, not as an
+// error: the smoke test checks distlock's own).
+func run(cfg config) ([]scenarioResult, error) {
+	srv, err := startServer()
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop()
+	admin, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{srv.addr}, DisableCache: true, ForceSingleClient: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	libs, err := openLibraries(srv.addr, cfg.libs)
+	if err != nil {
+		return nil, err
+	}
+	defer closeLibraries(libs)
+
+	printHeader(cfg, admin)
+	var (
+		all      []scenarioResult
+		failures []error
+	)
+	for _, name := range cfg.scenarios {
+		sc := scenarioOf(name)
+		res, err := runScenario(cfg, sc, libs, admin)
+		if err != nil {
+			return all, fmt.Errorf("%s: %w", sc.name, err)
+		}
+		printTable(cfg.out, sc, res)
+		all = append(all, res)
+		failures = append(failures, res.failures()...)
+	}
+	return all, errors.Join(failures...)
+}
+
+// scenarioResult holds a scenario's samples, per variant and round.
+type scenarioResult struct {
+	scenario scenario
+	drain    time.Duration
+	variants []variant
+	samples  map[variant][]sample
+	libs     map[string]*library
+}
+
+// failures returns an error for each sample that saw one.
+func (r scenarioResult) failures() []error {
+	var errs []error
+	for _, v := range r.variants {
+		for i, s := range r.samples[v] {
+			for _, e := range s.errs {
+				errs = append(errs, fmt.Errorf("%s %s round %d: %s (%s)", v.lib, v.ctx, i+1, e, s.keys))
+			}
+			if s.overlaps > 0 {
+				errs = append(errs, fmt.Errorf("%s %s round %d: %d acquisitions while another worker held the key", v.lib, v.ctx, i+1, s.overlaps))
+			}
+		}
+	}
+	return errs
+}
+
+// runScenario runs a warm-up round and cfg.rounds measured rounds of every
+// variant of sc, interleaved: round r of every variant, then round r+1 in
+// the reverse order, so that no variant always follows the same one.
+func runScenario(cfg config, sc scenario, libs map[string]*library, admin rueidis.Client) (scenarioResult, error) {
+	res := scenarioResult{scenario: sc, drain: cfg.drain, samples: map[variant][]sample{}, libs: libs}
+	for _, ctx := range cfg.ctxs {
+		for _, name := range cfg.libs {
+			spec, _ := specOf(name)
+			if spec.contendedOnly && !sc.shared {
+				continue
+			}
+			res.variants = append(res.variants, variant{lib: name, ctx: ctx})
+		}
+	}
+	measure := func(v variant, tag string, d time.Duration) (sample, error) {
+		return measureLocal(sc, libs[v.lib], v, tag, d, cfg.drain, admin), nil
+	}
+	if sc.procs > 0 {
+		hs, err := startHelpers(sc.procs, addrOf(admin), cfg.libs)
+		if err != nil {
+			return res, err
+		}
+		defer func() { _ = stopHelpers(hs) }()
+		measure = func(v variant, tag string, d time.Duration) (sample, error) {
+			return measureHelpers(sc, hs, v, tag, d, cfg.drain, admin)
+		}
+	}
+	warmUp := min(cfg.round, maxWarmUp)
+	fmt.Fprintf(cfg.progress, "%s: warm-up\n", sc.name)
+	for _, v := range res.variants {
+		if _, err := measure(v, "warm", warmUp); err != nil {
+			return res, err
+		}
+	}
+	order := slices.Clone(res.variants)
+	for r := range cfg.rounds {
+		fmt.Fprintf(cfg.progress, "%s: round %d of %d\n", sc.name, r+1, cfg.rounds)
+		for _, v := range order {
+			s, err := measure(v, "r"+strconv.Itoa(r+1), cfg.round)
+			if err != nil {
+				return res, err
+			}
+			res.samples[v] = append(res.samples[v], s)
+		}
+		slices.Reverse(order)
+	}
+	return res, nil
+}
+
+// addrOf returns the address of the admin client's server.
+func addrOf(admin rueidis.Client) string {
+	for addr := range admin.Nodes() {
+		return addr
+	}
+	return ""
+}
+
+// measureLocal runs one round of v in this process.
+func measureLocal(sc scenario, lib *library, v variant, tag string, d, drain time.Duration, admin rueidis.Client) sample {
+	start := time.Now().Add(localLead)
+	spec := roundSpec{
+		Lib: v.lib, Ctx: v.ctx, Keys: sc.keys(v, tag), Hold: sc.hold,
+		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: drain,
+	}
+	redis := watchRedis(admin, start, start.Add(d))
+	r := runLocal(lib, spec)
+	s := sample{elapsed: d, redisCPU: <-redis}
+	s.add(r)
+	if len(s.errs) > 0 || s.stuck > 0 {
+		s.keys = keysOf(admin, spec.Keys[0])
+	}
+	return s
+}
+
+// keysOf describes the keys in Redis whose name contains key's: a lock's
+// own keys, whatever the library adds to the name, with their TTLs. It
+// tells a failed round's lock still held from one lost track of.
+func keysOf(admin rueidis.Client, key string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var found []string
+	for cursor := uint64(0); ; {
+		e, err := admin.Do(ctx, admin.B().Scan().Cursor(cursor).Match("*"+key+"*").Count(1000).Build()).AsScanEntry()
+		if err != nil {
+			return "keys: " + err.Error()
+		}
+		for _, k := range e.Elements {
+			ttl, _ := admin.Do(ctx, admin.B().Pttl().Key(k).Build()).AsInt64()
+			found = append(found, fmt.Sprintf("%s (PTTL %d ms)", k, ttl))
+		}
+		if cursor = e.Cursor; cursor == 0 {
+			break
+		}
+	}
+	if len(found) == 0 {
+		return "no key of the round in Redis"
+	}
+	return "keys of the round in Redis: " + strings.Join(found, ", ")
+}
+
+// measureHelpers runs one round of v in the helper processes, one worker
+// each, and checks that no two of their holds overlapped.
+func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d, drain time.Duration, admin rueidis.Client) (sample, error) {
+	start := time.Now().Add(helperLead)
+	spec := roundSpec{
+		Lib: v.lib, Ctx: v.ctx, Keys: sc.keys(v, tag)[:1], Hold: sc.hold,
+		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: drain, Spans: true,
+	}
+	for _, h := range hs {
+		if err := h.send(spec); err != nil {
+			return sample{}, err
+		}
+	}
+	redis := watchRedis(admin, start, start.Add(d))
+	s := sample{elapsed: d}
+	var spans []span
+	for _, h := range hs {
+		r, err := h.result()
+		if err != nil {
+			return sample{}, err
+		}
+		s.add(r)
+		spans = append(spans, r.Spans...)
+	}
+	s.redisCPU = <-redis
+	if len(s.errs) > 0 || s.stuck > 0 {
+		s.keys = keysOf(admin, spec.Keys[0])
+	}
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.Held, b.Held) })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].Held < spans[i-1].Freed {
+			s.overlaps++
+		}
+	}
+	return s, nil
+}
+
+// watchRedis samples the server's CPU time at start and end, in a
+// goroutine of its own, and sends the difference on the channel it
+// returns, which has room for it; -1 if it could not read them.
+func watchRedis(admin rueidis.Client, start, end time.Time) <-chan time.Duration {
+	ch := make(chan time.Duration, 1)
+	go func() {
+		time.Sleep(time.Until(start))
+		a, errA := redisCPU(admin)
+		time.Sleep(time.Until(end))
+		z, errZ := redisCPU(admin)
+		if errA != nil || errZ != nil {
+			ch <- -1
+			return
+		}
+		ch <- z - a
+	}()
+	return ch
+}
+
+// redisCPU returns used_cpu_sys + used_cpu_user from INFO cpu.
+func redisCPU(admin rueidis.Client) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := admin.Do(ctx, admin.B().Info().Section("cpu").Build()).ToString()
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	n := 0
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("INFO cpu: %s: %w", k, err)
+			}
+			sum += f
+			n++
+		}
+	}
+	if n != 2 {
+		return 0, errors.New("INFO cpu: no used_cpu_sys and used_cpu_user")
+	}
+	return time.Duration(sum * float64(time.Second)), nil
+}
