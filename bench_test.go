@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"sync"
@@ -153,14 +154,20 @@ func BenchmarkUncontended(b *testing.B) {
 			b.StopTimer()
 			const allocRuns = 200
 			var before, after runtime.MemStats
+			started := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+			metrics.Read(started)
 			runtime.ReadMemStats(&before)
 			for range allocRuns {
 				pair()
 			}
 			runtime.ReadMemStats(&after)
+			created := started[0].Value.Uint64()
+			metrics.Read(started)
+			created = started[0].Value.Uint64() - created
 			reportPairs(b, b.N, ours, bare, floor)
 			b.ReportMetric(floor.Seconds()/ours.Seconds(), "ceiling")
 			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/allocRuns, "allocs/pair")
+			b.ReportMetric(float64(created)/allocRuns, "goroutines/pair")
 		})
 	}
 }
