@@ -34,7 +34,9 @@ import (
 // it, for the working tree or for an older commit (it uses nothing but the
 // package's exported API, so that it can be copied into an older tree).
 // DISTLOCK_SCRIPT_COST_N sets the calls per path (default 1000). Without
-// valgrind on PATH the instruction column is left out.
+// valgrind on PATH the instruction column is left out. With
+// DISTLOCK_SCRIPT_COST_DIR set, callgrind's dumps are kept in that folder,
+// callgrind.out.1 for the first path and so on, for callgrind_annotate.
 func TestScriptCost(t *testing.T) {
 	if os.Getenv("DISTLOCK_SCRIPT_COST") == "" {
 		t.Skip("set DISTLOCK_SCRIPT_COST=1 to measure the scripts (see scripts/script-cost)")
@@ -377,7 +379,12 @@ func startCallgrind(t *testing.T) *callgrind {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	dir := os.Getenv("DISTLOCK_SCRIPT_COST_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	cg := &callgrind{dir: dir, addr: "127.0.0.1:" + strconv.Itoa(port)}
 	cg.cmd = exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+filepath.Join(dir, "callgrind.out"),
 		"redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
