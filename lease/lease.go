@@ -40,11 +40,14 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // acquireScript acquires the lease if it is free, or, when asked, puts the
 // caller in line or refreshes its place there.
 //
-// ARGV[1] the acquisition's value, ARGV[2] TTL in ms, ARGV[3] the claim
-// window in ms ("0": do not stand in line), ARGV[4] the waiting room,
-// ARGV[5] a ticket to stand in line with ("0": a new one, at the end),
-// ARGV[6] "1" to announce every change of holder (an election; see
-// [Keys.Election]).
+// ARGV[1] TTL in ms, ARGV[2] "1" to announce every change of holder (an
+// election; see [Keys.Election]), and to stand in line ARGV[3] the claim
+// window in ms, ARGV[4] the waiting room, ARGV[5] a ticket to stand in line
+// with (absent or "0": a new one, at the end). A lock's Acquire sends ARGV[1]
+// alone: a missing ARGV[2] is no election, a missing ARGV[3] a caller that
+// does not stand in line. The acquisition's value is not an argument: it is
+// the end of its void key, KEYS[6], after KEYS[1] .. ":void:" (each
+// argument costs Redis more than cutting it out of the key).
 //
 // Reply: {1, token} when the lease is now the caller's, for the TTL; or
 // {0, pttl, holder value, rank, ticket, fence} when it is not: pttl is the
@@ -73,7 +76,7 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // token that can be followed, it has written nothing and the full path
 // decides, as if it had not run.
 var acquireScript = newScript(`
-local value = ARGV[1]
+local value = string.sub(KEYS[6], #KEYS[1] + 7)
 if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
   local raw = redis.pcall('GET', KEYS[2])
   if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
@@ -92,9 +95,9 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
       s = string.format('%.0f', token)
     end
     if token <= 9007199254740991 then
-      redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+      redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
       redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
-      if ARGV[6] == '1' then
+      if ARGV[2] == '1' then
         -- announce, as publish (below) does it.
         local msg = s .. '\n' .. value
         local r = redis.pcall('SPUBLISH', KEYS[1] .. ':leader', msg)
@@ -107,7 +110,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
   end
 end
 ` + lockLua + protocolLua + `
-announcing = ARGV[6] == '1'
+announcing = ARGV[2] == '1'
 local last, err = fence()
 if err then
   return err
@@ -132,10 +135,10 @@ if cur == value then
     -- The last grant was to this value: the same acquisition asks again.
     -- It keeps its token, so a term has one token and nothing changes
     -- hands (nothing to announce).
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], ARGV[1])
     return {1, last}
   end
-  return grant(last, clock(), value, ARGV[2])
+  return grant(last, clock(), value, ARGV[1])
 end
 local now
 if not cur then
@@ -149,7 +152,7 @@ if not cur then
     if v then
       leave(v)
     end
-    return grant(last, now, value, ARGV[2])
+    return grant(last, now, value, ARGV[1])
   end
   local token, terr = passTo(last, now, v, claim, room)
   if terr then
@@ -157,10 +160,10 @@ if not cur then
   end
   cur, last = v, token
 end
-if ARGV[3] == '0' then
+if not ARGV[3] then
   return {0, redis.call('PTTL', KEYS[1]), cur, -1, 0, last}
 end
-local rank, ticket, serr = standInLine(now or clock(), value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local rank, ticket, serr = standInLine(now or clock(), value, ARGV[3], ARGV[4], tonumber(ARGV[5] or '0'))
 if serr then
   return serr
 end
@@ -171,9 +174,9 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // passes it to the first live waiter in line, if there is one. For
 // [Client.Cancel] it also marks the value void and takes it out of line.
 //
-// ARGV[1] the acquisition's value, ARGV[2] for Cancel how long the void
-// key lasts, in ms ("0" for Release), ARGV[3] "1" to announce the change of
-// holder (an election).
+// ARGV[1] the acquisition's value, ARGV[2] "1" to announce the change of
+// holder (an election), ARGV[3] for Cancel how long the void key lasts, in
+// ms. A lock's Release sends only ARGV[1].
 //
 // Reply: {deleted} or {deleted, token, waiter value, room}: deleted is 1 when
 // the lease held the value and was deleted; the rest names the waiter the
@@ -194,24 +197,24 @@ local deleted = 0
 if cur == value then
   redis.call('DEL', KEYS[1])
   deleted, cur = 1, false
-  if ARGV[3] ~= '1' and redis.call('EXISTS', KEYS[3]) == 0 then
+  if ARGV[2] ~= '1' and redis.call('EXISTS', KEYS[3]) == 0 then
     if KEYS[6] then
       -- After the delete: at maxmemory Redis refuses a script's first
       -- write unless it frees memory, and the delete must not depend on
       -- the marker.
-      redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
+      redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
     end
     return {1}
   end
 end
 ` + lockLua + protocolLua + `
-announcing = ARGV[3] == '1'
+announcing = ARGV[2] == '1'
 local err
 if KEYS[6] then
   -- Only Cancel can find its value in line: a holder's value left the
   -- line when it was granted. The marker comes after the delete, as above.
   err = leave(value)
-  redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
+  redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
 end
 if cur or err then
   return {deleted}
@@ -307,8 +310,8 @@ end
 `
 
 // semAcquireScript is acquireScript for a semaphore (see [Keys.Semaphore]).
-// ARGV[1] to ARGV[5] are those of acquireScript; ARGV[6] is the caller's
-// limit, the number of permits.
+// Its KEYS and ARGV are those of acquireScript, but for ARGV[2]: the
+// caller's limit, the number of permits.
 //
 // Holders whose lease has ended are dropped first. The caller is granted a
 // permit, with the full TTL and a new token, when it holds one already (a
@@ -331,8 +334,8 @@ if err then
 end
 local now = clock()
 dropEnded(now)
-local value = ARGV[1]
-limit = ARGV[6]
+local value = string.sub(KEYS[6], #KEYS[1] + 7)
+limit = ARGV[2]
 local permits = tonumber(limit)
 local function waiting(rank, ticket)
   local soon = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -353,7 +356,7 @@ if redis.call('ZSCORE', KEYS[1], value) then
   if err then
     return err
   end
-  return grant(last, now, value, ARGV[2])
+  return grant(last, now, value, ARGV[1])
 end
 local held = redis.call('ZCARD', KEYS[1])
 while held < permits do
@@ -365,7 +368,7 @@ while held < permits do
     if v then
       leave(v)
     end
-    local reply = grant(last, now, value, ARGV[2])
+    local reply = grant(last, now, value, ARGV[1])
     if reply[1] ~= 1 then
       return reply
     end
@@ -380,10 +383,10 @@ while held < permits do
   end
   last, held = token, held + 1
 end
-if ARGV[3] == '0' then
+if not ARGV[3] then
   return waiting(-1, 0)
 end
-local rank, ticket, serr = standInLine(now, value, ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local rank, ticket, serr = standInLine(now, value, ARGV[3], ARGV[4], tonumber(ARGV[5] or '0'))
 if serr then
   return serr
 end
@@ -392,9 +395,9 @@ return waiting(rank, ticket)
 
 // semReleaseScript is releaseScript for a semaphore: it gives up the
 // caller's permit and passes every free permit to the first live waiters in
-// line, in order. ARGV[1] the value, ARGV[2] the void key's TTL in ms (Cancel
-// only), ARGV[3] unused, ARGV[4] the releaser's limit (at most that many
-// holders after the passes).
+// line, in order. ARGV[1] the value, ARGV[2] the releaser's limit (at most
+// that many holders after the passes), ARGV[3] the void key's TTL in ms
+// (Cancel only).
 //
 // Reply: {deleted, token, value, room, token, value, room, ...}: deleted is
 // 1 when the caller held a permit whose lease had not ended, followed by one
@@ -412,13 +415,13 @@ end
 dropEnded(now)
 local deleted = redis.call('ZREM', KEYS[1], value)
 if KEYS[6] then
-  redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
+  redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
 end
 local out = {deleted}
 if err then
   return out
 end
-limit = ARGV[4]
+limit = ARGV[2]
 passFree(nil, now, redis.call('ZCARD', KEYS[1]), tonumber(limit), out)
 return out
 `)
@@ -764,7 +767,7 @@ var ErrBadPlace = errors.New("lease: invalid place in line")
 // deletes it again (only if it still holds value) and returns an
 // [*AckError]; a lease that was not granted is reported as usual.
 func (c *Client) Acquire(ctx context.Context, k Keys, value string, ttl time.Duration) (Grant, error) {
-	return c.acquire(ctx, k, value, ttl, "0", "", 0)
+	return c.acquire(ctx, k, value, ttl, nil)
 }
 
 // AcquireOrQueue is Acquire for a caller that waits: when the lease is not
@@ -788,10 +791,11 @@ func (c *Client) AcquireOrQueue(ctx context.Context, k Keys, value string, ttl t
 	case p.Ticket < 0:
 		return Grant{}, fmt.Errorf("%w: ticket %d is negative", ErrBadPlace, p.Ticket)
 	}
-	return c.acquire(ctx, k, value, ttl, ms(p.Claim), p.Room, p.Ticket)
+	return c.acquire(ctx, k, value, ttl, &p)
 }
 
-func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Duration, claim, room string, ticket int64) (Grant, error) {
+// acquire runs the acquire script of k's kind; p nil: do not stand in line.
+func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Duration, p *Place) (Grant, error) {
 	if ttl < time.Millisecond {
 		return Grant{}, ErrBadTTL
 	}
@@ -802,8 +806,19 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	if k.Permits > 0 {
 		s = semAcquireScript
 	}
-	res, w := c.exec(ctx, s, k.all(value),
-		[]string{value, ms(ttl), claim, room, strconv.FormatInt(ticket, 10), k.kindArg()})
+	// Each argument costs Redis about 1,600 instructions, so the defaults
+	// at the end are left out (and the value is in its void key).
+	args := []string{ms(ttl)}
+	if kind := k.kindArg(); kind != "" || p != nil {
+		args = append(args, kind)
+	}
+	if p != nil {
+		args = append(args, ms(p.Claim), p.Room)
+		if p.Ticket != 0 {
+			args = append(args, strconv.FormatInt(p.Ticket, 10))
+		}
+	}
+	res, w := c.exec(ctx, s, k.all(value), args)
 	arr, err := res.ToArray()
 	if err != nil {
 		return Grant{}, err
@@ -860,8 +875,8 @@ func (k Keys) check() error {
 	return nil
 }
 
-// kindArg is the scripts' last argument: a semaphore's permits, or for a
-// lock whether it announces its holders.
+// kindArg is the scripts' argument that says what kind of lock k is: a
+// semaphore's permits, "1" for an election, and "" for a lock.
 func (k Keys) kindArg() string {
 	switch {
 	case k.Permits > 0:
@@ -869,7 +884,7 @@ func (k Keys) kindArg() string {
 	case k.Announce:
 		return "1"
 	}
-	return "0"
+	return ""
 }
 
 // Renewal is the outcome of [Client.Renew].
@@ -970,7 +985,7 @@ const releaseTries = 8
 // lease, a retry reports it as no longer holding value (and the grant that
 // call made is announced on the waiter's channel only).
 func (c *Client) Release(ctx context.Context, k Keys, value string) (Release, error) {
-	return c.release(ctx, k, k.all(value)[:5], value, "0")
+	return c.release(ctx, k, k.all(value)[:5], value, "")
 }
 
 // Cancel gives value up for good, after an acquire with it whose outcome
@@ -987,14 +1002,23 @@ func (c *Client) Cancel(ctx context.Context, k Keys, value string, ttl time.Dura
 	return c.release(ctx, k, k.all(value), value, ms(ttl))
 }
 
-// release runs the release script of k's kind for Release and Cancel.
+// release runs the release script of k's kind for Release and Cancel (void
+// the void key's TTL in ms, "" for Release).
 func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void string) (Release, error) {
 	if err := k.check(); err != nil {
 		return Release{}, err
 	}
-	s, args := releaseScript, []string{value, void, k.kindArg()}
+	s := releaseScript
 	if k.Permits > 0 {
-		s, args = semReleaseScript, []string{value, void, "0", k.kindArg()}
+		s = semReleaseScript
+	}
+	// As for acquire, the defaults at the end are left out.
+	args := []string{value}
+	if kind := k.kindArg(); kind != "" || void != "" {
+		args = append(args, kind)
+	}
+	if void != "" {
+		args = append(args, void)
 	}
 	var err error
 	for range releaseTries {
