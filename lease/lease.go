@@ -37,6 +37,48 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // the value's void key (see [Keys.Void]). The protocol they implement is
 // described in doc.go.
 
+// The common case of a script comes first and defines no function: Lua
+// makes a closure each time a "local function" statement runs, and making
+// the dozen helpers of protocolLua costs about 8,000 instructions, more than
+// a call. These two pieces of it are shared by several scripts, as text.
+//
+// leanClockLua sets t to the server's clock (TIME's seconds and µs, as
+// text) and us to its µs as six digits; the includer declares both.
+//
+// leanTokenLua reads the fencing key and the clock, and makes the token as
+// nextToken (in protocolLua) does, and its text: the clock's seconds and µs
+// side by side spare a string.format. (Arithmetic on a string reads it as a
+// number at half the cost of tonumber.) It declares token, s, now (the
+// clock in µs), t and us; token is nil when the fencing key holds no token
+// that can be followed (fence's rule) or the next token would pass
+// 2^53-1, and the full path is left to say so.
+var (
+	leanClockLua = `
+t = redis.call('TIME')
+us = t[2]
+if #us < 6 then
+  us = string.rep('0', 6 - #us) .. us
+end
+`
+	leanTokenLua = `
+local token, s, now, t, us
+local raw = redis.pcall('GET', KEYS[2])
+if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
+` + leanClockLua + `
+  now = t[1] * 1000000 + t[2]
+  token, s = now, t[1] .. us
+  local last = raw and raw + 0 or 0
+  if token <= last then
+    token = last + 1
+    s = string.format('%.0f', token)
+  end
+  if token > 9007199254740991 then
+    token = nil
+  end
+end
+`
+)
+
 // acquireScript acquires the lease if it is free, or, when asked, puts the
 // caller in line or refreshes its place there.
 //
@@ -70,43 +112,25 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 //
 // The script starts with the common case, a free lease with nobody in line
 // and a value that is not void, in five calls (EXISTS, GET, TIME, SET, SET)
-// and without defining any helper: Lua makes a closure each time a "local
-// function" statement runs, and those of the full path cost more than a
-// call. When that case does not apply, or the fencing key does not hold a
-// token that can be followed, it has written nothing and the full path
-// decides, as if it had not run.
+// and without defining any helper. When that case does not apply, or the
+// fencing key does not hold a token that can be followed, it has written
+// nothing and the full path decides, as if it had not run.
 var acquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
 if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
-  local raw = redis.pcall('GET', KEYS[2])
-  if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
-    -- The token as nextToken (below) makes it, and its text: the clock's
-    -- seconds and µs side by side spare a string.format. (Arithmetic on a
-    -- string reads it as a number at half the cost of tonumber.)
-    local t = redis.call('TIME')
-    local token = t[1] * 1000000 + t[2]
-    local s = t[1] .. t[2]
-    if #t[2] < 6 then
-      s = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-    end
-    local last = raw and raw + 0 or 0
-    if token <= last then
-      token = last + 1
-      s = string.format('%.0f', token)
-    end
-    if token <= 9007199254740991 then
-      redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
-      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
-      if ARGV[2] == '1' then
-        -- announce, as publish (below) does it.
-        local msg = s .. '\n' .. value
-        local r = redis.pcall('SPUBLISH', KEYS[1] .. ':leader', msg)
-        if type(r) == 'table' and r.err then
-          redis.pcall('PUBLISH', KEYS[1] .. ':leader', msg)
-        end
+` + leanTokenLua + `
+  if token then
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
+    redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+    if ARGV[2] == '1' then
+      -- announce, as publish (below) does it.
+      local msg = s .. '\n' .. value
+      local r = redis.pcall('SPUBLISH', KEYS[1] .. ':leader', msg)
+      if type(r) == 'table' and r.err then
+        redis.pcall('PUBLISH', KEYS[1] .. ':leader', msg)
       end
-      return {1, token}
     end
+    return {1, token}
   end
 end
 ` + lockLua + protocolLua + `
@@ -258,8 +282,8 @@ end
 var semLua = `
 local limit
 local function hold(v, ms, now)
-  redis.call('ZADD', KEYS[1], string.format('%.0f', math.ceil(now / 1000) + tonumber(ms)), v)
-  if redis.call('PTTL', KEYS[1]) < tonumber(ms) then
+  redis.call('ZADD', KEYS[1], math.ceil(now / 1000) + ms, v)
+  if redis.call('PTTL', KEYS[1]) < ms + 0 then
     redis.call('PEXPIRE', KEYS[1], ms)
   end
   redis.call('SET', KEYS[1] .. ':permits', limit, 'PX', ` + retentionMs + `)
@@ -322,7 +346,33 @@ end
 // Otherwise it stands in line, as with acquireScript. The reply
 // has acquireScript's shape: pttl and holder name the holder whose lease
 // ends first, the moment a permit may come free without a release.
-var semAcquireScript = newScript(semLua + protocolLua + semPassLua + `
+//
+// As acquireScript, it starts with the common case, a free permit for a
+// value that holds none, with nobody in line and no void marker: EXISTS,
+// GET, TIME, ZREMRANGEBYSCORE, ZCARD, ZADD, PTTL (not for the first
+// holder), PEXPIRE if needed, SET, SET, and no helper defined. When that
+// case does not apply it has written nothing but the removal of ended
+// holders, which the full path starts with anyway.
+var semAcquireScript = newScript(`
+local value = string.sub(KEYS[6], #KEYS[1] + 7)
+if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
+` + leanTokenLua + `
+  -- dropEnded (below); it fails, writing nothing, on a lease key that is
+  -- no sorted set.
+  if token and type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 1, 3))) == 'number' then
+    local held = redis.call('ZCARD', KEYS[1])
+    -- hold (below), for a value that holds no permit yet (NX).
+    if held < tonumber(ARGV[2]) and redis.call('ZADD', KEYS[1], 'NX', math.ceil(now / 1000) + ARGV[1], value) == 1 then
+      if held == 0 or redis.call('PTTL', KEYS[1]) < ARGV[1] + 0 then
+        redis.call('PEXPIRE', KEYS[1], ARGV[1])
+      end
+      redis.call('SET', KEYS[1] .. ':permits', ARGV[2], 'PX', ` + retentionMs + `)
+      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+      return {1, token}
+    end
+  end
+end
+` + semLua + protocolLua + semPassLua + `
 local err = notSemaphore()
 if err then
   return err
@@ -334,7 +384,6 @@ if err then
 end
 local now = clock()
 dropEnded(now)
-local value = string.sub(KEYS[6], #KEYS[1] + 7)
 limit = ARGV[2]
 local permits = tonumber(limit)
 local function waiting(rank, ticket)
@@ -402,19 +451,32 @@ return waiting(rank, ticket)
 // Reply: {deleted, token, value, room, token, value, room, ...}: deleted is
 // 1 when the caller held a permit whose lease had not ended, followed by one
 // triple per waiter a permit was passed to.
-var semReleaseScript = newScript(semLua + protocolLua + semPassLua + `
+//
+// It starts by dropping the ended holders and the caller's permit, and
+// returns at once when nobody stands in line (TIME, ZREMRANGEBYSCORE, ZREM,
+// EXISTS, and the void marker for Cancel); only a line makes it define the
+// helpers that pass permits on.
+var semReleaseScript = newScript(`
 local value = ARGV[1]
-if notSemaphore() then
+local t, us
+` + leanClockLua + `
+-- dropEnded (below); it fails, writing nothing, on a lease key that is no
+-- sorted set.
+if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 1, 3))) ~= 'number' then
   return {0}
 end
-local now = clock()
+local deleted = redis.call('ZREM', KEYS[1], value)
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  if KEYS[6] then
+    redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+  end
+  return {deleted}
+end
+local now = t[1] * 1000000 + t[2]
+` + semLua + protocolLua + semPassLua + `
 local err
 if KEYS[6] then
   err = leave(value)
-end
-dropEnded(now)
-local deleted = redis.call('ZREM', KEYS[1], value)
-if KEYS[6] then
   redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
 end
 local out = {deleted}
@@ -429,19 +491,22 @@ return out
 // semRenewScript extends a semaphore holder's lease to ARGV[2] ms if its
 // value (ARGV[1]) still holds a permit whose lease has not ended. It never
 // re-creates one. Reply: {1} when extended, {0} when refused.
+//
+// Its numbers are read by arithmetic, and the score is passed to ZADD as a
+// number, which Redis prints exactly (%.17g) below 2^53: both cost about
+// half of tonumber and string.format.
 var semRenewScript = newScript(`
 local s = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
 if type(s) ~= 'string' then
   return {0}
 end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if tonumber(s) <= now then
+local ms, us, ttl = t[1] * 1000, t[2] / 1000, ARGV[2] + 0
+if s + 0 <= ms + math.floor(us) then
   return {0}
 end
-local up = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', up + tonumber(ARGV[2])), ARGV[1])
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+redis.call('ZADD', KEYS[1], 'XX', ms + math.ceil(us) + ttl, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return {1}
