@@ -176,12 +176,9 @@ func costPaths() []costPath {
 		return err
 	}
 	heldByAnother := func(e *costEnv, k lease.Keys, i int) error { return acquire(k, costHolder(i))(e) }
-	place := lease.Place{Claim: costClaim, Room: "room"}
-	inLine := func(e *costEnv, k lease.Keys, i int) error {
-		if err := heldByAnother(e, k, i); err != nil {
-			return err
-		}
-		g, err := e.lc.AcquireOrQueue(context.Background(), k, costWaiter(i), costTTL, place)
+	// queue has the call's waiter stand in line, first.
+	queue := func(e *costEnv, k lease.Keys, i int) error {
+		g, err := e.lc.AcquireOrQueue(context.Background(), k, costWaiter(i), costTTL, lease.Place{Claim: costClaim, Room: "room"})
 		if err == nil && g.Rank != 0 {
 			err = fmt.Errorf("queue %s: got %+v, want rank 0", costWaiter(i), g)
 		}
@@ -216,6 +213,16 @@ func costPaths() []costPath {
 			return nil
 		}
 	}
+	// full has every permit of a semaphore held, by other values than the
+	// call's.
+	full := func(e *costEnv, k lease.Keys, i int) error {
+		for j := range k.Permits {
+			if err := acquire(k, fmt.Sprintf("%s.%d", costHolder(i), j))(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	do := func(e *costEnv, cmd rueidis.Completed) error { return e.rc.Do(context.Background(), cmd).Error() }
 	return []costPath{
 		{name: "lock acquire: free, nobody in line", command: "evalsha", prepare: warm, call: held},
@@ -227,14 +234,8 @@ func costPaths() []costPath {
 			}
 			return err
 		}},
-		{name: "lock acquire: held, stands in line", command: "evalsha", prepare: heldByAnother, call: func(e *costEnv, k lease.Keys, i int) error {
-			g, err := e.lc.AcquireOrQueue(context.Background(), k, costWaiter(i), costTTL, place)
-			if err == nil && g.Rank != 0 {
-				err = fmt.Errorf("queue %s: got %+v, want rank 0", costWaiter(i), g)
-			}
-			return err
-		}},
-		{name: "lock release: passes to the first in line", command: "evalsha", prepare: inLine, call: func(e *costEnv, k lease.Keys, i int) error {
+		{name: "lock acquire: held, stands in line", command: "evalsha", prepare: heldByAnother, call: queue},
+		{name: "lock release: passes to the first in line", command: "evalsha", prepare: both(heldByAnother, queue), call: func(e *costEnv, k lease.Keys, i int) error {
 			r, err := e.lc.Release(context.Background(), k, costHolder(i))
 			if err == nil && r.Passed.Value != costWaiter(i) {
 				err = fmt.Errorf("release %s: got %+v, want passed to %s", costHolder(i), r, costWaiter(i))
@@ -253,6 +254,14 @@ func costPaths() []costPath {
 		{name: "election release: nobody in line", command: "evalsha", prepare: with(election, both(warm, held)), call: with(election, release)},
 		{name: "semaphore acquire: free permit", command: "evalsha", prepare: with(semaphore, warm), call: with(semaphore, held)},
 		{name: "semaphore release: nobody in line", command: "evalsha", prepare: with(semaphore, both(warm, held)), call: with(semaphore, release)},
+		{name: "semaphore acquire: all permits held, stands in line", command: "evalsha", prepare: with(semaphore, full), call: with(semaphore, queue)},
+		{name: "semaphore release: passes to the first in line", command: "evalsha", prepare: with(semaphore, both(full, queue)), call: with(semaphore, func(e *costEnv, k lease.Keys, i int) error {
+			r, err := e.lc.Release(context.Background(), k, costHolder(i)+".0")
+			if err == nil && r.Passed.Value != costWaiter(i) {
+				err = fmt.Errorf("release %s.0: got %+v, want passed to %s", costHolder(i), r, costWaiter(i))
+			}
+			return err
+		})},
 		{name: "semaphore renew", command: "evalsha", prepare: with(semaphore, held), call: with(semaphore, renew)},
 		{name: "bare SET NX PX", command: "set", call: func(e *costEnv, k lease.Keys, i int) error {
 			return do(e, e.rc.B().Set().Key(k.Lease).Value(costValue(i)).Nx().PxMilliseconds(costTTL.Milliseconds()).Build())
