@@ -445,6 +445,41 @@ func TestSemaphoreCancel(t *testing.T) {
 	e.assertNoLine(t, k)
 }
 
+// TestSemaphoreCancelVoidsALateAttempt: with nobody in line, Cancel voids
+// the value, so that an attempt with it that arrives later is refused
+// although permits are free; Cancel of a holder gives its permit back.
+func TestSemaphoreCancelVoidsALateAttempt(t *testing.T) {
+	e := newEnv(t)
+	k := semKeys(t, 2)
+	value := lease.NewValue("me")
+	r := e.cancel(t, k, value)
+	assert.Equal(t, lease.Release{}, r, "Cancel before any attempt")
+	e.assertTTL(t, k.Void(value), queueTTL)
+
+	g := e.acquire(t, k, value, queueTTL)
+	assert.False(t, g.Acquired, "an attempt with a voided value was granted: %+v", g)
+	assert.Empty(t, e.members(t, k), "an attempt with a voided value took a permit")
+	assert.False(t, e.exists(t, k.Fence), "an attempt with a voided value issued a token")
+
+	x := lease.NewValue("x")
+	require.True(t, e.acquire(t, k, x, queueTTL).Acquired)
+	r = e.cancel(t, k, x)
+	assert.Equal(t, lease.Release{Deleted: true}, r, "Cancel of a holder with nobody in line")
+	assert.Empty(t, e.members(t, k), "Cancel of a holder kept its permit")
+	assert.True(t, e.exists(t, k.Void(x)), "Cancel of a holder did not void its value")
+}
+
+// TestSemaphoreSetKeepsLongestLease: the holders' set lasts as long as its
+// longest lease: a grant with a shorter TTL does not shorten it.
+func TestSemaphoreSetKeepsLongestLease(t *testing.T) {
+	e := newEnv(t)
+	k := semKeys(t, 2)
+	require.True(t, e.acquire(t, k, lease.NewValue("long"), queueTTL).Acquired)
+	e.assertTTL(t, k.Lease, queueTTL)
+	require.True(t, e.acquire(t, k, lease.NewValue("short"), time.Second).Acquired)
+	e.assertTTL(t, k.Lease, queueTTL)
+}
+
 // TestSemaphoreAcquireDoesNotBarge: Acquire, which does not stand in line,
 // never takes a permit ahead of a live waiter: it passes free permits to
 // those in line first, and takes one only if one is left.
