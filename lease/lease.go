@@ -572,11 +572,11 @@ local function fence()
   if not string.match(raw, '^%d+$') then
     return nil, redis.error_reply('ERR distlock: fencing key ' .. KEYS[2] .. ' does not hold an integer')
   end
-  return tonumber(raw)
+  return raw + 0
 end
 local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2]
 end
 local function nextToken(last, now)
   local token = now
@@ -594,7 +594,7 @@ local function grant(last, now, value, ttl)
     return terr
   end
   hold(value, ttl, now)
-  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
+  redis.call('SET', KEYS[2], token, 'PX', ` + retentionMs + `)
   announce(token, value)
   return {1, token}
 end
@@ -629,7 +629,7 @@ local function first()
     now = now or clock()
     if raw then
       local lapse, claim, room = string.match(raw, '^(%d+) (%d+) (.+)$')
-      if lapse and tonumber(lapse) > math.floor(now / 1000) then
+      if lapse and lapse + 0 > math.floor(now / 1000) then
         return v, claim, room, now
       end
     end
@@ -643,10 +643,11 @@ local function passTo(last, now, v, claim, room)
     return nil, terr
   end
   hold(v, claim, now)
-  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ` + retentionMs + `)
+  local text = string.format('%.0f', token)
+  redis.call('SET', KEYS[2], text, 'PX', ` + retentionMs + `)
   redis.call('ZREM', KEYS[3], v)
   redis.call('HDEL', KEYS[4], v)
-  publish(KEYS[5] .. ':' .. room, string.format('%.0f', token) .. '\n' .. v)
+  publish(KEYS[5] .. ':' .. room, text .. '\n' .. v)
   announce(token, v)
   return token
 end
@@ -657,22 +658,23 @@ local function standInLine(now, value, claim, room, ticket)
     return nil, nil, foreign()
   end
   if have then
-    ticket = tonumber(have)
+    ticket = have + 0
   else
     if ticket == 0 then
       ticket = now
       local tail = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-      if tail[2] and tonumber(tail[2]) >= ticket then
-        ticket = tonumber(tail[2]) + 1
+      local score = tail[2] and tail[2] + 0
+      if score and score >= ticket then
+        ticket = score + 1
       end
     end
-    redis.call('ZADD', KEYS[3], string.format('%.0f', ticket), value)
+    redis.call('ZADD', KEYS[3], ticket, value)
   end
-  local keep = tonumber(claim)
+  local keep = claim + 0
   redis.call('HSET', KEYS[4], value, string.format('%.0f', math.floor(now / 1000) + keep) .. ' ' .. claim .. ' ' .. room)
   for _, k in ipairs({KEYS[3], KEYS[4]}) do
     if redis.call('PTTL', k) < keep then
-      redis.call('PEXPIRE', k, keep)
+      redis.call('PEXPIRE', k, claim)
     end
   end
   return redis.call('ZRANK', KEYS[3], value), ticket
