@@ -117,6 +117,7 @@ end
 // nothing and the full path decides, as if it had not run.
 var acquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
+-- The common case: a free lease, nobody in line, a value not void.
 if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
 ` + leanTokenLua + `
   if token then
@@ -134,6 +135,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
   end
 end
 ` + lockLua + protocolLua + `
+-- The full path.
 announcing = ARGV[2] == '1'
 local last, err = fence()
 if err then
@@ -215,6 +217,7 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // that part found (cur, deleted); an election's release takes it too, to
 // announce that nobody leads.
 var releaseScript = newScript(`
+-- The common case: the lease holds the value, and nobody is in line.
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
 local deleted = 0
@@ -232,6 +235,7 @@ if cur == value then
   end
 end
 ` + lockLua + protocolLua + `
+-- The full path, from what the common case found.
 announcing = ARGV[2] == '1'
 local err
 if KEYS[6] then
@@ -349,30 +353,38 @@ end
 //
 // As acquireScript, it starts with the common case, a free permit for a
 // value that holds none, with nobody in line and no void marker: EXISTS,
-// GET, TIME, ZREMRANGEBYSCORE, ZCARD, ZADD, PTTL (not for the first
-// holder), PEXPIRE if needed, SET, SET, and no helper defined. When that
-// case does not apply it has written nothing but the removal of ended
-// holders, which the full path starts with anyway.
+// ZCARD, GET, TIME, ZREMRANGEBYSCORE, ZADD, PTTL (not for the first
+// holder), PEXPIRE if needed, SET, SET, and no helper defined. When all
+// permits are taken it gives up after ZCARD (a permit whose lease ended is
+// left to the full path); when the value holds a permit already, after
+// removing the ended holders, which the full path starts with anyway.
 var semAcquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
+-- The common case: nobody in line, a value not void, a free permit.
 if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
+  -- ZCARD counts the holders whose lease has ended too, so fewer than
+  -- permits means one is free; it fails on a lease key that is no sorted
+  -- set, and held 0 means there is no set yet.
+  local held = redis.pcall('ZCARD', KEYS[1])
+  if type(held) == 'number' and held < tonumber(ARGV[2]) then
 ` + leanTokenLua + `
-  -- dropEnded (below); it fails, writing nothing, on a lease key that is
-  -- no sorted set.
-  if token and type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 1, 3))) == 'number' then
-    local held = redis.call('ZCARD', KEYS[1])
-    -- hold (below), for a value that holds no permit yet (NX).
-    if held < tonumber(ARGV[2]) and redis.call('ZADD', KEYS[1], 'NX', math.ceil(now / 1000) + ARGV[1], value) == 1 then
-      if held == 0 or redis.call('PTTL', KEYS[1]) < ARGV[1] + 0 then
-        redis.call('PEXPIRE', KEYS[1], ARGV[1])
+    if token then
+      -- dropEnded, and hold for a value that holds no permit yet (NX), as
+      -- below.
+      redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 1, 3))
+      if redis.call('ZADD', KEYS[1], 'NX', math.ceil(now / 1000) + ARGV[1], value) == 1 then
+        if held == 0 or redis.call('PTTL', KEYS[1]) < ARGV[1] + 0 then
+          redis.call('PEXPIRE', KEYS[1], ARGV[1])
+        end
+        redis.call('SET', KEYS[1] .. ':permits', ARGV[2], 'PX', ` + retentionMs + `)
+        redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+        return {1, token}
       end
-      redis.call('SET', KEYS[1] .. ':permits', ARGV[2], 'PX', ` + retentionMs + `)
-      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
-      return {1, token}
     end
   end
 end
 ` + semLua + protocolLua + semPassLua + `
+-- The full path.
 local err = notSemaphore()
 if err then
   return err
@@ -457,6 +469,7 @@ return waiting(rank, ticket)
 // EXISTS, and the void marker for Cancel); only a line makes it define the
 // helpers that pass permits on.
 var semReleaseScript = newScript(`
+-- The common case: nobody in line.
 local value = ARGV[1]
 local t, us
 ` + leanClockLua + `
@@ -474,6 +487,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
 end
 local now = t[1] * 1000000 + t[2]
 ` + semLua + protocolLua + semPassLua + `
+-- The full path, from what the common case found.
 local err
 if KEYS[6] then
   err = leave(value)
