@@ -39,8 +39,9 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 
 // The common case of a script comes first and defines no function: Lua
 // makes a closure each time a "local function" statement runs, and making
-// the dozen helpers of protocolLua costs about 8,000 instructions, more than
-// a call. These two pieces of it are shared by several scripts, as text.
+// the dozen helpers of lockLua and protocolLua costs about 10,000
+// instructions (callgrind), more than two calls. These two pieces of it are
+// shared by several scripts, as text.
 //
 // leanClockLua sets t to the server's clock (TIME's seconds and µs, as
 // text) and us to its µs as six digits; the includer declares both.
@@ -115,6 +116,10 @@ end
 // and without defining any helper. When that case does not apply, or the
 // fencing key does not hold a token that can be followed, it has written
 // nothing and the full path decides, as if it had not run.
+//
+// Cost per call (callgrind instructions and µs in Redis; COSTS.md,
+// scripts/script-cost): the common case 76k, 5.5 µs (an election's 84k);
+// refused 69k; standing in line 155k.
 var acquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
 -- The common case: a free lease, nobody in line, a value not void.
@@ -216,6 +221,9 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // without defining any helper. Otherwise the full path goes on from what
 // that part found (cur, deleted); an election's release takes it too, to
 // announce that nobody leads.
+//
+// Cost per call (as for acquireScript): the common case 41k, 3.0 µs
+// (Cancel's 57k); passing the lease on 145k; an election's release 78k.
 var releaseScript = newScript(`
 -- The common case: the lease holds the value, and nobody is in line.
 local value = ARGV[1]
@@ -358,6 +366,9 @@ end
 // permits are taken it gives up after ZCARD (a permit whose lease ended is
 // left to the full path); when the value holds a permit already, after
 // removing the ended holders, which the full path starts with anyway.
+//
+// Cost per call (as for acquireScript): a free permit 111k, 8.4 µs; all
+// permits held, standing in line 204k.
 var semAcquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
 -- The common case: nobody in line, a value not void, a free permit.
@@ -468,6 +479,9 @@ return waiting(rank, ticket)
 // returns at once when nobody stands in line (TIME, ZREMRANGEBYSCORE, ZREM,
 // EXISTS, and the void marker for Cancel); only a line makes it define the
 // helpers that pass permits on.
+//
+// Cost per call (as for acquireScript): nobody in line 55k, 4.1 µs; passing
+// a permit on 195k.
 var semReleaseScript = newScript(`
 -- The common case: nobody in line.
 local value = ARGV[1]
@@ -508,7 +522,8 @@ return out
 //
 // Its numbers are read by arithmetic, and the score is passed to ZADD as a
 // number, which Redis prints exactly (%.17g) below 2^53: both cost about
-// half of tonumber and string.format.
+// half of tonumber and string.format. Cost per call (as for
+// acquireScript): 66k, 4.7 µs.
 var semRenewScript = newScript(`
 local s = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
 if type(s) ~= 'string' then
@@ -704,6 +719,7 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 //
 // KEYS[1] lease key. ARGV[1] the acquisition's value, ARGV[2] TTL in ms.
 // Reply: {1} when extended; {0, holder value or false} when refused.
+// Cost per call (as for acquireScript): 32k, 2.3 µs.
 var renewScript = newScript(`
 local cur = redis.pcall('GET', KEYS[1])
 if cur == ARGV[1] then
