@@ -680,8 +680,10 @@ func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
 }
 
 // classify recognises the lease scripts by their arguments: acquire and
-// release are given the fencing key (acquire with six arguments, release
-// with three), renewals the lease key alone.
+// release are given the fencing key, renewals the lease key alone. An
+// acquire's first argument is its TTL (the value is the end of its void key,
+// the last key, and the claim window its third argument, if it stands in
+// line); a release's is the value.
 func classify(args []string) (c wireCall, ok bool) {
 	if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
 		return c, false
@@ -693,11 +695,15 @@ func classify(args []string) (c wireCall, ok bool) {
 	keys, argv := args[3:3+n], args[3+n:]
 	c.key, c.value = keys[0], argv[0]
 	ttlArg := ""
+	_, err = strconv.ParseInt(argv[0], 10, 64)
 	switch {
-	case n >= 2 && strings.HasSuffix(keys[1], ":fence") && len(argv) == 6:
-		c.kind, ttlArg = acquireCall, argv[1]
-		if ms, err := strconv.ParseInt(argv[2], 10, 64); err == nil {
-			c.claim = time.Duration(ms) * time.Millisecond
+	case n >= 2 && strings.HasSuffix(keys[1], ":fence") && err == nil:
+		c.kind, ttlArg = acquireCall, argv[0]
+		c.value = strings.TrimPrefix(keys[n-1], keys[0]+":void:")
+		if len(argv) > 2 {
+			if ms, err := strconv.ParseInt(argv[2], 10, 64); err == nil {
+				c.claim = time.Duration(ms) * time.Millisecond
+			}
 		}
 	case n == 1 && len(argv) == 2:
 		c.kind, ttlArg = renewCall, argv[1]

@@ -61,6 +61,11 @@
 // renew (Client.Renew) extends the lease to the TTL if it holds the caller's
 // value, and never re-creates it.
 //
+// Each script starts with its common case (acquire: a free lease with
+// nobody in line; release: nobody in line) in the fewest Redis calls, and
+// hands anything else to its full logic, with the outcome the full logic
+// alone would have had. What each path costs Redis is in COSTS.md.
+//
 // # A waiter's states
 //
 // A Lock call (distlock's acquire.go) goes through these states:

@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -172,4 +173,21 @@ func TestElectionOnlyElectionsAnnounce(t *testing.T) {
 	zt := e.mustAcquire(t, lock.Election(), z)
 	assertHeard(t, heard, announcement{z, zt}, "want the election's grant first: a lock or semaphore announced")
 	assert.Empty(t, heard)
+}
+
+// TestElectionAnnouncesTokenAfterFenceAhead: when the fencing key is ahead
+// of the server's clock, a grant's token is the last one plus one, and the
+// announcement carries that token, not the clock.
+func TestElectionAnnouncesTokenAfterFenceAhead(t *testing.T) {
+	e := newEnv(t)
+	k := keys(t).Election()
+	const ahead = int64(7_258_118_400_000_000) // year 2200, below 2^53
+	e.srv.MustDo("SET", k.Fence, strconv.FormatInt(ahead, 10))
+	heard := subscribeLeader(t, e.lc, k)
+
+	x := lease.NewValue("x")
+	xt := e.mustAcquire(t, k, x)
+	require.Equal(t, ahead+1, xt, "token after the fence was set to %d", ahead)
+	assertHeard(t, heard, announcement{x, xt}, "grant")
+	assert.Equal(t, xt, e.fence(t, k))
 }

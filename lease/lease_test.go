@@ -295,6 +295,32 @@ func TestTokensStrictlyIncrease(t *testing.T) {
 	}
 }
 
+// TestTokenTextIsTheToken: the acquire script writes a grant's token to the
+// fencing key as text it builds from the server clock's seconds and µs; the
+// text must be the token of the reply, whatever the µs. It grants until a
+// token falls in the first 10 ms of a second, whose µs have four digits or
+// fewer to pad.
+func TestTokenTextIsTheToken(t *testing.T) {
+	e := newEnv(t)
+	k := keys(t)
+	const (
+		within   = 3 * time.Second // more than a second of grants
+		shortest = 10_000          // µs: four digits
+	)
+	short := 0
+	for start := time.Now(); short == 0; {
+		require.Less(t, time.Since(start), within, "no grant in the first %d µs of a second", shortest)
+		value := lease.NewValue("me")
+		token := e.mustAcquire(t, k, value)
+		fence, _ := e.get(t, k.Fence)
+		require.Equal(t, strconv.FormatInt(token, 10), fence, "the fencing key's text after the grant of token %d", token)
+		require.True(t, e.release(t, k, value))
+		if token%1_000_000 < shortest {
+			short++
+		}
+	}
+}
+
 func TestTokenAfterFenceAhead(t *testing.T) {
 	e := newEnv(t)
 	k := keys(t)
@@ -556,11 +582,19 @@ func TestWrongTypeFenceKey(t *testing.T) {
 			args := append([]string(nil), tt.setup...)
 			args[1] = k.Fence
 			e.srv.MustDo(args...)
+			before, err := e.srv.MustDo("DUMP", k.Fence).ToString()
+			require.NoError(t, err)
 
 			g, err := e.lc.Acquire(ctxFor(t), k, lease.NewValue("me"), ttl)
 			require.Error(t, err, "Acquire with a bad fencing key: got %+v, want an error", g)
 			assert.Contains(t, err.Error(), tt.wantErr)
 			assert.False(t, e.exists(t, k.Lease), "a failed acquire wrote the lease key")
+			// Nothing else either: the common case's branch gives up
+			// before its first write, and the full path fails.
+			after, err := e.srv.MustDo("DUMP", k.Fence).ToString()
+			require.NoError(t, err)
+			assert.Equal(t, before, after, "a failed acquire changed the fencing key")
+			assert.Equal(t, int64(1), e.intReply(t, "DBSIZE"), "keys after a failed acquire: want the fencing key alone")
 		})
 	}
 }

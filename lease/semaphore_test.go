@@ -56,7 +56,9 @@ func (e *env) members(t *testing.T, k lease.Keys) []string {
 }
 
 // assertHolds checks that value holds a permit whose lease ends within want
-// from now, and not much sooner.
+// from now, and not much sooner. The score is rounded up to the next whole
+// millisecond, so read within the millisecond of the grant it is want plus
+// that millisecond.
 func (e *env) assertHolds(t *testing.T, k lease.Keys, value string, want time.Duration) {
 	t.Helper()
 	end, ok := e.score(t, k, value)
@@ -64,7 +66,7 @@ func (e *env) assertHolds(t *testing.T, k lease.Keys, value string, want time.Du
 		return
 	}
 	left := time.Duration(end-e.serverTime(t)/1000) * time.Millisecond
-	assert.LessOrEqual(t, left, want, "lease of %q: %v left, want at most %v", value, left, want)
+	assert.LessOrEqual(t, left, want+time.Millisecond, "lease of %q: %v left, want at most %v", value, left, want)
 	assert.Greater(t, left, want-ttlMargin, "lease of %q: %v left, want about %v", value, left, want)
 }
 
@@ -441,6 +443,41 @@ func TestSemaphoreCancel(t *testing.T) {
 	assert.Equal(t, c.value, r.Passed.Value)
 	assert.Equal(t, []string{c.value}, e.members(t, k))
 	e.assertNoLine(t, k)
+}
+
+// TestSemaphoreCancelVoidsALateAttempt: with nobody in line, Cancel voids
+// the value, so that an attempt with it that arrives later is refused
+// although permits are free; Cancel of a holder gives its permit back.
+func TestSemaphoreCancelVoidsALateAttempt(t *testing.T) {
+	e := newEnv(t)
+	k := semKeys(t, 2)
+	value := lease.NewValue("me")
+	r := e.cancel(t, k, value)
+	assert.Equal(t, lease.Release{}, r, "Cancel before any attempt")
+	e.assertTTL(t, k.Void(value), queueTTL)
+
+	g := e.acquire(t, k, value, queueTTL)
+	assert.False(t, g.Acquired, "an attempt with a voided value was granted: %+v", g)
+	assert.Empty(t, e.members(t, k), "an attempt with a voided value took a permit")
+	assert.False(t, e.exists(t, k.Fence), "an attempt with a voided value issued a token")
+
+	x := lease.NewValue("x")
+	require.True(t, e.acquire(t, k, x, queueTTL).Acquired)
+	r = e.cancel(t, k, x)
+	assert.Equal(t, lease.Release{Deleted: true}, r, "Cancel of a holder with nobody in line")
+	assert.Empty(t, e.members(t, k), "Cancel of a holder kept its permit")
+	assert.True(t, e.exists(t, k.Void(x)), "Cancel of a holder did not void its value")
+}
+
+// TestSemaphoreSetKeepsLongestLease: the holders' set lasts as long as its
+// longest lease: a grant with a shorter TTL does not shorten it.
+func TestSemaphoreSetKeepsLongestLease(t *testing.T) {
+	e := newEnv(t)
+	k := semKeys(t, 2)
+	require.True(t, e.acquire(t, k, lease.NewValue("long"), queueTTL).Acquired)
+	e.assertTTL(t, k.Lease, queueTTL)
+	require.True(t, e.acquire(t, k, lease.NewValue("short"), time.Second).Acquired)
+	e.assertTTL(t, k.Lease, queueTTL)
 }
 
 // TestSemaphoreAcquireDoesNotBarge: Acquire, which does not stand in line,
