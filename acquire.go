@@ -61,7 +61,7 @@ func (e *engine) acquire(ctx context.Context, owner string, wait, interval time.
 		// did not see. Cancel it in the background: the caller does not
 		// wait on the network to give up.
 		value := a.value
-		proc.goWork(func() { e.cleanup(context.Background(), value) })
+		proc.goWork(func() { e.cleanup(context.Background(), value, true) })
 	}
 	info := AcquireInfo{Key: e.keys.Lease, Kind: e.kind, Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
@@ -82,7 +82,7 @@ type acquirer struct {
 	limit    time.Time // when waiting must end; zero for no limit
 	attempts int
 	timer    *time.Timer
-	// callCtx is the context of the calls that the acquire call may leave
+	// callCtx is the context of the calls that the wait limit may leave
 	// behind while ctx lives (see call); stopCalls cancels it when the
 	// acquire call returns.
 	callCtx   context.Context
@@ -109,7 +109,7 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 		sent := time.Now()
 		a.attempts++
 		var stop error
-		grant, err, stop = a.call(p)
+		grant, err, stop = a.call(leaseDeadline(sent, e.ttl), p)
 		if stop != nil {
 			a.dirty, a.uncertain = true, true
 			return nil, grant, false, stop
@@ -142,7 +142,7 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 			return nil, grant, retry, fmt.Errorf("distlock: acquiring %s: %w", e.keys.Lease, err)
 		}
 		if !grant.Acquired {
-			if grant.Holder != "" && e.abandoned.take(grant.Holder) && e.cleanup(a.ctx, grant.Holder) {
+			if grant.Holder != "" && e.abandoned.take(grant.Holder) && e.cleanup(a.ctx, grant.Holder, false) {
 				// It was our own orphan, left by an earlier call whose
 				// clean-up failed; now it is gone, so try again at once.
 				continue
@@ -157,11 +157,11 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 	}
 }
 
-// call sends one acquire call: Acquire when p is nil, AcquireOrQueue with
-// *p otherwise. The call carries the caller's ctx and no deadline of its
-// own: its reply is trusted only if it comes before the lease deadline
-// counted from its send time (see granted), and rueidis bounds a call that
-// gets no reply with its own timeouts.
+// call sends one acquire call with deadline dl: Acquire when p is nil,
+// AcquireOrQueue with *p otherwise. dl is the lease deadline counted from
+// the call's send time: a reply after it could not be trusted anyway (see
+// granted), so a call that Redis does not answer (a stopped server, a
+// dead path) ends then, and the caller asks again or fails.
 //
 // When nothing can end the call early (ctx can never be done, there is no
 // wait limit and the caller does not stand in line yet), call sends it on
@@ -178,13 +178,15 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 // stops waiting for its call when a grant comes: it returns errNoted with
 // the grant in a.noted, and the call (a refresh of its place, perhaps stuck
 // on a dead connection) goes on in the background.
-func (a *acquirer) call(p *lease.Place) (grant lease.Grant, err, stop error) {
+func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
 	e := a.e
 	if a.ctx.Done() == nil && a.limit.IsZero() && a.waiter == nil {
+		ctx, cancel := context.WithDeadline(a.ctx, dl)
+		defer cancel()
 		if p == nil {
-			grant, err = e.store.Acquire(a.ctx, e.keys, a.value, e.ttl)
+			grant, err = e.store.Acquire(ctx, e.keys, a.value, e.ttl)
 		} else {
-			grant, err = e.store.AcquireOrQueue(a.ctx, e.keys, a.value, e.ttl, *p)
+			grant, err = e.store.AcquireOrQueue(ctx, e.keys, a.value, e.ttl, *p)
 		}
 		return grant, err, nil
 	}
@@ -198,12 +200,14 @@ func (a *acquirer) call(p *lease.Place) (grant lease.Grant, err, stop error) {
 	}
 	done := make(chan result, 1)
 	ctx, value := a.ctx, a.value
-	if !a.limit.IsZero() || a.waiter != nil {
-		// The call may be left behind while ctx lives: when the wait limit
-		// ends the acquire, or a grant comes while a refresh is in flight.
-		// It must not go on after the acquire call has returned (it could,
-		// say, dial a connection of a client that its owner has closed
-		// since), so it gets a context that ends with the acquire call.
+	if !a.limit.IsZero() {
+		// The call may be left behind while ctx lives, when the wait limit
+		// ends the acquire call. It must not go on once the acquire call
+		// has failed (it could, say, dial a connection of a client that its
+		// owner closes as soon as Lock has returned), so it gets a context
+		// that ends with the acquire call. (A refresh left behind because a
+		// grant came meanwhile goes on: the call has succeeded, and the
+		// refresh, sent already, only extends the caller's own lease.)
 		if a.stopCalls == nil {
 			a.callCtx, a.stopCalls = context.WithCancel(a.ctx)
 		}
@@ -212,6 +216,8 @@ func (a *acquirer) call(p *lease.Place) (grant lease.Grant, err, stop error) {
 	proc.work.add(1)
 	go func() {
 		defer proc.work.add(-1)
+		ctx, cancel := context.WithDeadline(ctx, dl)
+		defer cancel()
 		var r result
 		if p == nil {
 			r.grant, r.err = e.store.Acquire(ctx, e.keys, value, e.ttl)

@@ -19,12 +19,14 @@ import (
 )
 
 // A service that makes a short-lived client per job: each job's Lock waits
-// on a held key, gives up, and the job closes its client once distlock has
-// settled. Nothing of distlock may keep a closed client in memory (issue 16,
-// part 3): no room may subscribe again on it, and no call that a Lock left
-// behind may use it after Lock has returned. Each client's dialer holds a
-// ballast whose collection the test counts, and the server's connection
-// count must come back to where it was.
+// on a held key, gives up (its ctx ends, or its max wait), and the job
+// closes its client right away, while the clean-up that Lock left to the
+// background may still run. Nothing of distlock may keep a closed client in
+// memory (issue 16, part 3): no room may subscribe again on it, no call
+// that Lock left behind may use it after Lock returned, and the clean-up
+// runs on a borrowed connection that goes with the closed client. Each
+// client's dialer holds a ballast whose collection the test counts, and the
+// server's connection count must come back to where it was.
 func TestClosedClientsAreNotKept(t *testing.T) {
 	cases := []struct {
 		name     string

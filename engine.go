@@ -27,6 +27,7 @@ type store interface {
 	Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error)
 	Release(ctx context.Context, k lease.Keys, value string) (lease.Release, error)
 	Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Release, error)
+	CancelDedicated(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Release, error)
 	Subscribe(ctx context.Context, k lease.Keys, room string, ready func(), granted func(value string, token int64)) error
 }
 
@@ -184,22 +185,33 @@ func (e *engine) queueKey() queueKey { return queueKey{client: e.client, lease: 
 // attempt whose reply it did not see, a lease passed to it while it waited,
 // or its place in line. A lease it deletes goes to the next in line at once.
 // The cancel also voids value, so that an attempt that reaches Redis after
-// it (rueidis may send the two on different connections) is refused. It is
-// bounded by cleanupTimeout and ignores ctx's cancellation (ctx is usually
-// why the call gave up). Failing is harmless: the orphan expires within the
-// TTL, a passed lease within the claim window, a place in line within the
-// claim window.
+// it (rueidis may send the two on different connections) is refused. It
+// ignores ctx's cancellation (ctx is usually why the call gave up). Failing
+// is harmless: the orphan expires within the TTL, a passed lease within the
+// claim window, a place in line within the claim window.
+//
+// In the background (the call has returned: see acquire), the cancel goes
+// on a dedicated connection, since the client's owner may close the client
+// meanwhile (see lease's CancelDedicated), and may take up to a TTL: after
+// that there is nothing left to clean up, and a Redis that was stopped
+// meanwhile gets it when it resumes. Otherwise (a call that found its own
+// orphan and clears it before it asks again) it is bounded by
+// cleanupTimeout.
 //
 // If the clean-up itself fails, the value is remembered for one TTL: should
 // a later attempt of this engine find the lock held by it, that attempt
 // cancels it and tries again at once instead of waiting out the orphan.
 //
 // It reports whether Redis confirmed the clean-up.
-func (e *engine) cleanup(ctx context.Context, value string) bool {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, e.ttl))
+func (e *engine) cleanup(ctx context.Context, value string, background bool) bool {
+	bound, cancelIt := min(cleanupTimeout, e.ttl), e.store.Cancel
+	if background {
+		bound, cancelIt = e.ttl, e.store.CancelDedicated
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 	defer cancel()
 	sent := time.Now()
-	r, err := e.store.Cancel(cctx, e.keys, value, e.ttl)
+	r, err := cancelIt(cctx, e.keys, value, e.ttl)
 	switch {
 	case err != nil:
 		e.abandoned.add(value, time.Now().Add(e.ttl))

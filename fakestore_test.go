@@ -141,6 +141,11 @@ func (f *fakeStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl 
 	return f.Release(ctx, k, value)
 }
 
+// CancelDedicated is Cancel: the fake has no connections.
+func (f *fakeStore) CancelDedicated(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Release, error) {
+	return f.Cancel(ctx, k, value, ttl)
+}
+
 // Subscribe confirms at once and announces nothing.
 func (f *fakeStore) Subscribe(ctx context.Context, k lease.Keys, room string, ready func(), granted func(string, int64)) error {
 	ready()

@@ -198,9 +198,10 @@ func TestUncontendedPairAllocations(t *testing.T) {
 		}
 	})
 	t.Logf("%.1f allocations per pair", allocs)
-	// A Mutex (with its options and keys), a value, a guard with its done
-	// channel and first-renewal timer, the release's deadline: about 12.
-	assert.LessOrEqual(t, allocs, 14.0)
+	// A Mutex (with its options and keys), a value, the acquire's and the
+	// release's deadlines (a context and a timer each), a guard with its
+	// done channel and first-renewal timer: 18.
+	assert.LessOrEqual(t, allocs, 18.0)
 }
 
 // records is a slog handler that keeps the records it is given.

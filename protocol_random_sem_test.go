@@ -226,21 +226,30 @@ type semWire struct {
 
 // Do runs cmd and records it if it is a lease script.
 func (w *semWire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	return w.do(ctx, cmd, w.Client.Do)
+}
+
+// Dedicated runs fn on a dedicated connection whose calls are recorded as
+// the wire's own (lease.Client.Cancel borrows one).
+func (w *semWire) Dedicated(fn func(rueidis.DedicatedClient) error) error {
+	return dedicatedVia(w.Client, fn, w.do)
+}
+
+// do runs cmd through send and records it if it is a lease script.
+func (w *semWire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rueidis.RedisResult {
 	wc, ok := classify(cmd.Commands())
 	if !ok {
-		return w.Client.Do(ctx, cmd)
+		return send(ctx, cmd)
 	}
 	c := semCall{wireCall: wc, rank: -1}
 	c.start = time.Now()
-	res := w.Client.Do(ctx, cmd)
+	res := send(ctx, cmd)
 	c.end, c.done = time.Now(), true
 	if c.err = res.Error(); c.err == nil {
-		if arr, err := res.ToArray(); err == nil && len(arr) > 0 {
-			n, _ := arr[0].AsInt64()
-			c.ok = n == 1
+		var arr []rueidis.RedisMessage
+		c.ok, c.token, arr = leaseReply(res, c.kind)
+		if len(arr) > 0 {
 			switch {
-			case c.kind == acquireCall && c.ok && len(arr) > 1:
-				c.token, _ = arr[1].AsInt64()
 			case c.kind == acquireCall && !c.ok && len(arr) >= 6:
 				c.rank, _ = arr[3].AsInt64()
 				c.fence, _ = arr[5].AsInt64()

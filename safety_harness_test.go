@@ -679,6 +679,50 @@ func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
 	return &wire{Client: c, rec: rec, tokens: tokens}
 }
 
+// sendFunc sends a command, as rueidis.Client.Do does.
+type sendFunc func(context.Context, rueidis.Completed) rueidis.RedisResult
+
+// dedicatedVia runs fn on a dedicated connection of c whose Do goes through
+// do, which records the call and sends it on that connection.
+func dedicatedVia(c rueidis.Client, fn func(rueidis.DedicatedClient) error,
+	do func(context.Context, rueidis.Completed, sendFunc) rueidis.RedisResult) error {
+	return c.Dedicated(func(d rueidis.DedicatedClient) error {
+		return fn(recordingDedicated{DedicatedClient: d, do: func(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			return do(ctx, cmd, d.Do)
+		}})
+	})
+}
+
+// recordingDedicated is a dedicated connection whose Do is recorded.
+type recordingDedicated struct {
+	rueidis.DedicatedClient
+	do sendFunc
+}
+
+func (d recordingDedicated) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	return d.do(ctx, cmd)
+}
+
+// leaseReply reads the reply of a lease script of kind as the wire
+// recorders need it: whether the script did what it was asked (a grant, a
+// delete, a renewal), a grant's token, and the reply's array when it is
+// one (the common cases reply with a number alone: a grant's token, or 1 or
+// 0; an array's first element is 1 or 0).
+func leaseReply(res rueidis.RedisResult, kind callKind) (ok bool, token int64, arr []rueidis.RedisMessage) {
+	if n, err := res.AsInt64(); err == nil {
+		if kind == acquireCall {
+			return n > 0, n, nil
+		}
+		return n == 1, 0, nil
+	}
+	arr, err := res.ToArray()
+	if err != nil || len(arr) == 0 {
+		return false, 0, nil
+	}
+	n, _ := arr[0].AsInt64()
+	return n == 1, 0, arr
+}
+
 // classify recognises the lease scripts by their arguments: acquire and
 // release are given the fencing key, renewals the lease key alone. An
 // acquire's first argument is its TTL (the value is the end of its void key,
@@ -718,9 +762,20 @@ func classify(args []string) (c wireCall, ok bool) {
 
 // Do runs cmd and records it if it is a lease script.
 func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	return w.do(ctx, cmd, w.Client.Do)
+}
+
+// Dedicated runs fn on a dedicated connection whose calls are recorded as
+// the wire's own (lease.Client.Cancel borrows one).
+func (w *wire) Dedicated(fn func(rueidis.DedicatedClient) error) error {
+	return dedicatedVia(w.Client, fn, w.do)
+}
+
+// do runs cmd through send and records it if it is a lease script.
+func (w *wire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rueidis.RedisResult {
 	c, ok := classify(cmd.Commands())
 	if !ok {
-		return w.Client.Do(ctx, cmd)
+		return send(ctx, cmd)
 	}
 	c.start = time.Now()
 	if c.claim > 0 {
@@ -731,15 +786,13 @@ func (w *wire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResul
 	w.calls = append(w.calls, c)
 	w.mu.Unlock()
 
-	res := w.Client.Do(ctx, cmd)
+	res := send(ctx, cmd)
 	c.end, c.done = time.Now(), true
 	if c.err = res.Error(); c.err == nil {
-		if arr, err := res.ToArray(); err == nil && len(arr) > 0 {
-			n, _ := arr[0].AsInt64()
-			c.ok = n == 1
+		var arr []rueidis.RedisMessage
+		c.ok, c.token, arr = leaseReply(res, c.kind)
+		if len(arr) > 0 {
 			switch {
-			case c.kind == acquireCall && c.ok && len(arr) > 1:
-				c.token, _ = arr[1].AsInt64()
 			case c.kind == releaseCall && len(arr) == 4:
 				c.passToken, _ = arr[1].AsInt64()
 				c.passed, _ = arr[2].ToString()

@@ -81,9 +81,20 @@ func newPermitWire(c rueidis.Client, sink opSink) *permitWire {
 
 // Do runs cmd and records it if it is a lease script.
 func (w *permitWire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	return w.do(ctx, cmd, w.Client.Do)
+}
+
+// Dedicated runs fn on a dedicated connection whose calls are recorded as
+// the wire's own (lease.Client.Cancel borrows one).
+func (w *permitWire) Dedicated(fn func(rueidis.DedicatedClient) error) error {
+	return dedicatedVia(w.Client, fn, w.do)
+}
+
+// do runs cmd through send and records it if it is a lease script.
+func (w *permitWire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rueidis.RedisResult {
 	c, ok := classify(cmd.Commands())
 	if !ok {
-		return w.Client.Do(ctx, cmd)
+		return send(ctx, cmd)
 	}
 	c.start = time.Now()
 	if c.kind == acquireCall {
@@ -91,24 +102,20 @@ func (w *permitWire) Do(ctx context.Context, cmd rueidis.Completed) rueidis.Redi
 		w.last = c.value
 		w.mu.Unlock()
 	}
-	res := w.Client.Do(ctx, cmd)
+	res := send(ctx, cmd)
 	c.end, c.done = time.Now(), true
 	c.err = res.Error()
 	var arr []rueidis.RedisMessage
+	var token int64
 	if c.err == nil {
-		arr, _ = res.ToArray()
-	}
-	if len(arr) > 0 {
-		n, _ := arr[0].AsInt64()
-		c.ok = n == 1
+		c.ok, token, arr = leaseReply(res, c.kind)
 	}
 	confirmed := history.Op{Kind: history.Confirmed, Sent: history.At(c.start), At: history.At(c.end),
 		Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))), Key: c.key, Client: lease.Owner(c.value)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
-	case c.kind == acquireCall && c.ok && len(arr) > 1:
-		token, _ := arr[1].AsInt64()
+	case c.kind == acquireCall && c.ok:
 		w.tokens[c.value] = token
 		w.confirm(c.value, confirmed)
 	case c.kind == acquireCall && c.err == nil && len(arr) >= 6:

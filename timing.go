@@ -65,10 +65,9 @@ const (
 	// releasing has expired.
 	expiryGrace = time.Millisecond
 
-	// cleanupTimeout bounds the conditional delete that an acquire call
-	// sends when it gives up after an attempt whose outcome it could not
-	// see (the reply was lost or the context ended while the script was in
-	// flight).
+	// cleanupTimeout bounds the cancel that an acquire call sends, before
+	// it asks again, for an orphan of its own engine that an earlier
+	// clean-up could not remove (see engine.cleanup).
 	cleanupTimeout = 250 * time.Millisecond
 
 	// minReleaseWait is the least time the final delete is given, even when

@@ -136,7 +136,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
         redis.pcall('PUBLISH', KEYS[1] .. ':leader', msg)
       end
     end
-    return {1, token}
+    return token
   end
 end
 ` + lockLua + protocolLua + `
@@ -167,7 +167,7 @@ if cur == value then
     -- It keeps its token, so a term has one token and nothing changes
     -- hands (nothing to announce).
     redis.call('PEXPIRE', KEYS[1], ARGV[1])
-    return {1, last}
+    return last
   end
   return grant(last, clock(), value, ARGV[1])
 end
@@ -239,7 +239,7 @@ if cur == value then
       -- the marker.
       redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
     end
-    return {1}
+    return 1
   end
 end
 ` + lockLua + protocolLua + `
@@ -389,7 +389,7 @@ if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
         end
         redis.call('SET', KEYS[1] .. ':permits', ARGV[2], 'PX', ` + retentionMs + `)
         redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
-        return {1, token}
+        return token
       end
     end
   end
@@ -441,12 +441,12 @@ while held < permits do
       leave(v)
     end
     local reply = grant(last, now, value, ARGV[1])
-    if reply[1] ~= 1 then
+    if type(reply) ~= 'number' then
       return reply
     end
     -- Permits still free (several leases ended at once, or the limit was
     -- raised) go to those behind the caller, as a release passes them.
-    passFree(reply[2], now, held + 1, permits, {})
+    passFree(reply, now, held + 1, permits, {})
     return reply
   end
   local token, terr = passTo(last, now, v, claim, room)
@@ -497,7 +497,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   if KEYS[6] then
     redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
   end
-  return {deleted}
+  return deleted
 end
 local now = t[1] * 1000000 + t[2]
 ` + semLua + protocolLua + semPassLua + `
@@ -538,7 +538,7 @@ redis.call('ZADD', KEYS[1], 'XX', ms + math.ceil(us) + ttl, ARGV[1])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return {1}
+return 1
 `)
 
 // protocolLua defines the helpers of acquireScript and releaseScript. They
@@ -625,7 +625,7 @@ local function grant(last, now, value, ttl)
   hold(value, ttl, now)
   redis.call('SET', KEYS[2], token, 'PX', ` + retentionMs + `)
   announce(token, value)
-  return {1, token}
+  return token
 end
 local function foreign()
   return redis.error_reply('ERR distlock: queue keys ' .. KEYS[3] .. ' and ' .. KEYS[4] .. ' hold something else')
@@ -724,7 +724,7 @@ var renewScript = newScript(`
 local cur = redis.pcall('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1}
+  return 1
 end
 if type(cur) ~= 'string' then
   cur = false
@@ -916,31 +916,27 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 		}
 	}
 	res, w := c.exec(ctx, s, k.all(value), args)
-	arr, err := res.ToArray()
+	token, arr, err := scriptReply(res)
 	if err != nil {
 		return Grant{}, err
 	}
-	if len(arr) < 2 {
-		return Grant{}, fmt.Errorf("%w to acquire: %d elements", ErrProtocol, len(arr))
-	}
-	ok, err1 := arr[0].AsInt64()
-	n, err2 := arr[1].AsInt64()
-	if err := errors.Join(err1, err2); err != nil {
-		return Grant{}, fmt.Errorf("%w to acquire: %w", ErrProtocol, err)
-	}
-	if ok == 1 {
+	if arr == nil {
 		if err := c.ackError("acquire", k.Lease, w); err != nil {
 			if uerr := c.undo(ctx, k, value); uerr != nil {
 				return Grant{}, fmt.Errorf("%w; deleting the lease again failed, it expires on its own: %v", err, uerr)
 			}
 			return Grant{}, err
 		}
-		return Grant{Acquired: true, Token: n}, nil
+		return Grant{Acquired: true, Token: token}, nil
 	}
 	if len(arr) < 6 {
 		return Grant{}, fmt.Errorf("%w to acquire: %d elements", ErrProtocol, len(arr))
 	}
-	g := Grant{HolderTTL: time.Duration(n) * time.Millisecond}
+	pttl, err := arr[1].AsInt64()
+	if err != nil {
+		return Grant{}, fmt.Errorf("%w to acquire: %w", ErrProtocol, err)
+	}
+	g := Grant{HolderTTL: time.Duration(pttl) * time.Millisecond}
 	g.Holder, _ = arr[2].ToString()
 	rank, err3 := arr[3].AsInt64()
 	ticket, err4 := arr[4].AsInt64()
@@ -1010,19 +1006,12 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 		s = semRenewScript
 	}
 	res, w := c.exec(ctx, s, []string{k.Lease}, []string{value, ms(ttl)})
-	arr, err := res.ToArray()
+	ok, arr, err := scriptReply(res)
 	if err != nil {
 		return Renewal{}, err
 	}
-	if len(arr) < 1 {
-		return Renewal{}, fmt.Errorf("%w to renew: empty array", ErrProtocol)
-	}
-	ok, err := arr[0].AsInt64()
-	if err != nil {
-		return Renewal{}, fmt.Errorf("%w to renew: %w", ErrProtocol, err)
-	}
-	r := Renewal{OK: ok == 1}
-	if !r.OK && len(arr) > 1 {
+	r := Renewal{OK: arr == nil && ok == 1}
+	if len(arr) > 1 {
 		r.Holder, _ = arr[1].ToString()
 	}
 	if r.OK {
@@ -1082,7 +1071,7 @@ const releaseTries = 8
 // lease, a retry reports it as no longer holding value (and the grant that
 // call made is announced on the waiter's channel only).
 func (c *Client) Release(ctx context.Context, k Keys, value string) (Release, error) {
-	return c.release(ctx, k, k.all(value)[:5], value, "")
+	return c.release(ctx, k, []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake}, value, "", c.run)
 }
 
 // Cancel gives value up for good, after an acquire with it whose outcome
@@ -1096,12 +1085,28 @@ func (c *Client) Cancel(ctx context.Context, k Keys, value string, ttl time.Dura
 	if ttl < time.Millisecond {
 		return Release{}, ErrBadTTL
 	}
-	return c.release(ctx, k, k.all(value), value, ms(ttl))
+	return c.release(ctx, k, k.all(value), value, ms(ttl), c.run)
+}
+
+// CancelDedicated is Cancel sent on a connection of its own, borrowed from
+// rueidis's pool of dedicated connections and handed back after (see
+// runDedicated). It is for a clean-up that runs in the background after its
+// caller has returned, and so may still run while the client's owner closes
+// the client. It costs a connection of the pool, dialed the first time;
+// when Redis does not answer the dial's handshake in time (it is stopped),
+// the clean-up fails where Cancel would have waited on a shared
+// connection.
+func (c *Client) CancelDedicated(ctx context.Context, k Keys, value string, ttl time.Duration) (Release, error) {
+	if ttl < time.Millisecond {
+		return Release{}, ErrBadTTL
+	}
+	return c.release(ctx, k, k.all(value), value, ms(ttl), c.runDedicated)
 }
 
 // release runs the release script of k's kind for Release and Cancel (void
-// the void key's TTL in ms, "" for Release).
-func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void string) (Release, error) {
+// the void key's TTL in ms, "" for Release) through run.
+func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void string,
+	run func(context.Context, script, []string, []string) rueidis.RedisResult) (Release, error) {
 	if err := k.check(); err != nil {
 		return Release{}, err
 	}
@@ -1119,9 +1124,13 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 	}
 	var err error
 	for range releaseTries {
+		var deleted int64
 		var arr []rueidis.RedisMessage
-		arr, err = c.run(ctx, s, keys, args).ToArray()
-		if err == nil {
+		deleted, arr, err = scriptReply(run(ctx, s, keys, args))
+		switch {
+		case err == nil && arr == nil:
+			return Release{Deleted: deleted == 1}, nil
+		case err == nil:
 			return parseRelease(arr)
 		}
 		if _, replied := rueidis.IsRedisErr(err); replied || ctx.Err() != nil {
@@ -1129,6 +1138,26 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 		}
 	}
 	return Release{}, err
+}
+
+// scriptReply reads the reply of a lease script: a number alone, the reply
+// of the common cases (a grant's token; 1 for a release or renewal that did
+// what it was asked, 0 for a release that found nothing to delete), or an
+// array, whose first element says whether the script did it (which Redis
+// builds at a cost of about 4,500 instructions, so the common cases do
+// without).
+func scriptReply(res rueidis.RedisResult) (n int64, arr []rueidis.RedisMessage, err error) {
+	if n, err := res.AsInt64(); err == nil {
+		return n, nil, nil
+	}
+	arr, err = res.ToArray()
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(arr) == 0 {
+		return 0, nil, fmt.Errorf("%w: an empty array", ErrProtocol)
+	}
+	return 0, arr, nil
 }
 
 func parseRelease(arr []rueidis.RedisMessage) (Release, error) {
