@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -118,7 +116,7 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 			// A reply from Redis means the script did not run to a write (it
 			// reads before it writes); anything else (a lost connection, a
 			// deadline, a cancelled ctx) leaves its outcome unknown.
-			_, replied := rueidis.IsRedisErr(err)
+			replied := lease.IsReply(err)
 			var ackErr *lease.AckError
 			notAcked := errors.As(err, &ackErr)
 			if !replied {

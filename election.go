@@ -32,6 +32,14 @@ import (
 // so observers learn of a change within a round trip and a push, not at a
 // poll.
 //
+// An Election and a [Mutex] of one name and namespace are the same lease
+// (an election is a lock whose grants are announced): whoever holds one
+// holds the other, and they wait in one line. Observers see a Mutex's holder
+// as the leader, but a Mutex does not announce its grants and releases, so
+// they learn of those only when they next read the lease. Give them
+// different names. A [Semaphore] of the same name is refused with
+// [ErrWrongKind].
+//
 // An Election holds configuration and, while someone observes it, one
 // watcher goroutine shared by its observers. It is safe for concurrent use.
 // Make one with [NewElection]: Campaign and Leader of the zero Election

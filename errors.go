@@ -49,7 +49,19 @@ var (
 	// fails this way makes the guard Lost, and its [*LostError] unwraps to
 	// it.
 	ErrNotReplicated = lease.ErrNotReplicated
+	// ErrWrongKind means the name is used by another kind of lease: a Mutex
+	// (or an Election) asked for a semaphore's name, or a Semaphore for a
+	// lock's, or the lease key holds something distlock did not write. It
+	// is reported as a [*WrongKindError]; nothing was written, and the
+	// holder of the other kind is not disturbed.
+	ErrWrongKind = lease.ErrWrongKind
 )
+
+// WrongKindError reports a name used by another kind of lease: Key is the
+// lease key, Want the kind asked for ("lock" or "semaphore"), Found what
+// the key holds ("semaphore", "lock", or the Redis type of a key distlock
+// did not write). It matches [ErrWrongKind].
+type WrongKindError = lease.WrongKindError
 
 // ReplicaAckError reports that fewer replicas than [WithReplicaAck] asks for
 // acknowledged a write in time: Op is "acquire" or "renew", Want and Got

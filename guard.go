@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -530,7 +528,7 @@ func (g *Guard) release(ctx context.Context, until time.Time) {
 		// The release passed the lock to the next in line; if that waiter
 		// is in this process, it wakes now rather than at the announcement.
 		deliverPasses(e.queueKey(), r, sent)
-		if _, replied := rueidis.IsRedisErr(err); err == nil || replied {
+		if err == nil || lease.IsReply(err) {
 			g.finish(releaseResult{deleted: r.Deleted, err: err, unanswered: unanswered})
 			return
 		}

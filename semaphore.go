@@ -49,10 +49,10 @@ const MaxPermits = 1 << 20
 // with it: free permits go to the waiters in line at once. `distlock
 // inspect` shows the number that the last grant was made under.
 //
-// A Semaphore, a [Mutex] and an [Election] of the same name and namespace
-// share their keys, and must not be used side by side: the semaphore's
-// scripts refuse a lock's lease with an error, and the lock's a
-// semaphore's.
+// A Semaphore and a [Mutex] or an [Election] of the same name and
+// namespace share their keys, and refuse each other: a call of one on the
+// other's lease returns an error matching [ErrWrongKind], writes nothing
+// and leaves the other's holder alone.
 type Semaphore struct {
 	e engine
 }

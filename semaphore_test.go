@@ -3,6 +3,7 @@ package distlock_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -270,17 +271,29 @@ func TestSemaphoreAndMutexOfOneNameRefuseEachOther(t *testing.T) {
 	g, err := m.Lock(t.Context())
 	require.NoError(t, err)
 	s := newSemaphore(t, srv, "shared", 2)
-	_, err = s.TryAcquire(t.Context())
-	require.Error(t, err)
-	assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
-	assert.Contains(t, err.Error(), "not a semaphore")
+	for _, acquire := range []func(context.Context) (*distlock.Guard, error){s.TryAcquire, s.Acquire} {
+		_, err = acquire(t.Context())
+		require.ErrorIs(t, err, distlock.ErrWrongKind)
+		assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
+		var wk *distlock.WrongKindError
+		require.ErrorAs(t, err, &wk)
+		assert.Equal(t, [3]string{s.Key(), "semaphore", "lock"}, [3]string{wk.Key, wk.Want, wk.Found})
+		assert.Equal(t, 1, strings.Count(err.Error(), "distlock:"+" "), "one prefix: %v", err)
+	}
+	assert.Equal(t, distlock.Acquired, g.State(), "the lock's holder is not disturbed")
 	release(t, g)
 
 	sg, err := s.TryAcquire(t.Context())
 	require.NoError(t, err)
-	_, err = m.TryLock(t.Context())
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "holds a zset, not a lock")
+	for _, lock := range []func(context.Context) (*distlock.Guard, error){m.TryLock, m.Lock} {
+		_, err = lock(t.Context())
+		require.ErrorIs(t, err, distlock.ErrWrongKind)
+		assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
+		var wk *distlock.WrongKindError
+		require.ErrorAs(t, err, &wk)
+		assert.Equal(t, [3]string{m.Key(), "lock", "semaphore"}, [3]string{wk.Key, wk.Want, wk.Found})
+	}
+	assert.Equal(t, distlock.Acquired, sg.State(), "the semaphore's holder is not disturbed")
 	release(t, sg)
 	requireNothingLeft(t, srv, "distlock:{shared}")
 }

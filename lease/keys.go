@@ -87,9 +87,10 @@ func (k Keys) Void(value string) string { return k.Lease + ":void:" + value }
 // "ns:{name}:queue" with its entries in "ns:{name}:waiters", the wake
 // channels "ns:{name}:wake:<room>", an election's channel "ns:{name}:leader"
 // and a semaphore's record of its limit "ns:{name}:permits". A lock, a
-// semaphore and an election of the same name share these keys, so they
-// cannot be used side by side: the scripts of one refuse the lease of the
-// other with an error.
+// semaphore and an election of the same name share these keys. The
+// scripts of a lock and of a semaphore refuse each other's lease with an
+// error (see [WrongKindError]); an election is a lock whose grants are
+// announced, so a lock and an election of one name are one lease.
 func NewKeys(ns, name string) (Keys, error) {
 	if err := CheckNamespace(ns); err != nil {
 		return Keys{}, err

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,6 +26,68 @@ const FenceRetention = 24 * time.Hour
 // scripts return, which means something other than distlock wrote the keys or
 // answered the call.
 var ErrProtocol = errors.New("unexpected reply")
+
+// ErrWrongKind is matched by a [*WrongKindError].
+var ErrWrongKind = errors.New("distlock: name used by another kind of lease")
+
+// WrongKindError reports a call of one kind (a lock's, a semaphore's)
+// refused because the lease key holds another kind, or a key that distlock
+// did not write. Nothing was written.
+type WrongKindError struct {
+	Key   string // the lease key
+	Want  string // "lock" or "semaphore"
+	Found string // "semaphore", "lock", or the Redis type of a foreign key ("hash", "list", ...)
+	Reply error  // the script's error reply
+}
+
+func (e *WrongKindError) Error() string {
+	// distlock wraps this error in one that says what it was doing, so the
+	// text does not repeat the "distlock:" prefix.
+	if e.Found == "lock" || e.Found == "semaphore" {
+		return fmt.Sprintf("%s is a %s, not a %s: the name is used by another kind", e.Key, e.Found, e.Want)
+	}
+	return fmt.Sprintf("%s holds a %s, not a %s: distlock did not write it", e.Key, e.Found, e.Want)
+}
+
+// Is reports whether target is [ErrWrongKind].
+func (e *WrongKindError) Is(target error) bool { return target == ErrWrongKind }
+
+// Unwrap returns the script's error reply.
+func (e *WrongKindError) Unwrap() error { return e.Reply }
+
+// IsReply reports whether err is, or wraps, an error that Redis answered
+// with (an error reply): the call reached Redis and did not run to a write,
+// as opposed to a call that got no reply (a lost connection, a deadline),
+// whose outcome is unknown.
+func IsReply(err error) bool {
+	var re *rueidis.RedisError
+	return errors.As(err, &re)
+}
+
+// wrongKindReply matches the error reply of a script that found the lease
+// key of another kind (see acquireScript and semAcquireScript).
+var wrongKindReply = regexp.MustCompile(`^(?:ERR )?distlock: .* holds a (\w+), not a (lock|semaphore);`)
+
+// kindError turns the error reply of a script that found the lease key of
+// another kind into a *WrongKindError, and returns any other error as it is.
+func kindError(k Keys, err error) error {
+	rerr, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return err
+	}
+	m := wrongKindReply.FindStringSubmatch(rerr.Error())
+	if m == nil {
+		return err
+	}
+	found := m[1]
+	switch found {
+	case "string":
+		found = "lock" // a lock's or an election's lease
+	case "zset":
+		found = "semaphore"
+	}
+	return &WrongKindError{Key: k.Lease, Want: m[2], Found: found, Reply: err}
+}
 
 // ErrBadTTL is returned for a TTL under one millisecond, Redis's unit.
 var ErrBadTTL = errors.New("lease: TTL under one millisecond")
@@ -918,7 +981,7 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	res, w := c.exec(ctx, s, k.all(value), args)
 	token, arr, err := scriptReply(res)
 	if err != nil {
-		return Grant{}, err
+		return Grant{}, kindError(k, err)
 	}
 	if arr == nil {
 		if err := c.ackError("acquire", k.Lease, w); err != nil {
@@ -1133,7 +1196,7 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 		case err == nil:
 			return parseRelease(arr)
 		}
-		if _, replied := rueidis.IsRedisErr(err); replied || ctx.Err() != nil {
+		if IsReply(err) || ctx.Err() != nil {
 			break
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -535,8 +534,11 @@ func TestWrongTypeLeaseKey(t *testing.T) {
 	g, err := e.lc.Acquire(ctxFor(t), k, value, ttl)
 	require.Error(t, err, "Acquire on a hash: got %+v, want an error", g)
 	assert.Contains(t, err.Error(), "holds a hash, not a lock")
-	_, isRedisErr := rueidis.IsRedisErr(err)
-	assert.True(t, isRedisErr, "got %T, want a Redis error", err)
+	require.ErrorIs(t, err, lease.ErrWrongKind)
+	var wk *lease.WrongKindError
+	require.ErrorAs(t, err, &wk)
+	assert.Equal(t, "hash", wk.Found)
+	assert.True(t, lease.IsReply(err), "got %T, want a Redis error reply under it", err)
 	assert.Equal(t, lease.Grant{}, g)
 	assert.False(t, e.exists(t, k.Fence), "a failed acquire wrote the fencing key")
 

@@ -106,7 +106,8 @@ Exit status:
   the command's    the command exited on its own
   128+N            the command was killed by signal N, or distlock got
                    signal N while still waiting for the lock
-  64               usage error
+  64               usage error, or KEY is used by another kind (a lock's
+                   name given with --permits, or a semaphore's without)
   75               not acquired: -n found the lock held (or all the
                    permits of --permits), or -w ran out
                    (set another code with -E)
@@ -485,6 +486,10 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 		return g, nil
 	case errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, distlock.ErrTimeout):
 		return nil, &exitStatus{code: r.cfg.conflictCode, err: err}
+	case errors.Is(err, distlock.ErrWrongKind):
+		// Not a Redis failure: the command line names a key that another
+		// kind uses (a lock's name with --permits, or the other way round).
+		return nil, &exitStatus{code: exitUsage, err: err}
 	default:
 		return nil, &exitStatus{code: exitFailed, err: err}
 	}

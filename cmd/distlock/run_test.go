@@ -403,3 +403,28 @@ func TestRunPermitsUsage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, keys, "a refused run touched Redis")
 }
+
+// A key that another kind uses (a lock's name given with --permits, or a
+// semaphore's without) is refused as a usage error, not as a Redis
+// failure, and the holder of the other kind is not disturbed.
+func TestRunRefusesAKeyOfAnotherKind(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	holder := start(t, nil, cmdline(runArgs(srv, "lockname"), childArgs(t, dir, "lock")...)...)
+	waitReport(t, dir, "lock")
+	code, _, errOut := runDistlock(t, cmdline(runArgs(srv, "--permits", "2", "-n", "lockname"), "true")...)
+	assert.Equal(t, exitUsage, code, "stderr: %s", errOut)
+	assert.Contains(t, errOut, "is a lock, not a semaphore")
+
+	sem := start(t, nil, cmdline(runArgs(srv, "--permits", "2", "semname"), childArgs(t, dir, "sem")...)...)
+	waitReport(t, dir, "sem")
+	code, _, errOut = runDistlock(t, cmdline(runArgs(srv, "-n", "semname"), "true")...)
+	assert.Equal(t, exitUsage, code, "stderr: %s", errOut)
+	assert.Contains(t, errOut, "is a semaphore, not a lock")
+
+	for name, p := range map[string]*proc{"lock": holder, "sem": sem} {
+		assert.Empty(t, signalsOf(dir, name), "the %s holder was disturbed", name)
+		letExit(t, dir, name)
+		assert.Equal(t, 0, p.wait(t), "%s holder", name)
+	}
+}
