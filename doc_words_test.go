@@ -66,3 +66,38 @@ func TestReadmeKeysSaysHowLongTheFenceKeyLives(t *testing.T) {
 	assert.Contains(t, flat, fmt.Sprintf("%.0f hours", lease.FenceRetention.Hours()),
 		"the Keys section should say how long the fencing key is kept")
 }
+
+// SAFETY.md maps each clause of the contract to the tests that check it;
+// every name there must be a test function of the repository, so that the
+// table cannot name a test that was renamed or removed.
+func TestSafetyTableNamesRealTests(t *testing.T) {
+	doc, err := os.ReadFile("SAFETY.md")
+	require.NoError(t, err)
+	text := string(doc)
+	start := strings.Index(text, "## Which tests check which clause")
+	require.GreaterOrEqual(t, start, 0, "SAFETY.md has no table of tests")
+	end := strings.Index(text[start+1:], "\n## ")
+	require.Positive(t, end)
+	table := text[start : start+1+end]
+	names := regexp.MustCompile("`(Test\\w+)`").FindAllStringSubmatch(table, -1)
+	require.NotEmpty(t, names)
+
+	defined := map[string]bool{}
+	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range regexp.MustCompile(`(?m)^func (Test\w+)\(`).FindAllStringSubmatch(string(src), -1) {
+			defined[m[1]] = true
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for _, m := range names {
+		assert.True(t, defined[m[1]], "SAFETY.md names %s, which is no test of the repository", m[1])
+	}
+}
