@@ -147,14 +147,44 @@ func parseInspect(args []string) (inspectConfig, error) {
 // queueScript reads a lock's line of waiters, and the raw fencing key so
 // that inspect can tell a token from something else written there.
 //
-// KEYS[1] the line of waiters, KEYS[2] the fencing key.
-// ARGV[1] how many waiters to name.
+// KEYS[1] the line of waiters, KEYS[2] the fencing key, KEYS[3] the
+// waiters' entries. ARGV[1] how many waiters to name.
 // Reply: {waiters in line, the first ARGV[1] of their values, the fencing
-// key's value or nil}.
+// key's value or nil, their entries (a read-write lock's say the mode)}.
 var queueScript = rueidis.NewLuaScriptReadOnly(`
 local n = redis.call('ZCARD', KEYS[1])
 local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-return {n, first, redis.call('GET', KEYS[2])}
+local entries = {}
+for i, v in ipairs(first) do
+  entries[i] = redis.call('HGET', KEYS[3], v) or ''
+end
+return {n, first, redis.call('GET', KEYS[2]), entries}
+`)
+
+// rwScript reads the holders of a read-write lock: its hash at KEYS[1]
+// (see lease.Keys.RW). Reply: {the mark ('rw' for distlock's hash, ” for
+// a foreign one), writer value or ”, value, ms left, value, ms left, ...}
+// for the holders whose lease has not ended, the first to end first.
+var rwScript = rueidis.NewLuaScriptReadOnly(`
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local writer, live = '', {}
+for i = 1, #all, 2 do
+  local f, x = all[i], all[i + 1]
+  if f == '~w' then
+    writer = x
+  elseif string.sub(f, 1, 1) ~= '~' and tonumber(x) and tonumber(x) > now then
+    table.insert(live, {f, tonumber(x) - now})
+  end
+end
+table.sort(live, function(a, b) return a[2] < b[2] end)
+local out = {redis.call('HGET', KEYS[1], '~') or '', writer}
+for _, h in ipairs(live) do
+  table.insert(out, h[1])
+  table.insert(out, h[2])
+end
+return out
 `)
 
 // maxNamedWaiters is how many waiters inspect names, first in line first.
@@ -169,6 +199,7 @@ const (
 	kindLock      = "lock"
 	kindSemaphore = "semaphore"
 	kindElection  = "election"
+	kindRWMutex   = "rwmutex"
 )
 
 // lockState is what inspect reports about a lock, semaphore or election at
@@ -202,6 +233,12 @@ type lockState struct {
 	FreePermits *int `json:"free_permits,omitempty"`
 	// Observers is how many subscriptions follow an election's leader.
 	Observers int `json:"observers,omitempty"`
+	// Mode is how a read-write lock is held: "read" (Holders are its
+	// readers) or "write" (Holders is its writer).
+	Mode string `json:"mode,omitempty"`
+	// Line is, for a read-write lock, the first in line with the mode each
+	// waits for, first in line first.
+	Line []waiterState `json:"line,omitempty"`
 	// Waiting is how many Lock calls stand in the lock's line; Waiters
 	// names the owners of the first ones, first in line first.
 	Waiting int      `json:"waiting"`
@@ -209,7 +246,14 @@ type lockState struct {
 	Error   string   `json:"error,omitempty"`
 }
 
-// holderState is one holder of a semaphore's permit.
+// waiterState is one waiter in a read-write lock's line.
+type waiterState struct {
+	Owner string `json:"owner"`
+	Mode  string `json:"mode"` // "read" or "write"
+}
+
+// holderState is one holder of a semaphore's permit, or of a read-write
+// lock.
 type holderState struct {
 	Owner       string `json:"owner"`
 	Value       string `json:"value"`
@@ -230,7 +274,7 @@ func (s lockState) differs(o lockState) bool {
 	return s.State != o.State || s.Kind != o.Kind || s.Value != o.Value || s.LastToken != o.LastToken ||
 		s.Waiting != o.Waiting || s.Error != o.Error || noExpiry(s) != noExpiry(o) ||
 		s.Holding != o.Holding || !slices.Equal(holders(s), holders(o)) ||
-		s.Permits != o.Permits || s.Observers != o.Observers
+		s.Permits != o.Permits || s.Observers != o.Observers || s.Mode != o.Mode || !slices.Equal(s.Line, o.Line)
 }
 
 // runInspect implements "distlock inspect". Without --watch it returns nil
@@ -338,21 +382,23 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
 	}
-	arr, err := queueScript.Exec(ctx, in.rc, []string{keys.Queue, keys.Fence},
+	arr, err := queueScript.Exec(ctx, in.rc, []string{keys.Queue, keys.Fence, keys.Waiters},
 		[]string{strconv.Itoa(maxNamedWaiters)}).ToArray()
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Queue, err)
 	}
-	if len(arr) != 3 {
-		return s, fmt.Errorf("reading %s: %d replies instead of 3", keys.Queue, len(arr))
+	if len(arr) != 4 {
+		return s, fmt.Errorf("reading %s: %d replies instead of 4", keys.Queue, len(arr))
 	}
 	if n, err := arr[0].AsInt64(); err == nil {
 		s.Waiting = int(n)
 	}
+	var entries []string
 	if values, err := arr[1].AsStrSlice(); err == nil {
 		for _, v := range values {
 			s.Waiters = append(s.Waiters, lease.Owner(v))
 		}
+		entries, _ = arr[3].AsStrSlice()
 	}
 	// Read reports a fencing key that holds no token as no token; say so
 	// instead.
@@ -366,6 +412,9 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	s.LastToken = snap.Fence
 
 	switch snap.Type {
+	case "hash":
+		s.Kind = kindRWMutex
+		return s, in.rwmutex(ctx, &s, entries)
 	case "zset":
 		s.Kind = kindSemaphore
 		s.semaphore(snap)
@@ -388,7 +437,7 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 			return s, nil
 		}
 	default:
-		return s, fmt.Errorf("%s holds a %s, not a lock, semaphore or election", keys.Lease, snap.Type)
+		return s, fmt.Errorf("%s holds a %s, not a lock, semaphore, election or rwmutex", keys.Lease, snap.Type)
 	}
 	// A lock or an election, or a free key: those who observe an election
 	// tell it from a lock. Not knowing is no error: a lock and an election
@@ -397,6 +446,48 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 		s.Kind, s.Observers = kindElection, n
 	}
 	return s, nil
+}
+
+// rwmutex fills in s for a read-write lock: its holders, and the modes of
+// those in line from their entries.
+func (in *inspector) rwmutex(ctx context.Context, s *lockState, entries []string) error {
+	arr, err := rwScript.Exec(ctx, in.rc, []string{in.keys.Lease}, nil).ToArray()
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", in.keys.Lease, err)
+	}
+	if len(arr)%2 != 0 {
+		return fmt.Errorf("reading %s: %d replies", in.keys.Lease, len(arr))
+	}
+	if mark, _ := arr[0].ToString(); mark != "rw" {
+		return fmt.Errorf("%s holds a hash, not a lock, semaphore, election or rwmutex", in.keys.Lease)
+	}
+	writer, _ := arr[1].ToString()
+	for i := 2; i < len(arr); i += 2 {
+		v, _ := arr[i].ToString()
+		ms, _ := arr[i+1].AsInt64()
+		if v == writer {
+			s.Mode = "write"
+		}
+		if len(s.Holders) < maxNamedHolders {
+			s.Holders = append(s.Holders, holderState{Owner: lease.Owner(v), Value: v, ExpiresInMS: ms})
+		}
+		s.Holding++
+	}
+	if s.Holding > 0 {
+		s.State = "held"
+		if s.Mode == "" {
+			s.Mode = "read"
+		}
+	}
+	for i, e := range entries {
+		// "<lapse> <claim> <r|w> <room>"
+		mode := "?"
+		if f := strings.Fields(e); len(f) == 4 {
+			mode = map[string]string{"r": "read", "w": "write"}[f[2]]
+		}
+		s.Line = append(s.Line, waiterState{Owner: s.Waiters[i], Mode: mode})
+	}
+	return nil
 }
 
 // semaphore fills in s from a read of a semaphore.
@@ -452,6 +543,8 @@ func (s lockState) text(withTime bool) string {
 		return b.String()
 	case s.Kind == kindSemaphore:
 		s.semaphoreText(&b)
+	case s.Kind == kindRWMutex:
+		s.rwmutexText(&b)
 	case s.State == "held" && s.Kind == kindElection:
 		fmt.Fprintf(&b, "  election led by %s", s.Owner)
 		s.expiryText(&b)
@@ -474,7 +567,18 @@ func (s lockState) text(withTime bool) string {
 	if s.Observers > 0 {
 		fmt.Fprintf(&b, "  observers: %d", s.Observers)
 	}
-	if s.Waiting > 0 {
+	if s.Waiting > 0 && s.Line != nil {
+		fmt.Fprintf(&b, "  %d waiting: ", s.Waiting)
+		for i, w := range s.Line {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s (%s)", w.Owner, w.Mode)
+		}
+		if s.Waiting > len(s.Line) {
+			b.WriteString(", ...")
+		}
+	} else if s.Waiting > 0 {
 		fmt.Fprintf(&b, "  %d waiting: %s", s.Waiting, strings.Join(s.Waiters, ", "))
 		if s.Waiting > len(s.Waiters) {
 			b.WriteString(", ...")
@@ -489,6 +593,32 @@ func (s lockState) expiryText(b *strings.Builder) {
 		fmt.Fprintf(b, "  expires in %v", time.Duration(ms)*time.Millisecond)
 	} else {
 		b.WriteString("  with no expiry (not written by distlock)")
+	}
+}
+
+// rwmutexText writes the holders of a read-write lock:
+//
+//	rwmutex held by 2 readers: a (expires in 4.2s), b (expires in 3.1s)
+//	rwmutex held by a (writer, expires in 9.9s)
+func (s lockState) rwmutexText(b *strings.Builder) {
+	switch {
+	case s.Holding == 0:
+		b.WriteString("  rwmutex free")
+		return
+	case s.Mode == "write":
+		h := s.Holders[0]
+		fmt.Fprintf(b, "  rwmutex held by %s (writer, expires in %v)", h.Owner, time.Duration(h.ExpiresInMS)*time.Millisecond)
+		return
+	}
+	fmt.Fprintf(b, "  rwmutex held by %d readers: ", s.Holding)
+	for i, h := range s.Holders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(b, "%s (expires in %v)", h.Owner, time.Duration(h.ExpiresInMS)*time.Millisecond)
+	}
+	if s.Holding > len(s.Holders) {
+		fmt.Fprintf(b, ", and %d more", s.Holding-len(s.Holders))
 	}
 }
 
