@@ -611,6 +611,12 @@ func (s lockState) rwmutexText(b *strings.Builder) {
 		return
 	}
 	fmt.Fprintf(b, "  rwmutex held by %d readers: ", s.Holding)
+	s.holdersText(b)
+}
+
+// holdersText writes the holders of a semaphore or of a read-write lock's
+// readers: "a (expires in 4.2s), b (expires in 3.1s), and 3 more".
+func (s lockState) holdersText(b *strings.Builder) {
 	for i, h := range s.Holders {
 		if i > 0 {
 			b.WriteString(", ")
@@ -630,15 +636,7 @@ func (s lockState) semaphoreText(b *strings.Builder) {
 		b.WriteString("  semaphore free")
 	} else {
 		fmt.Fprintf(b, "  semaphore held by %d: ", s.Holding)
-		for i, h := range s.Holders {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			fmt.Fprintf(b, "%s (expires in %v)", h.Owner, time.Duration(h.ExpiresInMS)*time.Millisecond)
-		}
-		if s.Holding > len(s.Holders) {
-			fmt.Fprintf(b, ", and %d more", s.Holding-len(s.Holders))
-		}
+		s.holdersText(b)
 	}
 	if s.Permits > 0 {
 		fmt.Fprintf(b, "  permits: %d (as of the last grant), %d free", s.Permits, *s.FreePermits)
