@@ -134,7 +134,7 @@ func TestRWMutexCrashedReaderStopsCounting(t *testing.T) {
 	require.NoError(t, err)
 	written := time.Now()
 	end := srvMillis(t, srv) + ttl.Milliseconds()
-	srv.MustDo("HSET", rw.Key(), "crashed#1", strconv.FormatInt(end, 10))
+	srv.MustDo("HSET", rw.Key(), "crashed#1", strconv.FormatInt(end, 10)+" 1")
 	w := rwAsync(t, t.Context(), rw.Lock)
 	waitInLine(t, srv, rw.Key(), 1)
 	release(t, live)

@@ -10,8 +10,9 @@ import (
 // Read-write locks.
 //
 // A read-write lock ([Keys.RW]) keeps its holders in a hash at the lease
-// key: a field per holder, from its value to the server time (ms) at which
-// its lease ends, the field "~w" naming the writer while one holds, and the
+// key: a field per holder, from its value to "<end> <token>", the server
+// time (ms) at which its lease ends and its grant's token, the field "~w"
+// naming the writer while one holds, and the
 // field "~" holding "rw", the mark of the kind (a hash without it is not
 // distlock's). The hash is kept at least as long as its longest lease, and
 // as long as anyone stands in line, so that a lock or semaphore of the same
@@ -34,9 +35,8 @@ import (
 //     anyone waits;
 //   - every grant, to a caller or passed to a waiter, has a new token from
 //     the fencing key (nextToken), so a writer's token is above that of
-//     every reader granted before it. A writer that asks again (a claim,
-//     a lost reply) keeps its token, as a lock's holder does; a reader
-//     that asks again gets a new one, as a semaphore's holder does.
+//     every reader granted before it. A holder that asks again (a claim,
+//     a lost reply) keeps its token, as a lock's holder does.
 //
 // Release and Cancel drop the caller's hold (any mode) and, when someone
 // stands in line, serve the head of the line as above: a writer's release
@@ -108,22 +108,34 @@ end)()`
 // rwLua defines the read-write lock's helpers, before protocolLua, whose
 // helpers it serves and uses:
 //
-// hold(v, ms, now) makes v hold the lock for ms from now (µs), in holdMode
-// (set before each grant): its field, "~w" for a writer, and the mark;
-// the hash is kept at least ms. notRW returns the error reply for a lease
-// key of another kind, foreignHash for a hash that distlock did not write.
+// hold(v, ms, now), which protocolLua's grant and passTo call before they
+// know the token they return, notes that v is to hold the lock for ms from
+// now (µs); commit(token), called with what they returned, writes it, in
+// holdMode (set before each grant): v's field, "~w" for a writer, and the
+// mark, and keeps the hash at least ms. It returns token. notRW returns the
+// error reply for a lease key of another kind.
 var rwLua = `
-local holdMode = 'r'
+local holdMode, held = 'r', nil
 local function hold(v, ms, now)
-  local e = math.ceil(now / 1000) + ms
+  held = {v, ms, math.ceil(now / 1000) + ms}
+end
+local function commit(token)
+  if type(token) ~= 'number' then
+    return token
+  end
+  local v, ms = held[1], held[2]
+  -- An end in ms has 13 digits, which Lua writes exactly (%.14g); a token
+  -- has 16.
+  local f = held[3] .. ' ' .. string.format('%.0f', token)
   if holdMode == 'w' then
-    redis.call('HSET', KEYS[1], v, e, '~w', v, '~', 'rw')
+    redis.call('HSET', KEYS[1], v, f, '~w', v, '~', 'rw')
   else
-    redis.call('HSET', KEYS[1], v, e, '~', 'rw')
+    redis.call('HSET', KEYS[1], v, f, '~', 'rw')
   end
   if redis.call('PTTL', KEYS[1]) < ms + 0 then
     redis.call('PEXPIRE', KEYS[1], ms)
   end
+  return token
 end
 local function notRW()
   return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. ` + leaseKindLua + ` .. ', not a rwmutex; is the name used by another kind?')
@@ -135,9 +147,9 @@ end
 //
 // scan(now, value) reads the holders, drops those whose lease has ended,
 // and returns the state: writer (its value, while its lease lasts),
-// readers (how many others hold), mine (value holds, in either mode), and
-// soonest and soonestV, the end (ms) and value of the lease that ends
-// first; or the error reply for a key of another kind.
+// readers (how many others hold), mine (value's token, when it holds in
+// either mode), and soonest and soonestV, the end (ms) and value of the
+// lease that ends first; or the error reply for a key of another kind.
 //
 // rwFirst is protocolLua's first for entries that carry a mode: it also
 // returns the mode, and the error reply for an entry of another kind's
@@ -165,16 +177,17 @@ local function scan(now, value)
   end
   local ms = math.floor(now / 1000)
   local st = {readers = 0}
-  local ends = {}
+  local ends, tokens = {}, {}
   local marked = false
   for i = 1, #all, 2 do
     local f, x = all[i], all[i + 1]
+    local e, tok = string.match(x, '^(%d+) (%d+)$')
     if f == '~' then
       marked = x == 'rw'
     elseif f == '~w' then
       st.writer = x
-    elseif string.match(x, '^%d+$') then
-      ends[f] = x + 0
+    elseif e then
+      ends[f], tokens[f] = e + 0, tok + 0
     else
       marked = false
       break
@@ -192,7 +205,7 @@ local function scan(now, value)
       redis.call('HDEL', KEYS[1], f)
     else
       if f == value then
-        st.mine = true
+        st.mine = tokens[f]
       elseif f ~= st.writer then
         st.readers = st.readers + 1
       end
@@ -244,6 +257,7 @@ local function promote(st, now, last, out, stop)
     if terr then
       return last, v, terr
     end
+    commit(token)
     if m == 'w' then
       st.writer = v
     else
@@ -307,14 +321,15 @@ local value = string.sub(KEYS[6], #KEYS[1] + 7)
 local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6])
 local free = n == 0
 if n == 1 and ARGV[2] == 'r' then
-  local h = redis.pcall('HMGET', KEYS[1], '~', '~w')
-  free = h[1] == 'rw' and not h[2]
+  -- (A value that holds already keeps its token: the full path.)
+  local h = redis.pcall('HMGET', KEYS[1], '~', '~w', value)
+  free = h[1] == 'rw' and not h[2] and not h[3]
 end
 if free then
 ` + leanTokenLua + `
   if token then
-    -- hold (below), from the clock in t.
-    local e = t[1] * 1000 + math.ceil(t[2] / 1000) + ARGV[1]
+    -- hold and commit (below), from the clock in t.
+    local e = t[1] * 1000 + math.ceil(t[2] / 1000) + ARGV[1] .. ' ' .. s
     if ARGV[2] == 'w' then
       redis.call('HSET', KEYS[1], value, e, '~w', value, '~', 'rw')
       redis.call('PEXPIRE', KEYS[1], ARGV[1])
@@ -350,19 +365,16 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
 end
 if st.mine then
   -- The value holds already (a grant passed to it, a lost reply): the
-  -- full TTL, in the mode it holds; a writer keeps its token.
+  -- full TTL, in the mode it holds, with its token.
   err = leave(value)
   if err then
     return err
   end
   if st.writer == value then
     holdMode = 'w'
-    if last > 0 then
-      hold(value, ARGV[1], now)
-      return last
-    end
   end
-  return grant(last, now, value, ARGV[1])
+  hold(value, ARGV[1], now)
+  return commit(st.mine)
 end
 local v
 last, v, err = promote(st, now, last, nil, value)
@@ -374,7 +386,7 @@ if (not v or v == value) and not st.writer and (mode == 'r' or st.readers == 0) 
     leave(value)
   end
   holdMode = mode
-  return grant(last, now, value, ARGV[1])
+  return commit(grant(last, now, value, ARGV[1]))
 end
 if not ARGV[3] then
   return waiting(st, now, -1, 0, last)
@@ -406,7 +418,7 @@ local h = redis.pcall('HMGET', KEYS[1], '~w', value)
 local deleted = 0
 if not h.err and h[2] then
   local t = redis.call('TIME')
-  if h[2] + 0 > t[1] * 1000 + math.floor(t[2] / 1000) then
+  if string.match(h[2], '^%d+') + 0 > t[1] * 1000 + math.floor(t[2] / 1000) then
     deleted = 1
   end
   -- A writer holds alone; a reader whose field and the mark are all is
@@ -446,12 +458,13 @@ local h = redis.pcall('HMGET', KEYS[1], '~w', ARGV[1])
 if h.err or not h[2] then
   return {0, h[1] or false}
 end
+local e, tok = string.match(h[2], '^(%d+) (%d+)$')
 local t = redis.call('TIME')
 local ms, us, ttl = t[1] * 1000, t[2] / 1000, ARGV[2] + 0
-if h[2] + 0 <= ms + math.floor(us) then
+if not e or e + 0 <= ms + math.floor(us) then
   return {0, h[1] or false}
 end
-redis.call('HSET', KEYS[1], ARGV[1], ms + math.ceil(us) + ttl)
+redis.call('HSET', KEYS[1], ARGV[1], ms + math.ceil(us) + ttl .. ' ' .. tok)
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -473,8 +486,9 @@ local h = redis.pcall('HMGET', KEYS[1], '~w', value)
 if h.err or not h[2] then
   return 0
 end
+local e, tok = string.match(h[2], '^(%d+) (%d+)$')
 local t = redis.call('TIME')
-if h[2] + 0 <= t[1] * 1000 + math.floor(t[2] / 1000) then
+if not e or e + 0 <= t[1] * 1000 + math.floor(t[2] / 1000) then
   return 0
 end
 if h[1] ~= value then
@@ -482,7 +496,7 @@ if h[1] ~= value then
 end
 local ttl = ARGV[2] + 0
 redis.call('HDEL', KEYS[1], '~w')
-redis.call('HSET', KEYS[1], value, t[1] * 1000 + math.ceil(t[2] / 1000) + ttl)
+redis.call('HSET', KEYS[1], value, t[1] * 1000 + math.ceil(t[2] / 1000) + ttl .. ' ' .. tok)
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end

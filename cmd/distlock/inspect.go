@@ -174,8 +174,11 @@ for i = 1, #all, 2 do
   local f, x = all[i], all[i + 1]
   if f == '~w' then
     writer = x
-  elseif string.sub(f, 1, 1) ~= '~' and tonumber(x) and tonumber(x) > now then
-    table.insert(live, {f, tonumber(x) - now})
+  elseif string.sub(f, 1, 1) ~= '~' then
+    local e = tonumber(string.match(x, '^(%d+) %d+$') or '')
+    if e and e > now then
+      table.insert(live, {f, e - now})
+    end
   end
 end
 table.sort(live, function(a, b) return a[2] < b[2] end)
