@@ -58,6 +58,20 @@ func (w *world) waitLine(t *testing.T, n int) {
 	w.waitFor(t, eventually, "the line", func() bool { return w.lineLength() == n })
 }
 
+// writerAndReaders has a contender "a" take the world's lock for writing,
+// then readers "r1" and "r2" stand in line, in that order.
+func (w *world) writerAndReaders(t *testing.T) (a *contender, ha *holding, readers []*waiter) {
+	t.Helper()
+	a = w.newRW("a", "write")
+	ha, err := a.take(t.Context())
+	require.NoError(t, err)
+	for i, name := range []string{"r1", "r2"} {
+		readers = append(readers, w.newRW(name, "read").takeInBackground(t.Context()))
+		w.waitLine(t, i+1)
+	}
+	return a, ha, readers
+}
+
 // notGot checks that wt has not acquired.
 func notGot(t *testing.T, wt *waiter, what string) {
 	t.Helper()
@@ -154,14 +168,7 @@ func TestSafetyRWDowngradedWriterPartition(t *testing.T) {
 	t.Parallel()
 	repeat(t, runs(t, 1), func(t *testing.T) {
 		w := newWorld(t, permitTTL)
-		a := w.newRW("a", "write")
-		ha, err := a.take(t.Context())
-		require.NoError(t, err)
-		var readers []*waiter
-		for i, name := range []string{"r1", "r2"} {
-			readers = append(readers, w.newRW(name, "read").takeInBackground(t.Context()))
-			w.waitLine(t, i+1)
-		}
+		a, ha, readers := w.writerAndReaders(t)
 		x := w.newRW("x", "write").takeInBackground(t.Context())
 		w.waitLine(t, 3)
 
@@ -207,14 +214,7 @@ func TestSafetyRWRedisRestarted(t *testing.T) {
 	t.Parallel()
 	repeat(t, runs(t, 1), func(t *testing.T) {
 		w := newWorld(t, permitTTL)
-		a := w.newRW("a", "write")
-		ha, err := a.take(t.Context())
-		require.NoError(t, err)
-		var waits []*waiter
-		for i, name := range []string{"r1", "r2"} {
-			waits = append(waits, w.newRW(name, "read").takeInBackground(t.Context()))
-			w.waitLine(t, i+1)
-		}
+		a, ha, waits := w.writerAndReaders(t)
 		a.waitRenewals(t, ha, 1)
 		killed := time.Now()
 		w.srv.Kill()
