@@ -118,11 +118,7 @@ return {redis.call('GET', KEYS[2]) or '', h, redis.call('ZRANGE', KEYS[3], 0, -1
 `
 
 func runSemRound(t *testing.T, seed uint64, ops int) {
-	w := newWorld(t, safetyTTL)
-	w.lock = semRandomName
-	keys, err := lease.NewKeys(distlock.DefaultNamespace, w.lock)
-	require.NoError(t, err)
-	w.key = keys.Lease
+	w, keys := randomWorld(t, semRandomName)
 	r := &semRound{keys: keys}
 	script := rueidis.NewLuaScript(semSampleScript)
 	r.round = newRound(t, w, seed, roundKind{
@@ -156,13 +152,7 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 	})
 	r.permits = semRandomMinPermits + r.rng.IntN(semRandomMaxPermits-semRandomMinPermits+1)
 	t.Logf("%d permits", r.permits)
-	for i := range randomProcs {
-		p := faultproxy.New(t, w.srv.Addr())
-		rc := redistest.NewClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: true})
-		openConnections(t, rc)
-		r.wires = append(r.wires, &semWire{Client: rc})
-		r.addProc(fmt.Sprintf("p%d", i), p)
-	}
+	r.addProcs()
 	moved, drainedIn := r.run(ops)
 
 	calls := r.calls()
@@ -188,6 +178,30 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 		"line_max", longest, "holders_max", most, "samples", len(r.samples), "l1_unchecked", report.Unchecked,
 		"worst_sched_delay", w.probe.worst())
 	t.Logf("moves: %v", r.moves)
+}
+
+// randomWorld returns the world of a randomized round on the lease name,
+// and its keys.
+func randomWorld(t *testing.T, name string) (*world, lease.Keys) {
+	w := newWorld(t, safetyTTL)
+	w.lock = name
+	keys, err := lease.NewKeys(distlock.DefaultNamespace, w.lock)
+	require.NoError(t, err)
+	w.key = keys.Lease
+	return w, keys
+}
+
+// addProcs adds the round's processes, each with its client behind its own
+// proxy and its semWire.
+func (r *semRound) addProcs() {
+	t, w := r.t, r.w
+	for i := range randomProcs {
+		p := faultproxy.New(t, w.srv.Addr())
+		rc := redistest.NewClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: true})
+		openConnections(t, rc)
+		r.wires = append(r.wires, &semWire{Client: rc})
+		r.addProc(fmt.Sprintf("p%d", i), p)
+	}
 }
 
 // The wire.
@@ -304,6 +318,11 @@ func (r *semRound) calls() semCalls {
 	var dup []string
 	add := func(g semGrant) {
 		if old, ok := cs.grants[g.token]; ok {
+			if old.value == g.value {
+				// A read-write lock's holder that claims what was passed
+				// to it keeps the token: the first grant stands.
+				return
+			}
 			dup = append(dup, fmt.Sprintf("token %d granted to %s and to %s", g.token, old.value, g.value))
 		}
 		cs.grants[g.token] = g
