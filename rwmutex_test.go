@@ -259,3 +259,41 @@ func TestRWMutexZeroAndBadInput(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, n, "keys written for bad input")
 }
+
+// W4 for a read-write lock: a reader waiting behind a writer, and a writer
+// waiting behind readers, sleep without CPU and send a refresh every half
+// claim window at most; W3: a waiter whose ctx ends returns at once and
+// leaves no place in line; W5: nothing is left.
+func TestRWMutexWaitingIsQuietAndGivesUpAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c, counter := srv.CountingClient(t)
+	rw, err := distlock.NewRWMutex(c, "quiet", distlock.WithTTL(longTTL))
+	require.NoError(t, err)
+	holder, err := distlock.NewRWMutex(srv.Client(), "quiet", distlock.WithTTL(longTTL))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name       string
+		hold, wait func(context.Context) (*distlock.Guard, error)
+	}{{"reader behind a writer", holder.Lock, rw.RLock}, {"writer behind a reader", holder.RLock, rw.Lock}} {
+		g, err := tc.hold(t.Context())
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		result := rwAsync(t, ctx, tc.wait)
+		waitInLine(t, srv, rw.Key(), 1)
+		const window = time.Second
+		cmds, cpu := counter.Load(), cpuTime(t)
+		time.Sleep(window)
+		cmds, cpu = counter.Load()-cmds, cpuTime(t)-cpu
+		t.Logf("%s: %d commands and %v of CPU in %v", tc.name, cmds, cpu, window)
+		assert.LessOrEqual(t, cmds, int64(window/(distlock.DefaultClaimWindow/2))+3, "%s: commands while waiting", tc.name)
+		assert.Less(t, cpu, window/5, "%s: CPU while waiting", tc.name)
+		cancelled := time.Now()
+		cancel()
+		o := await(t, result, giveUpBound, tc.name+" giving up")
+		require.ErrorIs(t, o.err, context.Canceled)
+		assert.Less(t, o.at.Sub(cancelled), giveUpBound, "%s: W3", tc.name)
+		waitInLine(t, srv, rw.Key(), 0)
+		release(t, g)
+	}
+	requireNothingLeft(t, srv, rw.Key())
+}

@@ -235,14 +235,17 @@ func (s *Server) Close() {
 }
 
 // ForceLoss deletes the lease of lock, a *distlock.Mutex, *distlock.Semaphore,
-// *distlock.Election or *distlock.Guard, as an operator or an expiry would.
+// *distlock.Election, *distlock.RWMutex or *distlock.Guard, as an operator or
+// an expiry would.
 // The holder's guard becomes Lost at its next renewal (within a third of the
 // TTL), with reason LostRefused; its context is cancelled then.
 //
 // For a semaphore, the lease is the set of all its holders: ForceLoss of the
 // Semaphore or of any of its guards drops every permit, and every holder
 // becomes Lost. (A single holder's permit cannot be taken alone: nothing
-// outside its guard knows which entry of the set is its.) For an election,
+// outside its guard knows which entry of the set is its.) Likewise for a
+// read-write lock, whose holders share one hash: every reader, or the
+// writer, becomes Lost. For an election,
 // ForceLoss ends the leader's term. ForceLoss waits for Redis's
 // answer (at most 5 s) and returns an error matching [ErrNoLease] if there was
 // no lease to delete, or the Redis error.
