@@ -3,6 +3,9 @@ package distlock_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -296,4 +299,32 @@ func TestRWMutexWaitingIsQuietAndGivesUpAtOnce(t *testing.T) {
 		release(t, g)
 	}
 	requireNothingLeft(t, srv, rw.Key())
+}
+
+// The table of the read-write lock's rules in SAFETY.md names tests that
+// exist.
+func TestSafetyRWTableNamesTests(t *testing.T) {
+	doc, err := os.ReadFile("SAFETY.md")
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(doc), "\n### Read-write locks\n")
+	require.True(t, ok, "SAFETY.md has no section on read-write locks")
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, table, ok := strings.Cut(section, "| rule | tests |")
+	require.True(t, ok, "the section has no table of rules and tests")
+	table, _, _ = strings.Cut(table, "\n\n")
+	var sources strings.Builder
+	for _, dir := range []string{".", "lease", "internal/history"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+		require.NoError(t, err)
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			require.NoError(t, err)
+			sources.Write(b)
+		}
+	}
+	names := regexp.MustCompile("`(Test\\w+)`").FindAllStringSubmatch(table, -1)
+	require.NotEmpty(t, names)
+	for _, m := range names {
+		assert.Contains(t, sources.String(), "func "+m[1]+"(", "SAFETY.md names %s", m[1])
+	}
 }
