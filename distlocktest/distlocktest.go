@@ -278,10 +278,10 @@ func (s *Server) DeleteLease(key string) error {
 // error.
 //
 // It serves the lease of a Mutex or an Election (a string). A semaphore's
-// key holds the set of its holders, which a string would replace with
-// something the semaphore's scripts refuse to touch, so OverwriteLease
-// leaves such a key alone and returns an error; use [Server.DeleteLease] or
-// [Server.ForceLoss] for a semaphore.
+// key holds the set of its holders, and a read-write lock's the hash of
+// its holders, which a string would replace with something their scripts
+// refuse to touch, so OverwriteLease leaves such a key alone and returns an
+// error; use [Server.DeleteLease] or [Server.ForceLoss] for them.
 func (s *Server) OverwriteLease(key, value string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
@@ -297,10 +297,15 @@ func (s *Server) OverwriteLease(key, value string) error {
 
 // overwriteLua is OverwriteLease's command: KEYS[1] the lease, ARGV[1] the
 // new value. It replies OK, nil when the key does not exist, or an error
-// when the key holds a semaphore's holders (a sorted set).
+// when the key holds a semaphore's holders (a sorted set) or a read-write
+// lock's (a hash).
 const overwriteLua = `
-if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'zset' then
   return redis.error_reply('ERR ' .. KEYS[1] .. ' holds the permits of a semaphore; delete it to take them all')
+end
+if t == 'hash' then
+  return redis.error_reply('ERR ' .. KEYS[1] .. ' holds the holders of a read-write lock; delete it to take them all')
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'XX', 'KEEPTTL')
 `

@@ -29,6 +29,9 @@ func TestForceLossRWMutex(t *testing.T) {
 		}
 		_, err = rw.TryLock(t.Context())
 		require.ErrorIs(t, err, distlock.ErrNotAcquired, "a writer while two read")
+		err = s.OverwriteLease(rw.Key(), "intruder")
+		require.ErrorContains(t, err, "read-write lock", "OverwriteLease of a read-write lock's hash")
+		assert.NotErrorIs(t, err, ErrNoLease)
 		require.NoError(t, s.ForceLoss(rw))
 		for i, g := range guards {
 			waitRefused(t, events[i])
