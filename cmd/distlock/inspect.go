@@ -40,12 +40,15 @@ its lease has left, the last fencing token issued for it, and who waits for
 it (the owners of the first 10 in line, first in line first). It only reads:
 it never changes the lock.
 
-KEY may also name a semaphore or an election; the type of its Redis key
-tells which. For a semaphore it shows the holders (their owners and how long
+KEY may also name a semaphore, a read-write lock or an election; the type
+of its Redis key tells which. For a semaphore it shows the holders (their owners and how long
 each lease has left, the first 10 to end, and how many in all), its number
 of permits as of the last grant (the number is not kept as a rule: each
 caller brings its own), how many of them are free, the line and the last
-token. For an election it shows the leader (the value it proclaimed), its
+token. For a read-write lock (what "distlock run" holds) it shows how it is
+held (by readers, or by a writer), the holders with how long each lease has
+left, and the line with the mode each waiter waits for. For an election it
+shows the leader (the value it proclaimed), its
 term token and lease, and how many observers follow it: the subscriptions
 to its leader channel, one per observed Election value in each process. A
 lock and an election that nobody observes look alike, and are shown as a
@@ -65,11 +68,13 @@ object per line:
 state is "held", "free" or "error"; expires_in_ms is -1 for a key without
 expiry (not written by distlock); last_token is missing if the lock was never
 acquired (or not in the last 24 hours). kind is "lock", "semaphore",
-"election" (when someone observes it), or missing for a free key that
-nothing tells more of. A semaphore has "holding" (how many hold a permit),
+"rwmutex", "election" (when someone observes it), or missing for a free key
+that nothing tells more of. A semaphore has "holding" (how many hold a permit),
 "holders" (the first 10: owner, value, expires_in_ms), and "permits" and
 "free_permits" when known, instead of owner, value and expires_in_ms; an
-election has "observers".
+election has "observers"; a read-write lock has "mode" ("read" or
+"write"), "holding" and "holders" as a semaphore has, and "line" (the first
+10 in line: owner and mode).
 
 Flags may come before or after KEY.
 
