@@ -313,7 +313,10 @@ end
 // HSET, PTTL, SET). Anything else goes to the full path, which decides as
 // if they had not run.
 //
-// Cost per call (COSTS.md, scripts/script-cost): see the RW rows there.
+// Cost per call (COSTS.md, scripts/script-cost; the "rwmutex" rows): the
+// free lock 85k (a writer 87k), 6.0 µs in Redis; a reader among readers
+// 99k; standing in line 198k. The full path reads every holder (HGETALL),
+// so it grows with the number of readers; the common cases do not.
 var rwAcquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
 -- The common cases: nobody in line, a value not void, and a free lock or,
