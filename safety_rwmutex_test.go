@@ -245,3 +245,39 @@ func TestSafetyRWRedisRestarted(t *testing.T) {
 			"r1_after_restart_ms", got[0].granted.Sub(restarted), "r2_after_restart_ms", got[1].granted.Sub(restarted))
 	})
 }
+
+// TestSafetyRWWriterPartition: the writer is cut off (blackhole both ways)
+// with two readers in line. It reports Lost by its deadline, before Redis
+// can expire its lease; the readers get the lock together only after that
+// expiry, with larger tokens; after the heal the old writer stays Lost and
+// its Release leaves the readers alone.
+func TestSafetyRWWriterPartition(t *testing.T) {
+	t.Parallel()
+	repeat(t, runs(t, 1), func(t *testing.T) {
+		w := newWorld(t, permitTTL)
+		a, ha, readers := w.writerAndReaders(t)
+		a.waitRenewals(t, ha, 1)
+		l := a.cutOff(t, ha)
+		var hr []*holding
+		for _, wt := range readers {
+			h := <-wt.got
+			require.NotNil(t, h, "a reader never acquired")
+			assert.False(t, h.granted.Before(ha.expiry(l)), "%s acquired %v before the writer's lease could expire",
+				h.c.name, ha.expiry(l).Sub(h.granted))
+			assert.Greater(t, h.token, ha.token)
+			hr = append(hr, h)
+		}
+		for _, h := range hr {
+			assert.Equal(t, distlock.Acquired, h.sample(), "%s with the other reader granted", h.c.name)
+		}
+		a.heal(t, ha)
+		assert.Zero(t, ha.regainCount(), "the writer regained a lease the readers hold")
+		ha.mustRelease(t, distlock.Lost)
+		for _, h := range hr {
+			w.releaseHeld(t, h)
+		}
+		r := w.checkWith("rw-2w", w.rwConfig())
+		assert.Equal(t, 2, r.Readers)
+		figure(t, "rw-2w", "lost_lead_ms", ha.lead(l), "r1_after_expiry_ms", hr[0].granted.Sub(ha.expiry(l)))
+	})
+}
