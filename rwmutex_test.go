@@ -283,7 +283,9 @@ func TestRWMutexWaitingIsQuietAndGivesUpAtOnce(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		result := rwAsync(t, ctx, tc.wait)
 		waitInLine(t, srv, rw.Key(), 1)
-		const window = time.Second
+		require.Eventually(t, func() bool { return len(wakeChannels(t, srv, rw.Key())) == 1 }, eventually, pollEvery,
+			"%s: the room never subscribed", tc.name)
+		const window = 2 * time.Second // as TestWaitingIsQuiet, whose bound this is
 		cmds, cpu := counter.Load(), cpuTime(t)
 		time.Sleep(window)
 		cmds, cpu = counter.Load()-cmds, cpuTime(t)-cpu
