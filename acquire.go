@@ -61,7 +61,7 @@ func (e *engine) acquire(ctx context.Context, owner string, wait, interval time.
 		value := a.value
 		proc.goWork(func() { e.cleanup(context.Background(), value, true) })
 	}
-	info := AcquireInfo{Key: e.keys.Lease, Kind: e.kind, Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
+	info := AcquireInfo{Key: e.keys.Lease, Kind: e.kind, Mode: e.keys.Mode.String(), Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
 		info.Token = g.token
 	}

@@ -197,6 +197,13 @@ func lockers(c rueidis.Client, variant, key string, n int) ([]locker, error) {
 			out[i] = guardLocker(m.Lock)
 		case variantSpin:
 			out[i] = spinLocker(c, key+":bare")
+		case variantRWRead, variantRWWrite:
+			rw, err := distlock.NewRWMutex(c, key)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = guardLocker(map[string]func(context.Context) (*distlock.Guard, error){
+				variantRWRead: rw.RLock, variantRWWrite: rw.Lock}[variant])
 		default:
 			return nil, fmt.Errorf("unknown variant %q", variant)
 		}

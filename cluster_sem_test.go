@@ -119,6 +119,8 @@ func TestClusterSemaphoreAndElection(t *testing.T) {
 		release(t, g2)
 	})
 
+	t.Run("RWMutex", func(t *testing.T) { clusterRWMutex(t, cl) })
+
 	t.Run("Election", func(t *testing.T) {
 		const name = "leader"
 		k, err := lease.NewKeys(distlock.DefaultNamespace, name)

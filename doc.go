@@ -1,8 +1,10 @@
 // Package distlock is a distributed mutual-exclusion lock over Redis, for
 // work that many machines could do but only one should do at a time: a cron
 // job, leader duties, a critical section per customer or per order. On the
-// same engine it offers a counting [Semaphore] (up to N holders at once) and
-// a leader [Election]; see the section "Semaphores and elections".
+// same engine it offers a counting [Semaphore] (up to N holders at once), a
+// leader [Election] and a read-write lock, [RWMutex] (many readers or one
+// writer); see the sections "Semaphores and elections" and "Read-write
+// locks".
 //
 // A lock is a lease: a Redis key that names the holder and expires after a
 // TTL unless it is renewed. distlock renews it in the background, tells the
@@ -133,6 +135,27 @@
 // the latest [Leader]) or ask once with [Election.Leader]. A term ends under
 // the same contract as a lock, and its token orders the writes of
 // successive leaders.
+//
+// # Read-write locks
+//
+// An [RWMutex] lets many readers in at once, or one writer. [RWMutex.RLock]
+// and [RWMutex.Lock] (and their Try forms) return the same [Guard]:
+//
+//	rw, err := distlock.NewRWMutex(client, "config")
+//	...
+//	g, err := rw.RLock(ctx) // waits while a writer holds it or stands ahead
+//	if err != nil {
+//		return err
+//	}
+//	defer g.Release(context.WithoutCancel(ctx))
+//	return readConfig(g.Context(), g.Token())
+//
+// Readers and writers wait in one line, in arrival order: a reader is
+// granted when no writer holds the lock or stands ahead of it, a writer
+// when nobody holds it or stands ahead, so neither starves. Every hold has
+// its own lease (a crashed reader stops counting when its own lease ends)
+// and its own fencing token. [Guard.Downgrade] turns a write hold into a
+// read hold in one step; there is no upgrade (release, then Lock).
 //
 // # What the lock guarantees, and what it cannot
 //
@@ -311,6 +334,7 @@
 // "distlock:{job}:void:<value>" for one TTL, which makes that attempt
 // harmless if it reaches Redis late. The braces are a Redis Cluster hash
 // tag: all keys of one lock share a slot, and different locks spread over
-// the cluster. Lock names and namespaces are printable UTF-8 and must not
-// contain braces; see [NewMutex].
+// the cluster. A semaphore keeps its holders in a sorted set at the lease
+// key, a read-write lock in a hash there. Lock names and namespaces are
+// printable UTF-8 and must not contain braces; see [NewMutex].
 package distlock

@@ -37,6 +37,7 @@ const (
 	kindMutex     = "mutex"
 	kindSemaphore = "semaphore"
 	kindElection  = "election"
+	kindRWMutex   = "rwmutex"
 )
 
 // engine is the configuration of one named lease, with its store. It holds

@@ -55,6 +55,11 @@ var (
 	// is reported as a [*WrongKindError]; nothing was written, and the
 	// holder of the other kind is not disturbed.
 	ErrWrongKind = lease.ErrWrongKind
+	// ErrNotWriteLock means [Guard.Downgrade] was called on a guard that
+	// does not hold an [RWMutex] for writing: a read guard (or one
+	// downgraded already), or a guard of another kind. Nothing was sent to
+	// Redis and the guard is unchanged.
+	ErrNotWriteLock = errors.New("distlock: not a write lock of an RWMutex")
 )
 
 // WrongKindError reports a name used by another kind of lease: Key is the

@@ -14,8 +14,9 @@ import (
 
 // A Guard is one held acquisition: of a [Mutex] (returned by Lock, TryLock
 // and TryLockFor), of a permit of a [Semaphore] (Acquire, TryAcquire,
-// TryAcquireFor) or of a term of an [Election] (Campaign). It stays valid
-// until it is released.
+// TryAcquireFor), of a term of an [Election] (Campaign) or of an [RWMutex]
+// (RLock and Lock, and their Try forms; see [Guard.Downgrade]). It stays
+// valid until it is released.
 //
 // A guard that is held for a while has one goroutine, its actor, which
 // renews the lease every TTL/3, watches the lease deadline and publishes
@@ -76,6 +77,9 @@ type Guard struct {
 	// final is written by finish before done is closed, and read only
 	// after that.
 	final outcome
+	// rw is a read-write lock's hold: its mode after a Downgrade
+	// (rwmutex.go).
+	rw rwHold
 }
 
 // status is what a guard publishes for State and Deadline to read without
@@ -624,7 +628,7 @@ func (g *Guard) publish(next *status) {
 // is how long the guard existed, for a move to Released.
 func (g *Guard) tell(from, to State, at time.Time, err error, held time.Duration) {
 	e := g.e
-	e.obs.ObserveTransition(TransitionInfo{Key: e.keys.Lease, Kind: e.kind, Token: g.token, From: from, To: to, Err: err, Held: held})
+	e.obs.ObserveTransition(TransitionInfo{Key: e.keys.Lease, Kind: e.kind, Mode: e.keys.Mode.String(), Token: g.token, From: from, To: to, Err: err, Held: held})
 	g.subs.publish(Event{State: to, Time: at, Err: err})
 }
 

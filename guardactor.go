@@ -115,7 +115,7 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) time.Duratio
 	e := g.e
 	ttl := e.ttl
 	now := time.Now()
-	info := RenewInfo{Key: e.keys.Lease, Kind: e.kind, Token: g.token, Latency: now.Sub(sent), Err: err}
+	info := RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token, Latency: now.Sub(sent), Err: err}
 	if err == nil && !r.OK {
 		info.Err = &LostError{Key: e.keys.Lease, Reason: LostRefused, Holder: lease.Owner(r.Holder)}
 	}

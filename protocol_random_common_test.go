@@ -139,6 +139,9 @@ type roundKind struct {
 	granted func(h *holding)
 	// read reads the lease and the line once.
 	read func(ctx context.Context, admin rueidis.Client) (lineSample, error)
+	// modeOf, if not nil, returns the mode of the waiter named name (a
+	// read-write lock's), for its Granted op.
+	modeOf func(name string) string
 }
 
 // round is one randomized run.
@@ -541,7 +544,11 @@ func (r *round) runWaiter(ctx context.Context, wt *rwaiter) {
 	r.mu.Unlock()
 	var h *holding
 	if g != nil {
-		h = (&client{w: r.w, name: wt.name}).watch(g)
+		c := &client{w: r.w, name: wt.name}
+		if r.kind.modeOf != nil {
+			c.mode = r.kind.modeOf(wt.name)
+		}
+		h = c.watch(g)
 	}
 	close(wt.done)
 	if h == nil {

@@ -118,11 +118,7 @@ return {redis.call('GET', KEYS[2]) or '', h, redis.call('ZRANGE', KEYS[3], 0, -1
 `
 
 func runSemRound(t *testing.T, seed uint64, ops int) {
-	w := newWorld(t, safetyTTL)
-	w.lock = semRandomName
-	keys, err := lease.NewKeys(distlock.DefaultNamespace, w.lock)
-	require.NoError(t, err)
-	w.key = keys.Lease
+	w, keys := randomWorld(t, semRandomName)
 	r := &semRound{keys: keys}
 	script := rueidis.NewLuaScript(semSampleScript)
 	r.round = newRound(t, w, seed, roundKind{
@@ -156,13 +152,7 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 	})
 	r.permits = semRandomMinPermits + r.rng.IntN(semRandomMaxPermits-semRandomMinPermits+1)
 	t.Logf("%d permits", r.permits)
-	for i := range randomProcs {
-		p := faultproxy.New(t, w.srv.Addr())
-		rc := redistest.NewClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: true})
-		openConnections(t, rc)
-		r.wires = append(r.wires, &semWire{Client: rc})
-		r.addProc(fmt.Sprintf("p%d", i), p)
-	}
+	r.addProcs()
 	moved, drainedIn := r.run(ops)
 
 	calls := r.calls()
@@ -188,6 +178,30 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 		"line_max", longest, "holders_max", most, "samples", len(r.samples), "l1_unchecked", report.Unchecked,
 		"worst_sched_delay", w.probe.worst())
 	t.Logf("moves: %v", r.moves)
+}
+
+// randomWorld returns the world of a randomized round on the lease name,
+// and its keys.
+func randomWorld(t *testing.T, name string) (*world, lease.Keys) {
+	w := newWorld(t, safetyTTL)
+	w.lock = name
+	keys, err := lease.NewKeys(distlock.DefaultNamespace, w.lock)
+	require.NoError(t, err)
+	w.key = keys.Lease
+	return w, keys
+}
+
+// addProcs adds the round's processes, each with its client behind its own
+// proxy and its semWire.
+func (r *semRound) addProcs() {
+	t, w := r.t, r.w
+	for i := range randomProcs {
+		p := faultproxy.New(t, w.srv.Addr())
+		rc := redistest.NewClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: true})
+		openConnections(t, rc)
+		r.wires = append(r.wires, &semWire{Client: rc})
+		r.addProc(fmt.Sprintf("p%d", i), p)
+	}
 }
 
 // The wire.
@@ -304,6 +318,11 @@ func (r *semRound) calls() semCalls {
 	var dup []string
 	add := func(g semGrant) {
 		if old, ok := cs.grants[g.token]; ok {
+			if old.value == g.value {
+				// A read-write lock's holder that claims what was passed
+				// to it keeps the token: the first grant stands.
+				return
+			}
 			dup = append(dup, fmt.Sprintf("token %d granted to %s and to %s", g.token, old.value, g.value))
 		}
 		cs.grants[g.token] = g
@@ -400,10 +419,14 @@ func (r *semRound) checkL1(cs semCalls) history.Report {
 			}
 			confirm(g.call.start, from.Add(randomClaim-distlock.Margin(randomClaim)))
 		}
-		if _, seen := cs.grants[x.token]; !seen && !passedOwn {
+		if g, seen := cs.grants[x.token]; (!seen || !g.pass) && !passedOwn {
 			// A permit passed by someone's acquire call, whose reply does
 			// not say to whom: it was granted after the waiter's last call
 			// that found it in line, and lasted the claim window from then.
+			// (A read-write lock's waiter keeps that token when its own
+			// call claims the grant, or when a refresh in flight at the
+			// pass finds it: the reply of that call is not where the grant
+			// began.)
 			if q, ok := cs.lastInLineBefore(x.name, x.token); ok {
 				confirm(time.UnixMicro(x.token), q.Add(randomClaim-distlock.Margin(randomClaim)))
 			}
@@ -510,11 +533,21 @@ func (r *semRound) checkTokens(cs semCalls) {
 			}
 		}
 	}
+	// A grant made by an acquire call may be a claim of a grant passed to
+	// the caller earlier (a read-write lock's holder keeps its token): the
+	// token was issued no earlier than the caller's last call that left it
+	// in line with a smaller last token.
+	sent := func(g semGrant) time.Time {
+		if q, ok := cs.lastInLineBefore(lease.Owner(g.value), g.token); ok && !g.pass && q.Before(g.call.start) {
+			return q
+		}
+		return g.call.start
+	}
 	checked := 0
 	for token, g := range cs.grants {
 		// The last sample that ended before the call was sent, and the
 		// first that started after its reply.
-		i := sort.Search(len(r.samples), func(i int) bool { return !r.samples[i].end.Before(g.call.start) }) - 1
+		i := sort.Search(len(r.samples), func(i int) bool { return !r.samples[i].end.Before(sent(g)) }) - 1
 		j := sort.Search(len(r.samples), func(i int) bool { return r.samples[i].at.After(g.call.end) })
 		if i >= 0 && r.samples[i].fence >= token {
 			breaches = append(breaches, fmt.Sprintf("token %d granted to %s by a call sent at %s, when %d had been issued already",
@@ -533,12 +566,12 @@ func (r *semRound) checkTokens(cs semCalls) {
 	for _, g := range cs.grants {
 		byStart, byEnd = append(byStart, g), append(byEnd, g)
 	}
-	slices.SortFunc(byStart, func(a, b semGrant) int { return a.call.start.Compare(b.call.start) })
+	slices.SortFunc(byStart, func(a, b semGrant) int { return sent(a).Compare(sent(b)) })
 	slices.SortFunc(byEnd, func(a, b semGrant) int { return a.call.end.Compare(b.call.end) })
 	var highest semGrant
 	k := 0
 	for _, b := range byStart {
-		for ; k < len(byEnd) && byEnd[k].call.end.Before(b.call.start); k++ {
+		for ; k < len(byEnd) && byEnd[k].call.end.Before(sent(b)); k++ {
 			if byEnd[k].token > highest.token {
 				highest = byEnd[k]
 			}

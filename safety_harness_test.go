@@ -191,6 +191,7 @@ type client struct {
 	proxy *faultproxy.Proxy
 	wire  *wire
 	m     *distlock.Mutex
+	mode  string // a read-write lock's contender: the mode of its grants, for the history
 }
 
 // newClient returns a client of the world's server.
@@ -336,7 +337,7 @@ func pair(t *testing.T, ttl time.Duration) (w *world, a, b *client, ha *holding)
 func (c *client) watch(g *distlock.Guard) *holding {
 	now := time.Now()
 	w := c.w
-	w.rec.Add(history.Op{Kind: history.Granted, At: history.At(now), Key: w.key, Client: c.name, Token: g.Token()})
+	w.rec.Add(history.Op{Kind: history.Granted, At: history.At(now), Key: w.key, Client: c.name, Token: g.Token(), Mode: c.mode})
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &holding{c: c, g: g, token: g.Token(), granted: now, cancel: cancel,
 		watching: make(chan struct{}), lostCh: make(chan loss, 64)}

@@ -72,11 +72,18 @@ type permitWire struct {
 	pending map[string][]history.Op // confirmed writes of values without a token yet
 	queued  []permitCall
 	renews  map[int64][]wireCall // finished renewal calls by token
+	// ordered makes the wire record each acquisition's Asked op, for the
+	// history's check of arrival order: firstSent is the send time of the
+	// first acquire call of each value, asked the values recorded.
+	ordered   bool
+	firstSent map[string]time.Time
+	asked     map[string]bool
 }
 
 func newPermitWire(c rueidis.Client, sink opSink) *permitWire {
 	return &permitWire{Client: c, sink: sink, tokens: make(map[string]int64),
-		pending: make(map[string][]history.Op), renews: make(map[int64][]wireCall)}
+		pending: make(map[string][]history.Op), renews: make(map[int64][]wireCall),
+		firstSent: make(map[string]time.Time), asked: make(map[string]bool)}
 }
 
 // Do runs cmd and records it if it is a lease script.
@@ -100,6 +107,9 @@ func (w *permitWire) do(ctx context.Context, cmd rueidis.Completed, send sendFun
 	if c.kind == acquireCall {
 		w.mu.Lock()
 		w.last = c.value
+		if _, ok := w.firstSent[c.value]; !ok {
+			w.firstSent[c.value] = c.start
+		}
 		w.mu.Unlock()
 	}
 	res := send(ctx, cmd)
@@ -129,6 +139,16 @@ func (w *permitWire) do(ctx context.Context, cmd rueidis.Completed, send sendFun
 		if c.ok {
 			w.confirm(c.value, confirmed)
 		}
+	}
+	if w.ordered && c.kind == acquireCall && c.err == nil && !w.asked[c.value] {
+		// The first answered call: in line if its reply gave a rank.
+		w.asked[c.value] = true
+		var rank int64 = -1
+		if len(arr) >= 6 {
+			rank, _ = arr[3].AsInt64()
+		}
+		w.confirm(c.value, history.Op{Kind: history.Asked, Sent: history.At(w.firstSent[c.value]), At: history.At(c.end),
+			Key: c.key, Client: lease.Owner(c.value), Held: rank >= 0})
 	}
 	return res
 }
@@ -431,7 +451,14 @@ func runPermitHolder(link *helperproc.Link) error {
 	sink := linkSink{link}
 	wr := newPermitWire(rc, sink)
 	var acquire func(context.Context) (*distlock.Guard, error)
+	var mode string // a read-write lock's
 	switch kind := os.Getenv(helperKindVar); {
+	case strings.HasPrefix(kind, "rwmutex:"):
+		mode = strings.TrimPrefix(kind, "rwmutex:")
+		if acquire, err = rwAcquire(wr, mode, ttl, name); err != nil {
+			return err
+		}
+		wr.ordered = true
 	case kind == "election":
 		e, err := distlock.NewElection(wr, "safety", distlock.WithTTL(ttl))
 		if err != nil {
@@ -462,7 +489,9 @@ func runPermitHolder(link *helperproc.Link) error {
 	op := func(kind history.Kind) history.Op {
 		return history.Op{Kind: kind, At: history.Now(), Key: key, Client: name, Token: token}
 	}
-	sink.Add(op(history.Granted))
+	granted := op(history.Granted)
+	granted.Mode = mode
+	sink.Add(granted)
 
 	// The test's stop, or its end (stdin closed).
 	stop := make(chan struct{})

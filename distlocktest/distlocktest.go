@@ -235,14 +235,17 @@ func (s *Server) Close() {
 }
 
 // ForceLoss deletes the lease of lock, a *distlock.Mutex, *distlock.Semaphore,
-// *distlock.Election or *distlock.Guard, as an operator or an expiry would.
+// *distlock.Election, *distlock.RWMutex or *distlock.Guard, as an operator or
+// an expiry would.
 // The holder's guard becomes Lost at its next renewal (within a third of the
 // TTL), with reason LostRefused; its context is cancelled then.
 //
 // For a semaphore, the lease is the set of all its holders: ForceLoss of the
 // Semaphore or of any of its guards drops every permit, and every holder
 // becomes Lost. (A single holder's permit cannot be taken alone: nothing
-// outside its guard knows which entry of the set is its.) For an election,
+// outside its guard knows which entry of the set is its.) Likewise for a
+// read-write lock, whose holders share one hash: every reader, or the
+// writer, becomes Lost. For an election,
 // ForceLoss ends the leader's term. ForceLoss waits for Redis's
 // answer (at most 5 s) and returns an error matching [ErrNoLease] if there was
 // no lease to delete, or the Redis error.
@@ -275,10 +278,10 @@ func (s *Server) DeleteLease(key string) error {
 // error.
 //
 // It serves the lease of a Mutex or an Election (a string). A semaphore's
-// key holds the set of its holders, which a string would replace with
-// something the semaphore's scripts refuse to touch, so OverwriteLease
-// leaves such a key alone and returns an error; use [Server.DeleteLease] or
-// [Server.ForceLoss] for a semaphore.
+// key holds the set of its holders, and a read-write lock's the hash of
+// its holders, which a string would replace with something their scripts
+// refuse to touch, so OverwriteLease leaves such a key alone and returns an
+// error; use [Server.DeleteLease] or [Server.ForceLoss] for them.
 func (s *Server) OverwriteLease(key, value string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
@@ -294,10 +297,15 @@ func (s *Server) OverwriteLease(key, value string) error {
 
 // overwriteLua is OverwriteLease's command: KEYS[1] the lease, ARGV[1] the
 // new value. It replies OK, nil when the key does not exist, or an error
-// when the key holds a semaphore's holders (a sorted set).
+// when the key holds a semaphore's holders (a sorted set) or a read-write
+// lock's (a hash).
 const overwriteLua = `
-if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'zset' then
   return redis.error_reply('ERR ' .. KEYS[1] .. ' holds the permits of a semaphore; delete it to take them all')
+end
+if t == 'hash' then
+  return redis.error_reply('ERR ' .. KEYS[1] .. ' holds the holders of a read-write lock; delete it to take them all')
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'XX', 'KEEPTTL')
 `

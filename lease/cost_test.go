@@ -143,6 +143,8 @@ var costPairs = []struct {
 	{"lock pair: acquire + release, uncontended", []string{"lock acquire: free, nobody in line", "lock release: nobody in line"}},
 	{"election pair, uncontended", []string{"election acquire: free", "election release: nobody in line"}},
 	{"semaphore pair, uncontended", []string{"semaphore acquire: free permit", "semaphore release: nobody in line"}},
+	{"rwmutex read pair, uncontended", []string{"rwmutex read acquire: free, nobody in line", "rwmutex read release: nobody in line"}},
+	{"rwmutex write pair, uncontended", []string{"rwmutex write acquire: free, nobody in line", "rwmutex write release: nobody in line"}},
 	{"bare pair: SET NX PX + DEL", []string{"bare SET NX PX", "bare DEL"}},
 }
 
@@ -200,6 +202,8 @@ func costPaths() []costPath {
 	}
 	election := func(k lease.Keys) lease.Keys { return k.Election() }
 	semaphore := func(k lease.Keys) lease.Keys { return k.Semaphore(4) }
+	reader := func(k lease.Keys) lease.Keys { return k.RW(lease.Read) }
+	writer := func(k lease.Keys) lease.Keys { return k.RW(lease.Write) }
 	with := func(kind func(lease.Keys) lease.Keys, f func(e *costEnv, k lease.Keys, i int) error) func(e *costEnv, k lease.Keys, i int) error {
 		return func(e *costEnv, k lease.Keys, i int) error { return f(e, kind(k), i) }
 	}
@@ -263,6 +267,36 @@ func costPaths() []costPath {
 			return err
 		})},
 		{name: "semaphore renew", command: "evalsha", prepare: with(semaphore, held), call: with(semaphore, renew)},
+		{name: "rwmutex read acquire: free, nobody in line", command: "evalsha", prepare: with(reader, warm), call: with(reader, held)},
+		{name: "rwmutex read release: nobody in line", command: "evalsha", prepare: with(reader, both(warm, held)), call: with(reader, release)},
+		{name: "rwmutex read acquire: readers hold", command: "evalsha", prepare: with(reader, heldByAnother), call: with(reader, held)},
+		{name: "rwmutex read release: other readers hold", command: "evalsha", prepare: with(reader, both(heldByAnother, held)), call: with(reader, release)},
+		{name: "rwmutex write acquire: free, nobody in line", command: "evalsha", prepare: with(writer, warm), call: with(writer, held)},
+		{name: "rwmutex write release: nobody in line", command: "evalsha", prepare: with(writer, both(warm, held)), call: with(writer, release)},
+		{name: "rwmutex write acquire: a reader holds, stands in line", command: "evalsha", prepare: with(reader, heldByAnother), call: with(writer, queue)},
+		{name: "rwmutex read release: passes to the writer in line", command: "evalsha", prepare: both(with(reader, heldByAnother), with(writer, queue)), call: with(reader, func(e *costEnv, k lease.Keys, i int) error {
+			r, err := e.lc.Release(context.Background(), k, costHolder(i))
+			if err == nil && r.Passed.Value != costWaiter(i) {
+				err = fmt.Errorf("release %s: got %+v, want passed to %s", costHolder(i), r, costWaiter(i))
+			}
+			return err
+		})},
+		{name: "rwmutex write release: passes to the reader in line", command: "evalsha", prepare: both(with(writer, heldByAnother), with(reader, queue)), call: with(writer, func(e *costEnv, k lease.Keys, i int) error {
+			r, err := e.lc.Release(context.Background(), k, costHolder(i))
+			if err == nil && r.Passed.Value != costWaiter(i) {
+				err = fmt.Errorf("release %s: got %+v, want passed to %s", costHolder(i), r, costWaiter(i))
+			}
+			return err
+		})},
+		{name: "rwmutex renew (reader)", command: "evalsha", prepare: with(reader, held), call: with(reader, renew)},
+		{name: "rwmutex renew (writer)", command: "evalsha", prepare: with(writer, held), call: with(writer, renew)},
+		{name: "rwmutex downgrade: nobody in line", command: "evalsha", prepare: with(writer, held), call: with(writer, func(e *costEnv, k lease.Keys, i int) error {
+			ok, _, err := e.lc.Downgrade(context.Background(), k, costValue(i), costTTL)
+			if err == nil && !ok {
+				err = fmt.Errorf("downgrade %s: refused", costValue(i))
+			}
+			return err
+		})},
 		{name: "bare SET NX PX", command: "set", call: func(e *costEnv, k lease.Keys, i int) error {
 			return do(e, e.rc.B().Set().Key(k.Lease).Value(costValue(i)).Nx().PxMilliseconds(costTTL.Milliseconds()).Build())
 		}},

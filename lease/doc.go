@@ -164,6 +164,47 @@
 // The invariants of a lock hold for each permit, with "at most n values
 // hold the lease" in place of "at most one" for callers that agree on n.
 //
+// # Read-write locks
+//
+// A read-write lock ([Keys.RW]) keeps its holders in a hash at the lease
+// key: a field per holder, from its value to "<end> <token>" (the server
+// time in ms at which its lease ends, and its grant's token), "~w" naming
+// the writer, and "~" holding "rw", the mark of the kind. The hash lasts
+// at least as long as its longest lease, and as long as anyone stands in
+// line. It uses the lock's fencing key, line, rooms and void markers; a
+// waiter's entry carries its mode, "<lapse> <claim> <r|w> <room>". Its
+// scripts (rw.go):
+//
+//   - acquire drops the holders whose lease has ended, so a dead reader or
+//     writer stops counting when its own lease ends, then serves the head
+//     of the line: a reader is granted while no writer holds, with the run
+//     of readers behind it; a writer when nobody holds; the first waiter
+//     that cannot be granted stops the run. The caller is granted when
+//     nobody alive is ahead of it and its mode allows (a reader: no writer
+//     holds; a writer: nobody holds); otherwise it stands in line. A holder
+//     that asks again is granted the full TTL with its own token.
+//   - release drops the caller's hold, in either mode, and serves the head
+//     of the line the same way: a writer's release grants the run of
+//     readers at the head, the last reader's the writer first in line; the
+//     reply lists every pass.
+//   - renew extends the caller's hold in either mode (so a renewal in
+//     flight across a downgrade is not refused), and never adds one.
+//   - downgrade turns the writer's hold into a reader's (same token, a full
+//     TTL from now) and serves the head of the line.
+//
+// Each starts with its common case in the calls of a lock's: acquire with a
+// free lock and nobody in line, or for a reader one that only readers hold;
+// release with nobody in line. The lock's and the semaphore's scripts
+// recognise the mark on their error paths and refuse the hash as a
+// read-write lock's ([WrongKindError] Found "rwmutex"); the read-write
+// lock's scripts refuse a lock's string, a semaphore's sorted set and a
+// line whose entries carry no mode.
+//
+// The invariants of a lock hold for each hold, with "a writer holds alone,
+// or any number of readers hold" in place of "at most one value holds the
+// lease", and arrival order for the line: nobody is granted ahead of a
+// live waiter that stood in line before it.
+//
 // # Elections
 //
 // An election ([Keys.Election]) is a lock whose scripts also announce each

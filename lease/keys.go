@@ -54,6 +54,9 @@ type Keys struct {
 	// Limit holds the permits of the last grant of a semaphore, for
 	// inspection; nothing decides on it.
 	Limit string
+	// Mode is, for a read-write lock, the mode its acquire calls ask for
+	// ([Read] or [Write]), and 0 for every other kind; see [Keys.RW].
+	Mode Mode
 }
 
 // Semaphore returns k for a semaphore of permits permits (at least 1): up

@@ -35,15 +35,15 @@ var ErrWrongKind = errors.New("distlock: name used by another kind of lease")
 // did not write. Nothing was written.
 type WrongKindError struct {
 	Key   string // the lease key
-	Want  string // "lock" or "semaphore"
-	Found string // "semaphore", "lock", or the Redis type of a foreign key ("hash", "list", ...)
+	Want  string // "lock", "semaphore" or "rwmutex"
+	Found string // "semaphore", "lock", "rwmutex", or the Redis type of a foreign key ("hash", "list", ...)
 	Reply error  // the script's error reply
 }
 
 func (e *WrongKindError) Error() string {
 	// distlock wraps this error in one that says what it was doing, so the
 	// text does not repeat the "distlock:" prefix.
-	if e.Found == "lock" || e.Found == "semaphore" {
+	if e.Found == "lock" || e.Found == "semaphore" || e.Found == "rwmutex" {
 		return fmt.Sprintf("%s is a %s, not a %s: the name is used by another kind", e.Key, e.Found, e.Want)
 	}
 	return fmt.Sprintf("%s holds a %s, not a %s: distlock did not write it", e.Key, e.Found, e.Want)
@@ -66,7 +66,7 @@ func IsReply(err error) bool {
 
 // wrongKindReply matches the error reply of a script that found the lease
 // key of another kind (see acquireScript and semAcquireScript).
-var wrongKindReply = regexp.MustCompile(`^(?:ERR )?distlock: .* holds a (\w+), not a (lock|semaphore);`)
+var wrongKindReply = regexp.MustCompile(`^(?:ERR )?distlock: .* holds a (\w+), not a (lock|semaphore|rwmutex);`)
 
 // kindError turns the error reply of a script that found the lease key of
 // another kind into a *WrongKindError, and returns any other error as it is.
@@ -212,7 +212,7 @@ if err then
 end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then
-  return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. redis.call('TYPE', KEYS[1]).ok .. ', not a lock; is the name used by a semaphore?')
+  return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. ` + leaseKindLua + ` .. ', not a lock; is the name used by another kind?')
 end
 if redis.call('EXISTS', KEYS[6]) == 1 then
   err = leave(value)
@@ -365,9 +365,9 @@ local function hold(v, ms, now)
   redis.call('SET', KEYS[1] .. ':permits', limit, 'PX', ` + retentionMs + `)
 end
 local function notSemaphore()
-  local t = redis.call('TYPE', KEYS[1]).ok
+  local t = ` + leaseKindLua + `
   if t ~= 'zset' and t ~= 'none' then
-    return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. t .. ', not a semaphore; is the name used by a lock?')
+    return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. t .. ', not a semaphore; is the name used by another kind?')
   end
 end
 local function dropEnded(now)
@@ -967,6 +967,8 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	s := acquireScript
 	if k.Permits > 0 {
 		s = semAcquireScript
+	} else if k.Mode != 0 {
+		s = rwAcquireScript
 	}
 	// Each argument costs Redis about 1,600 instructions, so the defaults
 	// at the end are left out (and the value is in its void key).
@@ -1030,17 +1032,20 @@ func (k Keys) check() error {
 	case k.Permits > 0 && k.Announce:
 		return fmt.Errorf("%w: a semaphore does not announce its holders", ErrBadPermits)
 	}
-	return nil
+	return k.checkMode()
 }
 
 // kindArg is the scripts' argument that says what kind of lock k is: a
-// semaphore's permits, "1" for an election, and "" for a lock.
+// semaphore's permits, "1" for an election, a read-write lock's mode ("r"
+// or "w"), and "" for a lock.
 func (k Keys) kindArg() string {
 	switch {
 	case k.Permits > 0:
 		return strconv.Itoa(k.Permits)
 	case k.Announce:
 		return "1"
+	case k.Mode != 0:
+		return string(k.Mode)
 	}
 	return ""
 }
@@ -1069,6 +1074,8 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 	s := renewScript
 	if k.Permits > 0 {
 		s = semRenewScript
+	} else if k.Mode != 0 {
+		s = rwRenewScript
 	}
 	res, w := c.exec(ctx, s, []string{k.Lease}, []string{value, ms(ttl)})
 	ok, arr, err := scriptReply(res)
@@ -1175,13 +1182,15 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 	if err := k.check(); err != nil {
 		return Release{}, err
 	}
-	s := releaseScript
+	s, kind := releaseScript, k.kindArg()
 	if k.Permits > 0 {
 		s = semReleaseScript
+	} else if k.Mode != 0 {
+		s, kind = rwReleaseScript, "" // releases in either mode
 	}
 	// As for acquire, the defaults at the end are left out.
 	args := []string{value}
-	if kind := k.kindArg(); kind != "" || void != "" {
+	if kind != "" || void != "" {
 		args = append(args, kind)
 	}
 	if void != "" {

@@ -58,9 +58,12 @@
 //
 // A Semaphore's permit and an Election's term are leases kept exactly as a
 // Mutex's lock is, so the same instruments measure them. Every measurement
-// carries distlock.kind, which is "mutex", "semaphore" or "election" (the
-// Kind of [distlock.AcquireInfo] and of the other infos), so that a
-// dashboard can tell them apart:
+// carries distlock.kind, which is "mutex", "semaphore", "election" or
+// "rwmutex" (the Kind of [distlock.AcquireInfo] and of the other infos),
+// and an RWMutex's also distlock.mode, "read" or "write" (their Mode; a
+// guard that Downgrade made a reader renews and ends as "read", while its
+// acquisition and its place in distlock.held were counted as "write"), so
+// that a dashboard can tell them apart:
 //
 //	distlock.held{distlock.kind="semaphore"}    permits held by this process
 //	distlock.held{distlock.kind="election"}     terms it leads (at most 1 per election)
@@ -68,8 +71,8 @@
 //	distlock.acquisitions{distlock.kind="semaphore", distlock.outcome="not_acquired"}
 //	                                            tries that found every permit taken
 //
-// The attribute has three values, so it multiplies the number of series by
-// three at most. An info with an empty Kind (one that code outside distlock
+// The two attributes have five values together, so they multiply the number
+// of series by five at most. An info with an empty Kind (one that code outside distlock
 // made) is counted as "mutex".
 //
 // # The lock key as an attribute
@@ -97,8 +100,11 @@ const ScopeName = "github.com/distkit-go/distlock/otelmetrics"
 
 // Attribute keys.
 const (
-	// KindKey is on every measurement: "mutex", "semaphore" or "election".
-	KindKey    = attribute.Key("distlock.kind")
+	// KindKey is on every measurement: "mutex", "semaphore", "election"
+	// or "rwmutex".
+	KindKey = attribute.Key("distlock.kind")
+	// ModeKey is on the measurements of an RWMutex: "read" or "write".
+	ModeKey    = attribute.Key("distlock.mode")
 	OutcomeKey = attribute.Key("distlock.outcome")
 	ReasonKey  = attribute.Key("distlock.reason")
 	KeyKey     = attribute.Key("distlock.key")
@@ -115,9 +121,24 @@ var (
 	acquireOutcomes = []string{"acquired", "not_acquired", "timeout", "canceled", "error"}
 	renewOutcomes   = []string{"ok", "refused", "timeout", "error"}
 	holdOutcomes    = []string{"released", "lost"}
-	// kinds are the values of distlock.kind, as distlock's infos name them.
-	kinds = []string{"mutex", "semaphore", "election"}
+	// kinds are the values of distlock.kind, as distlock's infos name
+	// them, with the values of distlock.mode that go with each.
+	kinds = []kindMode{{"mutex", ""}, {"semaphore", ""}, {"election", ""}, {"rwmutex", "read"}, {"rwmutex", "write"}}
 )
+
+// kindMode is what an info says of the kind of its lease: Kind, and Mode
+// for an RWMutex.
+type kindMode struct{ kind, mode string }
+
+// set returns the attributes of km (the kind, and the mode if there is
+// one) with kvs.
+func (km kindMode) set(kvs ...attribute.KeyValue) attribute.Set {
+	kvs = append(kvs, KindKey.String(km.kind))
+	if km.mode != "" {
+		kvs = append(kvs, ModeKey.String(km.mode))
+	}
+	return attribute.NewSet(kvs...)
+}
 
 // defaultKind stands for an info whose Kind is empty: infos made before
 // Kind existed described a Mutex.
@@ -163,12 +184,12 @@ type Observer struct {
 	// reason, built once, for measurements without the key; kindOnly that
 	// of each kind alone. Both are only read after New.
 	attrs    map[attrKey]metric.MeasurementOption
-	kindOnly map[string]metric.MeasurementOption
+	kindOnly map[kindMode]metric.MeasurementOption
 }
 
 type attrKey struct {
-	kind string
-	kv   attribute.KeyValue
+	km kindMode
+	kv attribute.KeyValue
 }
 
 var _ distlock.Observer = (*Observer)(nil)
@@ -187,7 +208,7 @@ func New(opts ...Option) (*Observer, error) {
 	o := &Observer{
 		withKey:  c.withKey,
 		attrs:    make(map[attrKey]metric.MeasurementOption),
-		kindOnly: make(map[string]metric.MeasurementOption),
+		kindOnly: make(map[kindMode]metric.MeasurementOption),
 	}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
@@ -229,62 +250,64 @@ func New(opts ...Option) (*Observer, error) {
 	for _, r := range []distlock.LostReason{distlock.LostRefused, distlock.LostRenewFailed, distlock.LostDeadline} {
 		kvs = append(kvs, ReasonKey.String(r.String()))
 	}
-	for _, kind := range kinds {
-		k := KindKey.String(kind)
-		o.kindOnly[kind] = metric.WithAttributeSet(attribute.NewSet(k))
+	for _, km := range kinds {
+		o.kindOnly[km] = metric.WithAttributeSet(km.set())
 		for _, kv := range kvs {
-			o.attrs[attrKey{kind, kv}] = metric.WithAttributeSet(attribute.NewSet(k, kv))
+			o.attrs[attrKey{km, kv}] = metric.WithAttributeSet(km.set(kv))
 		}
 	}
 	return o, nil
 }
 
-// attributes returns the measurement option for kind and kv, plus the key
-// when asked for.
-func (o *Observer) attributes(kind string, kv attribute.KeyValue, key string) metric.MeasurementOption {
+// kindOf returns an info's kind and mode.
+func kindOf(kind, mode string) kindMode {
 	if kind == "" {
 		kind = defaultKind
 	}
+	return kindMode{kind, mode}
+}
+
+// attributes returns the measurement option for km and kv, plus the key
+// when asked for.
+func (o *Observer) attributes(km kindMode, kv attribute.KeyValue, key string) metric.MeasurementOption {
 	if o.withKey {
-		return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind), kv, KeyKey.String(key)))
+		return metric.WithAttributeSet(km.set(kv, KeyKey.String(key)))
 	}
-	if opt, ok := o.attrs[attrKey{kind, kv}]; ok {
+	if opt, ok := o.attrs[attrKey{km, kv}]; ok {
 		return opt
 	}
-	return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind), kv))
+	return metric.WithAttributeSet(km.set(kv))
 }
 
 // kindAttr returns the measurement option for an instrument without
-// attributes of its own: the kind, plus the key when asked for.
-func (o *Observer) kindAttr(kind, key string) metric.MeasurementOption {
-	if kind == "" {
-		kind = defaultKind
-	}
+// attributes of its own: the kind (and mode), plus the key when asked for.
+func (o *Observer) kindAttr(km kindMode, key string) metric.MeasurementOption {
 	if o.withKey {
-		return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind), KeyKey.String(key)))
+		return metric.WithAttributeSet(km.set(KeyKey.String(key)))
 	}
-	if opt, ok := o.kindOnly[kind]; ok {
+	if opt, ok := o.kindOnly[km]; ok {
 		return opt
 	}
-	return metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind)))
+	return metric.WithAttributeSet(km.set())
 }
 
 // ObserveAcquire records one call for a lock, a permit or a term.
 func (o *Observer) ObserveAcquire(info distlock.AcquireInfo) {
 	ctx := context.Background()
-	attrs := o.attributes(info.Kind, OutcomeKey.String(acquireOutcome(info.Err)), info.Key)
+	km := kindOf(info.Kind, info.Mode)
+	attrs := o.attributes(km, OutcomeKey.String(acquireOutcome(info.Err)), info.Key)
 	o.acquisitions.Add(ctx, 1, attrs)
 	o.acquireDuration.Record(ctx, info.Wait.Seconds(), attrs)
 	o.acquireAttempts.Record(ctx, int64(info.Attempts), attrs)
 	if info.Err == nil {
-		o.held.Add(ctx, 1, o.kindAttr(info.Kind, info.Key))
+		o.held.Add(ctx, 1, o.kindAttr(km, info.Key))
 	}
 }
 
 // ObserveRenew records one renewal attempt.
 func (o *Observer) ObserveRenew(info distlock.RenewInfo) {
 	ctx := context.Background()
-	attrs := o.attributes(info.Kind, OutcomeKey.String(renewOutcome(info.Err)), info.Key)
+	attrs := o.attributes(kindOf(info.Kind, info.Mode), OutcomeKey.String(renewOutcome(info.Err)), info.Key)
 	o.renewals.Add(ctx, 1, attrs)
 	o.renewDuration.Record(ctx, info.Latency.Seconds(), attrs)
 }
@@ -292,20 +315,21 @@ func (o *Observer) ObserveRenew(info distlock.RenewInfo) {
 // ObserveTransition records a change of a guard's state.
 func (o *Observer) ObserveTransition(info distlock.TransitionInfo) {
 	ctx := context.Background()
+	km := kindOf(info.Kind, info.Mode)
 	switch {
 	case info.To == distlock.Lost && info.From == distlock.Acquired:
-		o.lost.Add(ctx, 1, o.attributes(info.Kind, ReasonKey.String(lostReason(info.Err)), info.Key))
-		o.held.Add(ctx, -1, o.kindAttr(info.Kind, info.Key))
+		o.lost.Add(ctx, 1, o.attributes(km, ReasonKey.String(lostReason(info.Err)), info.Key))
+		o.held.Add(ctx, -1, o.kindAttr(km, info.Key))
 	case info.To == distlock.Acquired && info.From == distlock.Lost:
-		o.held.Add(ctx, 1, o.kindAttr(info.Kind, info.Key))
+		o.held.Add(ctx, 1, o.kindAttr(km, info.Key))
 	case info.To == distlock.Released:
 		outcome := "released"
 		if info.From == distlock.Acquired {
-			o.held.Add(ctx, -1, o.kindAttr(info.Kind, info.Key))
+			o.held.Add(ctx, -1, o.kindAttr(km, info.Key))
 		} else {
 			outcome = "lost"
 		}
-		o.holdDuration.Record(ctx, info.Held.Seconds(), o.attributes(info.Kind, OutcomeKey.String(outcome), info.Key))
+		o.holdDuration.Record(ctx, info.Held.Seconds(), o.attributes(km, OutcomeKey.String(outcome), info.Key))
 	}
 }
 

@@ -55,7 +55,7 @@ func TestParseSeconds(t *testing.T) {
 func TestRunBusyLikeFlock(t *testing.T) {
 	srv := redistest.Start(t)
 	const key = "busy"
-	lockFor(t, srv, key, "holder:1", holderTTL)
+	writeLockFor(t, srv, key, "holder:1", holderTTL) // what "distlock run KEY" takes
 	dir := t.TempDir()
 
 	cases := []struct {

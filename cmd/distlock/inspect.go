@@ -40,12 +40,15 @@ its lease has left, the last fencing token issued for it, and who waits for
 it (the owners of the first 10 in line, first in line first). It only reads:
 it never changes the lock.
 
-KEY may also name a semaphore or an election; the type of its Redis key
-tells which. For a semaphore it shows the holders (their owners and how long
+KEY may also name a semaphore, a read-write lock or an election; the type
+of its Redis key tells which. For a semaphore it shows the holders (their owners and how long
 each lease has left, the first 10 to end, and how many in all), its number
 of permits as of the last grant (the number is not kept as a rule: each
 caller brings its own), how many of them are free, the line and the last
-token. For an election it shows the leader (the value it proclaimed), its
+token. For a read-write lock (what "distlock run" holds) it shows how it is
+held (by readers, or by a writer), the holders with how long each lease has
+left, and the line with the mode each waiter waits for. For an election it
+shows the leader (the value it proclaimed), its
 term token and lease, and how many observers follow it: the subscriptions
 to its leader channel, one per observed Election value in each process. A
 lock and an election that nobody observes look alike, and are shown as a
@@ -65,11 +68,13 @@ object per line:
 state is "held", "free" or "error"; expires_in_ms is -1 for a key without
 expiry (not written by distlock); last_token is missing if the lock was never
 acquired (or not in the last 24 hours). kind is "lock", "semaphore",
-"election" (when someone observes it), or missing for a free key that
-nothing tells more of. A semaphore has "holding" (how many hold a permit),
+"rwmutex", "election" (when someone observes it), or missing for a free key
+that nothing tells more of. A semaphore has "holding" (how many hold a permit),
 "holders" (the first 10: owner, value, expires_in_ms), and "permits" and
 "free_permits" when known, instead of owner, value and expires_in_ms; an
-election has "observers".
+election has "observers"; a read-write lock has "mode" ("read" or
+"write"), "holding" and "holders" as a semaphore has, and "line" (the first
+10 in line: owner and mode).
 
 Flags may come before or after KEY.
 
@@ -147,14 +152,47 @@ func parseInspect(args []string) (inspectConfig, error) {
 // queueScript reads a lock's line of waiters, and the raw fencing key so
 // that inspect can tell a token from something else written there.
 //
-// KEYS[1] the line of waiters, KEYS[2] the fencing key.
-// ARGV[1] how many waiters to name.
+// KEYS[1] the line of waiters, KEYS[2] the fencing key, KEYS[3] the
+// waiters' entries. ARGV[1] how many waiters to name.
 // Reply: {waiters in line, the first ARGV[1] of their values, the fencing
-// key's value or nil}.
+// key's value or nil, their entries (a read-write lock's say the mode)}.
 var queueScript = rueidis.NewLuaScriptReadOnly(`
 local n = redis.call('ZCARD', KEYS[1])
 local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-return {n, first, redis.call('GET', KEYS[2])}
+local entries = {}
+for i, v in ipairs(first) do
+  entries[i] = redis.call('HGET', KEYS[3], v) or ''
+end
+return {n, first, redis.call('GET', KEYS[2]), entries}
+`)
+
+// rwScript reads the holders of a read-write lock: its hash at KEYS[1]
+// (see lease.Keys.RW). Reply: {the mark ('rw' for distlock's hash, ” for
+// a foreign one), writer value or ”, value, ms left, value, ms left, ...}
+// for the holders whose lease has not ended, the first to end first.
+var rwScript = rueidis.NewLuaScriptReadOnly(`
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local writer, live = '', {}
+for i = 1, #all, 2 do
+  local f, x = all[i], all[i + 1]
+  if f == '~w' then
+    writer = x
+  elseif string.sub(f, 1, 1) ~= '~' then
+    local e = tonumber(string.match(x, '^(%d+) %d+$') or '')
+    if e and e > now then
+      table.insert(live, {f, e - now})
+    end
+  end
+end
+table.sort(live, function(a, b) return a[2] < b[2] end)
+local out = {redis.call('HGET', KEYS[1], '~') or '', writer}
+for _, h in ipairs(live) do
+  table.insert(out, h[1])
+  table.insert(out, h[2])
+end
+return out
 `)
 
 // maxNamedWaiters is how many waiters inspect names, first in line first.
@@ -169,6 +207,7 @@ const (
 	kindLock      = "lock"
 	kindSemaphore = "semaphore"
 	kindElection  = "election"
+	kindRWMutex   = "rwmutex"
 )
 
 // lockState is what inspect reports about a lock, semaphore or election at
@@ -202,6 +241,12 @@ type lockState struct {
 	FreePermits *int `json:"free_permits,omitempty"`
 	// Observers is how many subscriptions follow an election's leader.
 	Observers int `json:"observers,omitempty"`
+	// Mode is how a read-write lock is held: "read" (Holders are its
+	// readers) or "write" (Holders is its writer).
+	Mode string `json:"mode,omitempty"`
+	// Line is, for a read-write lock, the first in line with the mode each
+	// waits for, first in line first.
+	Line []waiterState `json:"line,omitempty"`
 	// Waiting is how many Lock calls stand in the lock's line; Waiters
 	// names the owners of the first ones, first in line first.
 	Waiting int      `json:"waiting"`
@@ -209,7 +254,14 @@ type lockState struct {
 	Error   string   `json:"error,omitempty"`
 }
 
-// holderState is one holder of a semaphore's permit.
+// waiterState is one waiter in a read-write lock's line.
+type waiterState struct {
+	Owner string `json:"owner"`
+	Mode  string `json:"mode"` // "read" or "write"
+}
+
+// holderState is one holder of a semaphore's permit, or of a read-write
+// lock.
 type holderState struct {
 	Owner       string `json:"owner"`
 	Value       string `json:"value"`
@@ -230,7 +282,7 @@ func (s lockState) differs(o lockState) bool {
 	return s.State != o.State || s.Kind != o.Kind || s.Value != o.Value || s.LastToken != o.LastToken ||
 		s.Waiting != o.Waiting || s.Error != o.Error || noExpiry(s) != noExpiry(o) ||
 		s.Holding != o.Holding || !slices.Equal(holders(s), holders(o)) ||
-		s.Permits != o.Permits || s.Observers != o.Observers
+		s.Permits != o.Permits || s.Observers != o.Observers || s.Mode != o.Mode || !slices.Equal(s.Line, o.Line)
 }
 
 // runInspect implements "distlock inspect". Without --watch it returns nil
@@ -338,21 +390,23 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
 	}
-	arr, err := queueScript.Exec(ctx, in.rc, []string{keys.Queue, keys.Fence},
+	arr, err := queueScript.Exec(ctx, in.rc, []string{keys.Queue, keys.Fence, keys.Waiters},
 		[]string{strconv.Itoa(maxNamedWaiters)}).ToArray()
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Queue, err)
 	}
-	if len(arr) != 3 {
-		return s, fmt.Errorf("reading %s: %d replies instead of 3", keys.Queue, len(arr))
+	if len(arr) != 4 {
+		return s, fmt.Errorf("reading %s: %d replies instead of 4", keys.Queue, len(arr))
 	}
 	if n, err := arr[0].AsInt64(); err == nil {
 		s.Waiting = int(n)
 	}
+	var entries []string
 	if values, err := arr[1].AsStrSlice(); err == nil {
 		for _, v := range values {
 			s.Waiters = append(s.Waiters, lease.Owner(v))
 		}
+		entries, _ = arr[3].AsStrSlice()
 	}
 	// Read reports a fencing key that holds no token as no token; say so
 	// instead.
@@ -366,6 +420,9 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	s.LastToken = snap.Fence
 
 	switch snap.Type {
+	case "hash":
+		s.Kind = kindRWMutex
+		return s, in.rwmutex(ctx, &s, entries)
 	case "zset":
 		s.Kind = kindSemaphore
 		s.semaphore(snap)
@@ -388,7 +445,7 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 			return s, nil
 		}
 	default:
-		return s, fmt.Errorf("%s holds a %s, not a lock, semaphore or election", keys.Lease, snap.Type)
+		return s, fmt.Errorf("%s holds a %s, not a lock, semaphore, election or rwmutex", keys.Lease, snap.Type)
 	}
 	// A lock or an election, or a free key: those who observe an election
 	// tell it from a lock. Not knowing is no error: a lock and an election
@@ -397,6 +454,48 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 		s.Kind, s.Observers = kindElection, n
 	}
 	return s, nil
+}
+
+// rwmutex fills in s for a read-write lock: its holders, and the modes of
+// those in line from their entries.
+func (in *inspector) rwmutex(ctx context.Context, s *lockState, entries []string) error {
+	arr, err := rwScript.Exec(ctx, in.rc, []string{in.keys.Lease}, nil).ToArray()
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", in.keys.Lease, err)
+	}
+	if len(arr)%2 != 0 {
+		return fmt.Errorf("reading %s: %d replies", in.keys.Lease, len(arr))
+	}
+	if mark, _ := arr[0].ToString(); mark != "rw" {
+		return fmt.Errorf("%s holds a hash, not a lock, semaphore, election or rwmutex", in.keys.Lease)
+	}
+	writer, _ := arr[1].ToString()
+	for i := 2; i < len(arr); i += 2 {
+		v, _ := arr[i].ToString()
+		ms, _ := arr[i+1].AsInt64()
+		if v == writer {
+			s.Mode = "write"
+		}
+		if len(s.Holders) < maxNamedHolders {
+			s.Holders = append(s.Holders, holderState{Owner: lease.Owner(v), Value: v, ExpiresInMS: ms})
+		}
+		s.Holding++
+	}
+	if s.Holding > 0 {
+		s.State = "held"
+		if s.Mode == "" {
+			s.Mode = "read"
+		}
+	}
+	for i, e := range entries {
+		// "<lapse> <claim> <r|w> <room>"
+		mode := "?"
+		if f := strings.Fields(e); len(f) == 4 {
+			mode = map[string]string{"r": "read", "w": "write"}[f[2]]
+		}
+		s.Line = append(s.Line, waiterState{Owner: s.Waiters[i], Mode: mode})
+	}
+	return nil
 }
 
 // semaphore fills in s from a read of a semaphore.
@@ -452,6 +551,8 @@ func (s lockState) text(withTime bool) string {
 		return b.String()
 	case s.Kind == kindSemaphore:
 		s.semaphoreText(&b)
+	case s.Kind == kindRWMutex:
+		s.rwmutexText(&b)
 	case s.State == "held" && s.Kind == kindElection:
 		fmt.Fprintf(&b, "  election led by %s", s.Owner)
 		s.expiryText(&b)
@@ -474,7 +575,18 @@ func (s lockState) text(withTime bool) string {
 	if s.Observers > 0 {
 		fmt.Fprintf(&b, "  observers: %d", s.Observers)
 	}
-	if s.Waiting > 0 {
+	if s.Waiting > 0 && s.Line != nil {
+		fmt.Fprintf(&b, "  %d waiting: ", s.Waiting)
+		for i, w := range s.Line {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s (%s)", w.Owner, w.Mode)
+		}
+		if s.Waiting > len(s.Line) {
+			b.WriteString(", ...")
+		}
+	} else if s.Waiting > 0 {
 		fmt.Fprintf(&b, "  %d waiting: %s", s.Waiting, strings.Join(s.Waiters, ", "))
 		if s.Waiting > len(s.Waiters) {
 			b.WriteString(", ...")
@@ -492,6 +604,38 @@ func (s lockState) expiryText(b *strings.Builder) {
 	}
 }
 
+// rwmutexText writes the holders of a read-write lock:
+//
+//	rwmutex held by 2 readers: a (expires in 4.2s), b (expires in 3.1s)
+//	rwmutex held by a (writer, expires in 9.9s)
+func (s lockState) rwmutexText(b *strings.Builder) {
+	switch {
+	case s.Holding == 0:
+		b.WriteString("  rwmutex free")
+		return
+	case s.Mode == "write":
+		h := s.Holders[0]
+		fmt.Fprintf(b, "  rwmutex held by %s (writer, expires in %v)", h.Owner, time.Duration(h.ExpiresInMS)*time.Millisecond)
+		return
+	}
+	fmt.Fprintf(b, "  rwmutex held by %d readers: ", s.Holding)
+	s.holdersText(b)
+}
+
+// holdersText writes the holders of a semaphore or of a read-write lock's
+// readers: "a (expires in 4.2s), b (expires in 3.1s), and 3 more".
+func (s lockState) holdersText(b *strings.Builder) {
+	for i, h := range s.Holders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(b, "%s (expires in %v)", h.Owner, time.Duration(h.ExpiresInMS)*time.Millisecond)
+	}
+	if s.Holding > len(s.Holders) {
+		fmt.Fprintf(b, ", and %d more", s.Holding-len(s.Holders))
+	}
+}
+
 // semaphoreText writes the holders and permits of a semaphore:
 //
 //	semaphore held by 2: a (expires in 4.2s), b (expires in 3.1s)  permits: 4 (as of the last grant), 2 free
@@ -500,15 +644,7 @@ func (s lockState) semaphoreText(b *strings.Builder) {
 		b.WriteString("  semaphore free")
 	} else {
 		fmt.Fprintf(b, "  semaphore held by %d: ", s.Holding)
-		for i, h := range s.Holders {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			fmt.Fprintf(b, "%s (expires in %v)", h.Owner, time.Duration(h.ExpiresInMS)*time.Millisecond)
-		}
-		if s.Holding > len(s.Holders) {
-			fmt.Fprintf(b, ", and %d more", s.Holding-len(s.Holders))
-		}
+		s.holdersText(b)
 	}
 	if s.Permits > 0 {
 		fmt.Fprintf(b, "  permits: %d (as of the last grant), %d free", s.Permits, *s.FreePermits)

@@ -392,7 +392,7 @@ func TestInspectExitCodes(t *testing.T) {
 	srv.MustDo("HSET", "distlock:{odd}", "field", "value")
 	code, out, errOut := runDistlock(t, "inspect", "--redis", srv.URL(), "odd")
 	assert.Equal(t, exitFailed, code, "stdout: %s", out)
-	assert.Contains(t, errOut, "distlock:{odd} holds a hash, not a lock, semaphore or election")
+	assert.Contains(t, errOut, "distlock:{odd} holds a hash, not a lock, semaphore, election or rwmutex")
 
 	g := acquireFor(t, srv, "pool", 3, "w", time.Second)
 	code, _, errOut = runDistlock(t, "inspect", "--redis", srv.URL(), "pool")

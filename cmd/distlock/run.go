@@ -47,7 +47,8 @@ const shell = "/bin/sh"
 const runUsage = `Usage: distlock run [flags] KEY [--] COMMAND [ARGS...]
        distlock run [flags] KEY -c 'COMMAND LINE'
 
-Runs COMMAND while holding the lock KEY. distlock waits for the lock (as
+Runs COMMAND while holding the lock KEY, exclusively (-x, the default) or
+shared with the other -s runs of KEY (-s). distlock waits for the lock (as
 long as it takes, or up to -w; -n makes a single attempt), starts the
 command with these variables added to its environment:
 
@@ -66,6 +67,12 @@ Flags go before KEY or between KEY and the command. The command starts at
 the first word after KEY that is not a flag, or after "--"; everything from
 there on is the command's. With -c, the command is one string that sh -c
 runs, so it may use pipes, redirections and $DISTLOCK_TOKEN.
+
+KEY is a read-write lock (in Go: distlock.NewRWMutex, whose Lock is -x
+and RLock -s): -s runs share it with each other and exclude every -x
+run; an -x run excludes everyone. Waiting is in arrival order: an -s run
+that comes while an -x run waits queues behind it, and an -x run waits for
+the -s runs that came before it, not for those after.
 
 With --permits N, KEY names a semaphore of N permits instead of a lock,
 and the command runs while holding one of them: up to N commands run at
@@ -95,8 +102,9 @@ arrives while distlock is still waiting for the lock ends the wait.
 
 For flock(1) users: -n, -w, -E, -c and -v mean what they mean there, but
 the default -E is 75, not 1; -c runs sh, not $SHELL; and -w also takes
-durations such as 1m30s. The lock is exclusive (no -s; --permits N lets N
-commands share it), and is released when the command exits (no -u, -o or -F).
+durations such as 1m30s. -s and -x mean what they mean there (-x is the
+default; --permits N lets N commands share a semaphore instead), and the
+lock is released when the command exits (no -u, -o or -F).
 Unlike flock's lock, which goes with the holder's processes, a lease
 outlives a distlock that is killed with SIGKILL (an OOM kill, say): the lock
 stays held until its lease ends, at most --ttl (10s by default) after the
@@ -107,7 +115,8 @@ Exit status:
   128+N            the command was killed by signal N, or distlock got
                    signal N while still waiting for the lock
   64               usage error, or KEY is used by another kind (a lock's
-                   name given with --permits, or a semaphore's without)
+                   name given with --permits, a semaphore's without, or
+                   the name of a Mutex or Election of the Go library)
   75               not acquired: -n found the lock held (or all the
                    permits of --permits), or -w ran out
                    (set another code with -E)
@@ -123,6 +132,8 @@ Examples:
   distlock run -w 5m --grace 30s migrate -- ./migrate up
   distlock run -w 0.5 -E 0 cache-warm ./warm.sh   # held for 0.5s more: exit 0
   distlock run --permits 4 transcode -- ./transcode.sh   # up to 4 at once
+  distlock run -s config -- ./read-config.sh     # many at once, none while an -x run holds config
+  distlock run config -- ./rewrite-config.sh     # alone
 
 Flags:
 `
@@ -138,7 +149,9 @@ type runConfig struct {
 	command      string
 	grace        time.Duration
 	owner        string
-	permits      int // with --permits: a semaphore of that many permits; 0 without
+	permits      int  // with --permits: a semaphore of that many permits; 0 without
+	shared       bool // -s: a read hold of the read-write lock KEY; without, a write hold
+	exclusive    bool // -x: a write hold, the default
 	foreground   bool
 	verbose      bool
 }
@@ -169,6 +182,10 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	alias(fs, "c", "command")
 	fs.DurationVar(&c.grace, "grace", defaultGrace, "after the lock is lost, how long (`DURATION`) the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
 	fs.StringVar(&c.owner, "owner", "", "owner `ID` written into the lock, shown by \"distlock inspect\" (default HOST:PID, of distlock)")
+	fs.BoolVar(&c.shared, "s", false, "hold KEY shared, with every other -s run (a read hold of the read-write lock KEY), instead of exclusively")
+	alias(fs, "s", "shared")
+	fs.BoolVar(&c.exclusive, "x", false, "hold KEY exclusively (a write hold of the read-write lock KEY): the default")
+	alias(fs, "x", "exclusive")
 	fs.IntVar(&c.permits, "permits", 0, "run under one of `N` permits of a semaphore named KEY (N >= 1), so that up to N commands run at once, instead of under the lock KEY")
 	fs.BoolVar(&c.foreground, "foreground", false, "keep the command in distlock's process group, so that it can use the terminal (default: true when run from an interactive shell)")
 	fs.BoolVar(&c.verbose, "v", false, "say on stderr what distlock does: the wait, the acquisition, the command's start and end, failed renewals, the release")
@@ -217,6 +234,10 @@ func parseRun(args []string) (runConfig, error) {
 		return c, usagef("--grace must not be negative")
 	case set["permits"] && c.permits < 1:
 		return c, usagef("--permits %d: a semaphore needs at least 1 permit", c.permits)
+	case c.shared && c.exclusive:
+		return c, usagef("-s and -x exclude each other: a hold is shared or exclusive")
+	case set["permits"] && (c.shared || c.exclusive):
+		return c, usagef("--permits and -%s exclude each other: a semaphore's permits are neither shared nor exclusive", map[bool]string{true: "s", false: "x"}[c.shared])
 	}
 	if commandSet {
 		c.argv = []string{shell, "-c", c.command}
@@ -403,8 +424,9 @@ func (r *runner) run(ctx context.Context) error {
 	return &exitStatus{code: exitCode(ps)}
 }
 
-// locker is what "distlock run" holds while the command runs: the lock
-// KEY, or with --permits a permit of the semaphore KEY.
+// locker is what "distlock run" holds while the command runs: the
+// read-write lock KEY, for writing or with -s for reading, or with
+// --permits a permit of the semaphore KEY.
 type locker struct {
 	what string // for messages: the lease key, and the permits
 	wait func(context.Context) (*distlock.Guard, error)
@@ -414,11 +436,14 @@ type locker struct {
 // newLocker returns the lock or semaphore that cfg asks for.
 func newLocker(client rueidis.Client, cfg runConfig, opts []distlock.Option) (*locker, error) {
 	if cfg.permits == 0 {
-		m, err := distlock.NewMutex(client, cfg.key, opts...)
+		rw, err := distlock.NewRWMutex(client, cfg.key, opts...)
 		if err != nil {
 			return nil, err
 		}
-		return &locker{what: m.Key(), wait: m.Lock, try: m.TryLock}, nil
+		if cfg.shared {
+			return &locker{what: "a shared hold of " + rw.Key(), wait: rw.RLock, try: rw.TryRLock}, nil
+		}
+		return &locker{what: rw.Key(), wait: rw.Lock, try: rw.TryLock}, nil
 	}
 	s, err := distlock.NewSemaphore(client, cfg.key, cfg.permits, opts...)
 	if err != nil {

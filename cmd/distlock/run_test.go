@@ -45,7 +45,9 @@ func token(t *testing.T, rep childReport) int64 {
 // assertFree checks that nobody holds key.
 func assertFree(t *testing.T, srv *redistest.Server, key string) {
 	t.Helper()
-	assert.True(t, srv.MustDo("GET", leaseKey(key)).IsNil(), "%s is still held", key)
+	n, err := srv.MustDo("EXISTS", leaseKey(key)).AsInt64()
+	require.NoError(t, err)
+	assert.Zero(t, n, "%s is still held", key)
 }
 
 // Two "distlock run" for one key: the second waits, and runs once the first
@@ -96,7 +98,7 @@ func TestRunWaitsForTheHolder(t *testing.T) {
 	repB := waitReport(t, dir, "b")
 	assert.Greater(t, token(t, repB), tokenA, "tokens must increase")
 	assert.Equal(t, fmt.Sprintf("%s:%d", host, b.cmd.Process.Pid), repB.Owner)
-	holder, err := srv.MustDo("GET", leaseKey(key)).ToString()
+	holder, err := srv.MustDo("HGET", leaseKey(key), "~w").ToString()
 	require.NoError(t, err, "b runs without the lock")
 	assert.Equal(t, repB.Owner, lease.Owner(holder), "b runs, but the lock names someone else")
 	letExit(t, dir, "b")
@@ -414,13 +416,13 @@ func TestRunRefusesAKeyOfAnotherKind(t *testing.T) {
 	waitReport(t, dir, "lock")
 	code, _, errOut := runDistlock(t, cmdline(runArgs(srv, "--permits", "2", "-n", "lockname"), "true")...)
 	assert.Equal(t, exitUsage, code, "stderr: %s", errOut)
-	assert.Contains(t, errOut, "is a lock, not a semaphore")
+	assert.Contains(t, errOut, "is a rwmutex, not a semaphore")
 
 	sem := start(t, nil, cmdline(runArgs(srv, "--permits", "2", "semname"), childArgs(t, dir, "sem")...)...)
 	waitReport(t, dir, "sem")
 	code, _, errOut = runDistlock(t, cmdline(runArgs(srv, "-n", "semname"), "true")...)
 	assert.Equal(t, exitUsage, code, "stderr: %s", errOut)
-	assert.Contains(t, errOut, "is a semaphore, not a lock")
+	assert.Contains(t, errOut, "is a semaphore, not a rwmutex")
 
 	for name, p := range map[string]*proc{"lock": holder, "sem": sem} {
 		assert.Empty(t, signalsOf(dir, name), "the %s holder was disturbed", name)

@@ -84,6 +84,13 @@ type Report struct {
 	// than one they had seen, a term again after they saw it end, or a
 	// leader under a token that another acquisition was granted.
 	Observers []string
+	// Arrival lists callers granted ahead of one that stood in line before
+	// they asked ([Asked]).
+	Arrival []string
+	// Readers is the largest number of readers of a read-write lock that
+	// held it over a common stretch of time (as Peak counts them): a test
+	// that means readers to share checks it.
+	Readers int
 }
 
 // maxListed is how many breaches of one kind Err spells out.
@@ -117,6 +124,7 @@ func (r Report) Err() error {
 	add("lost updates", r.LostUpdates)
 	add("malformed ops", r.Malformed)
 	add("observers", r.Observers)
+	add("arrival order", r.Arrival)
 	return errors.Join(errs...)
 }
 
@@ -126,11 +134,11 @@ func (r Report) Summary() string {
 	return fmt.Sprintf("acquisitions=%d samples=%d held_samples=%d l1_unchecked=%d "+
 		"l1_violations=%d overlaps=%d token_order_violations=%d "+
 		"reads=%d writes=%d stale_refused=%d stale_accepted=%d lost_updates=%d malformed=%d "+
-		"crowds=%d peak=%d observations=%d observer_violations=%d unknown_terms=%d",
+		"crowds=%d peak=%d observations=%d observer_violations=%d unknown_terms=%d arrival_violations=%d readers_peak=%d",
 		r.Acquisitions, r.Samples, r.HeldSamples, r.Unchecked,
 		len(r.L1), len(r.Overlaps), len(r.TokenOrder),
 		r.Reads, r.Writes, r.Refused, len(r.Stale), len(r.LostUpdates), len(r.Malformed),
-		len(r.Crowds), r.Peak, r.Observations, len(r.Observers), r.UnknownTerms)
+		len(r.Crowds), r.Peak, r.Observations, len(r.Observers), r.UnknownTerms, len(r.Arrival), r.Readers)
 }
 
 type acqID struct {
@@ -145,6 +153,13 @@ type acqState struct {
 	samples  []Op // held samples
 	confirms []Op
 	sent     Mono // the earliest Sent of confirms, or 0
+	// A read-write lock's acquisition: its mode at the grant, when it
+	// downgraded (0: never), and the start of its last held sample in
+	// write mode.
+	mode          string
+	downgraded    Mono
+	lastWriteHeld Mono
+	asked         *Op // its Asked op, if recorded
 }
 
 // Config says what the keys of a history allow. The zero Config is for
@@ -153,6 +168,9 @@ type Config struct {
 	// Permits maps the keys that allow several holders at once (a
 	// semaphore's lease key) to how many. A key not listed allows one.
 	Permits map[string]int
+	// RW lists the keys of read-write locks: many readers at once, or one
+	// writer (the Mode of each Granted op).
+	RW map[string]bool
 }
 
 // permits returns how many holders key allows.
@@ -201,7 +219,7 @@ func (c Config) Check(ops []Op) Report {
 				r.Malformed = append(r.Malformed, fmt.Sprintf("%v granted twice", a.Acq))
 				continue
 			}
-			a.granted, a.Granted = true, op.At
+			a.granted, a.Granted, a.mode = true, op.At, op.Mode
 		case Sample:
 			r.Samples++
 			if op.End < op.At {
@@ -221,6 +239,18 @@ func (c Config) Check(ops []Op) Report {
 			}
 		case Observed:
 			r.Observations++
+		case Downgraded:
+			a := get(op)
+			if a.downgraded == 0 || op.At < a.downgraded {
+				a.downgraded = op.At
+			}
+		case Asked:
+			a := get(op)
+			if a.asked != nil {
+				r.Malformed = append(r.Malformed, fmt.Sprintf("%v asked twice", a.Acq))
+				continue
+			}
+			a.asked = &op
 		case Lost, Regained, Released, Read, Write:
 		default:
 			r.Malformed = append(r.Malformed, fmt.Sprintf("op of unknown kind: %v", op))
@@ -246,11 +276,15 @@ func (c Config) Check(ops []Op) Report {
 		byKey[a.Key] = append(byKey[a.Key], a)
 	}
 	for key, list := range byKey {
-		if n := c.permits(key); n > 1 {
+		switch n := c.permits(key); {
+		case c.RW[key]:
+			r.checkRW(list)
+		case n > 1:
 			r.checkPermits(list, n)
-		} else {
+		default:
 			r.checkOrder(list)
 		}
+		r.checkArrival(list)
 		r.Peak = max(r.Peak, peak(list))
 	}
 	r.checkCounter(ops)
@@ -279,6 +313,13 @@ func (r *Report) checkPermits(list []*acqState, n int) {
 			r.Crowds = append(r.Crowds, Crowd{Grant: a.Acq, Earlier: earlier, Permits: n})
 		}
 	}
+	r.checkSent(list)
+}
+
+// checkSent checks L3 where grants are not made one after another (a
+// semaphore's, a read-write lock's): an acquisition granted before
+// another's grant was sent has the smaller token.
+func (r *Report) checkSent(list []*acqState) {
 	for _, a := range list {
 		if a.sent == 0 {
 			continue
@@ -287,6 +328,70 @@ func (r *Report) checkPermits(list []*acqState, n int) {
 			if e != a && e.Granted < a.sent && e.Token >= a.Token {
 				r.TokenOrder = append(r.TokenOrder, fmt.Sprintf("%v was granted %v before the grant of %v was sent, "+
 					"with a token not below it", e.Acq, a.sent.Sub(e.Granted), a.Acq))
+			}
+		}
+	}
+}
+
+// checkRW checks a read-write lock's acquisitions: no writer reports
+// Acquired at the same moment as anyone else, by the argument of
+// checkOrder made pairwise in token order (which is the order of the
+// grants in Redis): an acquisition granted earlier than a writer (a smaller
+// token) must not report Acquired after the writer was granted, and a
+// writer (until its Downgrade began) must not report Acquired after a
+// later acquisition was granted. Tokens are distinct, and checked against
+// the send times as for a semaphore (checkSent).
+func (r *Report) checkRW(list []*acqState) {
+	byToken := slices.Clone(list)
+	slices.SortFunc(byToken, func(a, b *acqState) int { return cmp.Compare(a.Token, b.Token) })
+	var readers []*acqState
+	for i, a := range byToken {
+		if i > 0 && a.Token == byToken[i-1].Token {
+			r.TokenOrder = append(r.TokenOrder, fmt.Sprintf("%v has the token of %v", a.Acq, byToken[i-1].Acq))
+		}
+		switch a.mode {
+		case "write":
+			for _, s := range a.samples {
+				if a.downgraded == 0 || s.At < a.downgraded {
+					a.lastWriteHeld = max(a.lastWriteHeld, s.At)
+				}
+			}
+			if a.downgraded != 0 {
+				readers = append(readers, a)
+			}
+		case "read":
+			readers = append(readers, a)
+		default:
+			r.Malformed = append(r.Malformed, fmt.Sprintf("%v of a read-write lock granted without a mode", a.Acq))
+		}
+	}
+	for i, a := range byToken {
+		for _, e := range byToken[:i] {
+			switch {
+			case a.mode == "write" && e.LastHeld > a.Granted:
+				r.Overlaps = append(r.Overlaps, Overlap{First: e.Acq, Second: a.Acq, By: e.LastHeld.Sub(a.Granted)})
+			case e.mode == "write" && e.lastWriteHeld > a.Granted:
+				r.Overlaps = append(r.Overlaps, Overlap{First: e.Acq, Second: a.Acq, By: e.lastWriteHeld.Sub(a.Granted)})
+			}
+		}
+	}
+	r.checkSent(list)
+	r.Readers = max(r.Readers, peak(readers))
+}
+
+// checkArrival checks arrival order where the record has Asked ops: when
+// a caller's first call left it in line before another's first call was
+// sent, the other is not granted before it (a smaller token), whatever
+// their modes or kinds.
+func (r *Report) checkArrival(list []*acqState) {
+	for _, a := range list {
+		if a.asked == nil || !a.asked.Held {
+			continue
+		}
+		for _, b := range list {
+			if b != a && b.asked != nil && a.asked.At < b.asked.Sent && b.Token < a.Token {
+				r.Arrival = append(r.Arrival, fmt.Sprintf("%v was granted ahead of %v, which stood in line %v before it asked",
+					b.Acq, a.Acq, b.asked.Sent.Sub(a.asked.At)))
 			}
 		}
 	}

@@ -21,6 +21,11 @@
 // and L3 take the form that fits. An election is a key of one holder, whose
 // observers add what they saw ([Observed]); Check makes sure that no
 // observer saw the terms out of order, or a leader under another's token.
+// A read-write lock's key ([Config].RW) has readers and writers (the Mode
+// of each Granted op): no writer may report Acquired at the same moment as
+// anyone else. And where the record says who stood in line when ([Asked]),
+// Check makes sure that nobody got ahead of a caller that stood in line
+// before it asked (arrival order).
 //
 // Times are readings of the machine's monotonic clock ([Mono]), so ops
 // recorded by a helper process line up with the test's own.
@@ -103,18 +108,29 @@ const (
 	// Leader leads with Token (both empty: that nobody leads). At is when
 	// the observer received it.
 	Observed
+	// Downgraded: a read-write lock's write acquisition called Downgrade,
+	// which succeeded. At is read just before the call: from then on the
+	// acquisition counts as a reader.
+	Downgraded
+	// Asked: the first acquire call of an acquisition. Sent is when it was
+	// sent, At when its reply came; Held says whether the reply left the
+	// caller standing in line. A caller in line at At is ahead of every
+	// caller whose first call was sent after At (see [Config.Check]).
+	Asked
 )
 
 var kindNames = [...]string{
-	Granted:   "granted",
-	Sample:    "sample",
-	Lost:      "lost",
-	Regained:  "regained",
-	Released:  "released",
-	Confirmed: "confirmed",
-	Read:      "read",
-	Write:     "write",
-	Observed:  "observed",
+	Granted:    "granted",
+	Sample:     "sample",
+	Lost:       "lost",
+	Regained:   "regained",
+	Released:   "released",
+	Confirmed:  "confirmed",
+	Read:       "read",
+	Write:      "write",
+	Observed:   "observed",
+	Downgraded: "downgraded",
+	Asked:      "asked",
 }
 
 func (k Kind) String() string {
@@ -161,13 +177,20 @@ type Op struct {
 	// that found the waiter still in line.
 	Sent   Mono   `json:"sent,omitzero"`
 	Leader string `json:"leader,omitzero"` // Observed: the leader's value
+	// Mode, for the Granted op of a read-write lock's acquisition, is
+	// "read" or "write".
+	Mode string `json:"mode,omitzero"`
 }
 
 func (o Op) String() string {
 	s := fmt.Sprintf("%s %s/%s token %d at %d", o.Kind, o.Key, o.Client, o.Token, o.At)
 	switch o.Kind {
-	case Sample, Released:
+	case Sample, Released, Asked:
 		s += fmt.Sprintf(" held=%t", o.Held)
+	case Granted:
+		if o.Mode != "" {
+			s += " for " + o.Mode
+		}
 	case Confirmed:
 		s += fmt.Sprintf(" until %d", o.Until)
 	case Read, Write:

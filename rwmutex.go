@@ -1,0 +1,278 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// An RWMutex is a named distributed read-write lock kept in Redis: many
+// readers at once, or one writer. It holds configuration only and is safe
+// for concurrent use; every successful RLock, Lock and their Try forms
+// returns a new [Guard], the same type a [Mutex] returns, renewed,
+// released and watched the same way. Make one with [NewRWMutex]; the
+// methods of the zero RWMutex return an error matching [ErrInvalidOption].
+//
+// # Order
+//
+// Readers and writers stand in one line per lock in Redis, in the order
+// they arrive, across processes. A reader is granted when no writer holds
+// the lock and no writer stands ahead of it; a writer when nobody holds it
+// and nobody stands ahead. So a reader that arrives while a writer waits
+// queues behind that writer (writers do not starve), and a writer never
+// waits for readers that came after it (nor do readers starve). A writer's
+// release grants the whole run of readers at the head of the line in the
+// same script, each woken in its process at once; the release of the last
+// reader of a run grants the writer behind it. [RWMutex.TryRLock] and
+// [RWMutex.TryLock] never stand in line and never get ahead of someone who
+// does: a TryRLock while readers hold and a writer waits is refused.
+//
+// # Leases
+//
+// Every hold, read or write, is a lease of its own in Redis, renewed by
+// its own guard, under the contract of a [Mutex] guard: a guard says
+// Acquired only while Redis cannot have expired its lease. A reader that
+// crashes, is paused or cut off stops counting when its own lease ends,
+// whatever the other readers do, and the waiter first in line takes the
+// lock at that moment.
+//
+// # Fencing
+//
+// Every grant, read or write, has a token ([Guard.Token]) above the token
+// of every earlier grant of the lock: a writer's token is above that of
+// every reader granted before it. A store can therefore refuse a stale
+// writer's write (a token below the highest it has seen from a writer),
+// and a reader can tell whether it has seen the latest writer's write
+// (whose token is below its own).
+//
+// # Downgrade, and no upgrade
+//
+// [Guard.Downgrade] turns a write hold into a read hold of the same guard,
+// in one script: the guard stays Acquired, with its token, and the readers
+// waiting at the head of the line are granted at once. There is no
+// upgrade: two readers that both wait to become the writer would wait for
+// each other forever. To write after reading, release the read guard and
+// call Lock, then check again what was read, since another writer may have
+// come in between:
+//
+//	g.Release(ctx)
+//	w, err := rw.Lock(ctx)
+//	// read again under w before writing
+//
+// # One name, one kind
+//
+// The lock's holders are a hash at "namespace:{key}". A [Mutex], an
+// [Election] or a [Semaphore] of the same name and namespace refuse it,
+// and it refuses them, with an error matching [ErrWrongKind]; nothing is
+// written and the other's holders are not disturbed.
+type RWMutex struct {
+	r, w engine // the engines of RLock and of Lock: one lock, two modes
+}
+
+// NewRWMutex returns an RWMutex for the lock named key, reached through
+// client. The key, the namespace and every option follow the rules of
+// [NewMutex]; [WithMaxWait], [WithClaimWindow] and [WithRetryInterval]
+// apply to RLock and Lock as to [Mutex.Lock]. Bad input returns an error
+// matching [ErrInvalidOption], and nothing is sent to Redis.
+func NewRWMutex(client rueidis.Client, key string, opts ...Option) (*RWMutex, error) {
+	rw := new(RWMutex)
+	for _, e := range []*engine{&rw.r, &rw.w} {
+		if err := e.init(client, key, kindRWMutex, 0, opts); err != nil {
+			return nil, err
+		}
+	}
+	rw.r.keys, rw.w.keys = rw.r.keys.RW(lease.Read), rw.w.keys.RW(lease.Write)
+	return rw, nil
+}
+
+// Key returns the Redis key that holds the lock's holders, such as
+// "distlock:{config}".
+func (rw *RWMutex) Key() string { return rw.w.keys.Lease }
+
+// Owner returns the owner id written into the lock's holder values.
+func (rw *RWMutex) Owner() string { return rw.w.owner }
+
+// RLock acquires the lock for reading, waiting in line while a writer
+// holds it or stands ahead (see "Order" on [RWMutex]). ctx bounds the
+// wait and the hold, and the errors are those of [Mutex.Lock].
+func (rw *RWMutex) RLock(ctx context.Context) (*Guard, error) { return rw.r.lock(ctx, "RWMutex") }
+
+// TryRLock makes a single attempt to acquire the lock for reading. When a
+// writer holds it, or anyone stands in line, it returns an error matching
+// [ErrNotAcquired]. Like [RWMutex.RLock], ctx bounds the attempt and the
+// hold.
+func (rw *RWMutex) TryRLock(ctx context.Context) (*Guard, error) { return rw.r.try(ctx, "RWMutex") }
+
+// TryRLockFor tries to acquire the lock for reading for up to timeout,
+// polling every retryInterval, as [Mutex.TryLockFor] does: it never stands
+// in line, nor gets ahead of those who do.
+func (rw *RWMutex) TryRLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
+	return rw.r.tryForKind(ctx, "RWMutex", timeout, retryInterval)
+}
+
+// Lock acquires the lock for writing, waiting in line while anyone holds
+// it or stands ahead. ctx bounds the wait and the hold, and the errors are
+// those of [Mutex.Lock].
+func (rw *RWMutex) Lock(ctx context.Context) (*Guard, error) { return rw.w.lock(ctx, "RWMutex") }
+
+// TryLock makes a single attempt to acquire the lock for writing. When
+// anyone holds it or stands in line, it returns an error matching
+// [ErrNotAcquired].
+func (rw *RWMutex) TryLock(ctx context.Context) (*Guard, error) { return rw.w.try(ctx, "RWMutex") }
+
+// TryLockFor tries to acquire the lock for writing for up to timeout,
+// polling every retryInterval, as [Mutex.TryLockFor] does.
+func (rw *RWMutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
+	return rw.w.tryForKind(ctx, "RWMutex", timeout, retryInterval)
+}
+
+// lock is a waiting acquire of e with e's options (Lock, RLock); typ names
+// the face for the error of a zero value.
+func (e *engine) lock(ctx context.Context, typ string) (*Guard, error) {
+	if e.store == nil {
+		return nil, zeroValue(typ)
+	}
+	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
+}
+
+// try is a single attempt (TryLock, TryRLock).
+func (e *engine) try(ctx context.Context, typ string) (*Guard, error) {
+	if e.store == nil {
+		return nil, zeroValue(typ)
+	}
+	return e.acquire(ctx, e.owner, 0, 0, false, true)
+}
+
+// tryForKind is tryFor with the check for a zero value.
+func (e *engine) tryForKind(ctx context.Context, typ string, timeout, retryInterval time.Duration) (*Guard, error) {
+	if e.store == nil {
+		return nil, zeroValue(typ)
+	}
+	return e.tryFor(ctx, timeout, retryInterval)
+}
+
+// rwHold is what a guard of an RWMutex keeps of its mode beyond its
+// engine's: whether a Downgrade made a write hold a read hold. mu
+// serializes Downgrade calls.
+type rwHold struct {
+	mu         sync.Mutex
+	downgraded atomic.Bool
+}
+
+// mode returns how g holds its lock: lease.Read or lease.Write for an
+// RWMutex's guard, 0 for the other kinds.
+func (g *Guard) mode() lease.Mode {
+	if m := g.e.keys.Mode; m != lease.Write || !g.rw.downgraded.Load() {
+		return m
+	}
+	return lease.Read
+}
+
+// downgrader is the part of the store that only read-write locks use;
+// *lease.Client has it.
+type downgrader interface {
+	Downgrade(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (bool, lease.Release, error)
+}
+
+// Downgrade turns a write hold of an [RWMutex] into a read hold of the
+// same guard, in one script: the guard stays Acquired, with its token and
+// deadline, and renews from then on as a reader; the readers waiting at
+// the head of the line (up to the next writer) are granted at once.
+//
+// It returns an error matching [ErrNotWriteLock] and changes nothing for a
+// read guard (or one downgraded already) and for a guard of another kind;
+// one matching [ErrReleased] or [ErrLost] when the guard's end has begun
+// or its lease is in doubt, without sending anything. A Downgrade that
+// gets no reply (a reset connection) may or may not have run; it is sent
+// again with back-off, as [Guard.Release] is (the script is idempotent),
+// while ctx and the lease deadline allow, and the error of the last try is
+// returned if none was answered: the guard then still renews whatever
+// hold it has. When Redis finds that the guard no longer holds the lock,
+// the guard becomes Lost and the error matches [ErrLost].
+//
+// Downgrade blocks for one round trip; it is safe for concurrent use, and
+// a Downgrade that runs while the guard is released finds nothing to
+// change in Redis.
+func (g *Guard) Downgrade(ctx context.Context) error {
+	e := g.e
+	if ctx == nil {
+		return badArgument("ctx", "is nil")
+	}
+	d, ok := e.store.(downgrader)
+	if e.kind != kindRWMutex || !ok {
+		return fmt.Errorf("%w: the guard of %s is a %s's", ErrNotWriteLock, e.keys.Lease, e.kind)
+	}
+	g.rw.mu.Lock()
+	defer g.rw.mu.Unlock()
+	if g.mode() != lease.Write {
+		return fmt.Errorf("%w: the guard of %s holds it for reading", ErrNotWriteLock, e.keys.Lease)
+	}
+	if err := g.heldForDowngrade(); err != nil {
+		return err
+	}
+	pause := backoff{first: firstRetry, most: maxReleaseRetry}
+	for {
+		dl := g.st.Load().deadline // L1: no call for a held lock outlives D
+		cctx, cancel := context.WithDeadline(ctx, dl)
+		sent := time.Now()
+		ok, passes, err := d.Downgrade(cctx, e.keys, g.value, e.ttl)
+		cancel()
+		switch {
+		case err == nil && ok:
+			g.rw.downgraded.Store(true)
+			deliverPasses(e.queueKey(), passes, sent)
+			if e.debug() {
+				g.logger().Debug("distlock: downgraded to a read hold", "granted", len(passes.Passes()))
+			}
+			return nil
+		case err == nil:
+			cause := &LostError{Key: e.keys.Lease, Reason: LostRefused}
+			g.mu.Lock()
+			g.loseLocked(cause)
+			g.mu.Unlock()
+			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, cause)
+		case lease.IsReply(err) || ctx.Err() != nil:
+			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, err)
+		}
+		wait := pause.next()
+		if !time.Now().Add(wait).Before(dl) {
+			return fmt.Errorf("distlock: downgrading %s: no reply before the lease deadline: %w", e.keys.Lease, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("distlock: downgrading %s: %w (the last try got no reply: %v)", e.keys.Lease, ctx.Err(), err)
+		}
+		if err := g.heldForDowngrade(); err != nil {
+			return err
+		}
+	}
+}
+
+// heldForDowngrade returns the error of a Downgrade of a guard whose end
+// has begun or whose lease is in doubt, and nil for a held one.
+func (g *Guard) heldForDowngrade() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.checkDeadlineLocked()
+	switch s := g.st.Load(); {
+	case g.how != 0:
+		return fmt.Errorf("distlock: downgrading %s: %w", g.e.keys.Lease, ErrReleased)
+	case s.state != Acquired:
+		var lost *LostError
+		if errors.As(s.err, &lost) {
+			return fmt.Errorf("distlock: downgrading %s: %w", g.e.keys.Lease, lost)
+		}
+		return fmt.Errorf("distlock: downgrading %s: %w", g.e.keys.Lease, ErrLost)
+	}
+	return nil
+}
