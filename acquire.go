@@ -69,6 +69,39 @@ func (e *engine) acquire(ctx context.Context, owner string, wait, interval time.
 	return g, err
 }
 
+// The calls of the faces (Mutex, Semaphore, RWMutex): lock is a waiting
+// acquire with e's options (Lock, Acquire, RLock), try a single attempt,
+// tryFor a polling one with a timeout. typ names the face, for the error of
+// a zero value.
+func (e *engine) lock(ctx context.Context, typ string) (*Guard, error) {
+	if e.store == nil {
+		return nil, zeroValue(typ)
+	}
+	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
+}
+
+func (e *engine) try(ctx context.Context, typ string) (*Guard, error) {
+	if e.store == nil {
+		return nil, zeroValue(typ)
+	}
+	return e.acquire(ctx, e.owner, 0, 0, false, true)
+}
+
+func (e *engine) tryFor(ctx context.Context, typ string, timeout, retryInterval time.Duration) (*Guard, error) {
+	if e.store == nil {
+		return nil, zeroValue(typ)
+	}
+	switch {
+	case timeout < 0:
+		return nil, invalid("timeout", "%v is negative", timeout)
+	case retryInterval < 0:
+		return nil, invalid("retry interval", "%v is negative", retryInterval)
+	case timeout == 0:
+		return e.acquire(ctx, e.owner, 0, 0, false, true)
+	}
+	return e.acquire(ctx, e.owner, timeout, retryInterval, true, false)
+}
+
 // acquirer is the state of one acquire call. It is used by one goroutine.
 type acquirer struct {
 	e        *engine

@@ -75,11 +75,7 @@ func (m *Mutex) Owner() string { return m.e.owner }
 // does not reach Redis, an orphan expires within the TTL). Lock is safe for
 // concurrent use.
 func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
-	e := &m.e
-	if e.store == nil {
-		return nil, zeroValue("Mutex")
-	}
-	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
+	return m.e.lock(ctx, "Mutex")
 }
 
 // TryLock makes a single attempt to acquire the lock. If someone else holds
@@ -87,10 +83,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 // [*NotAcquiredError] that names the holder). Like [Mutex.Lock], ctx bounds
 // the attempt and the hold.
 func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
-	if m.e.store == nil {
-		return nil, zeroValue("Mutex")
-	}
-	return m.e.acquire(ctx, m.e.owner, 0, 0, false, true)
+	return m.e.try(ctx, "Mutex")
 }
 
 // TryLockFor tries to acquire the lock for up to timeout, polling: it
@@ -101,21 +94,5 @@ func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
 // [ErrInvalidOption]. Like [Mutex.Lock], ctx bounds the wait and the hold,
 // and when ctx ends first the error matches ctx.Err().
 func (m *Mutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
-	if m.e.store == nil {
-		return nil, zeroValue("Mutex")
-	}
-	return m.e.tryFor(ctx, timeout, retryInterval)
-}
-
-// tryFor is TryLockFor, for every kind.
-func (e *engine) tryFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
-	switch {
-	case timeout < 0:
-		return nil, invalid("timeout", "%v is negative", timeout)
-	case retryInterval < 0:
-		return nil, invalid("retry interval", "%v is negative", retryInterval)
-	case timeout == 0:
-		return e.acquire(ctx, e.owner, 0, 0, false, true)
-	}
-	return e.acquire(ctx, e.owner, timeout, retryInterval, true, false)
+	return m.e.tryFor(ctx, "Mutex", timeout, retryInterval)
 }

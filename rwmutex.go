@@ -114,7 +114,7 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (*Guard, error) { return rw.r.t
 // polling every retryInterval, as [Mutex.TryLockFor] does: it never stands
 // in line, nor gets ahead of those who do.
 func (rw *RWMutex) TryRLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
-	return rw.r.tryForKind(ctx, "RWMutex", timeout, retryInterval)
+	return rw.r.tryFor(ctx, "RWMutex", timeout, retryInterval)
 }
 
 // Lock acquires the lock for writing, waiting in line while anyone holds
@@ -130,32 +130,7 @@ func (rw *RWMutex) TryLock(ctx context.Context) (*Guard, error) { return rw.w.tr
 // TryLockFor tries to acquire the lock for writing for up to timeout,
 // polling every retryInterval, as [Mutex.TryLockFor] does.
 func (rw *RWMutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
-	return rw.w.tryForKind(ctx, "RWMutex", timeout, retryInterval)
-}
-
-// lock is a waiting acquire of e with e's options (Lock, RLock); typ names
-// the face for the error of a zero value.
-func (e *engine) lock(ctx context.Context, typ string) (*Guard, error) {
-	if e.store == nil {
-		return nil, zeroValue(typ)
-	}
-	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
-}
-
-// try is a single attempt (TryLock, TryRLock).
-func (e *engine) try(ctx context.Context, typ string) (*Guard, error) {
-	if e.store == nil {
-		return nil, zeroValue(typ)
-	}
-	return e.acquire(ctx, e.owner, 0, 0, false, true)
-}
-
-// tryForKind is tryFor with the check for a zero value.
-func (e *engine) tryForKind(ctx context.Context, typ string, timeout, retryInterval time.Duration) (*Guard, error) {
-	if e.store == nil {
-		return nil, zeroValue(typ)
-	}
-	return e.tryFor(ctx, timeout, retryInterval)
+	return rw.w.tryFor(ctx, "RWMutex", timeout, retryInterval)
 }
 
 // rwHold is what a guard of an RWMutex keeps of its mode beyond its

@@ -97,29 +97,19 @@ func (s *Semaphore) Owner() string { return s.e.owner }
 // ctx bounds the wait and the hold, and the errors are those of
 // [Mutex.Lock].
 func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
-	if s.e.store == nil {
-		return nil, zeroValue("Semaphore")
-	}
-	e := &s.e
-	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
+	return s.e.lock(ctx, "Semaphore")
 }
 
 // TryAcquire makes a single attempt to take a permit. When all are held,
 // or others wait in line for the one that is free, it returns an error
 // matching [ErrNotAcquired] (a [*NotAcquiredError] whose Permits is set).
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
-	if s.e.store == nil {
-		return nil, zeroValue("Semaphore")
-	}
-	return s.e.acquire(ctx, s.e.owner, 0, 0, false, true)
+	return s.e.try(ctx, "Semaphore")
 }
 
 // TryAcquireFor tries to take a permit for up to timeout, retrying every
 // retryInterval, as [Mutex.TryLockFor] does: it never stands in line, nor
 // takes a permit ahead of those who do.
 func (s *Semaphore) TryAcquireFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
-	if s.e.store == nil {
-		return nil, zeroValue("Semaphore")
-	}
-	return s.e.tryFor(ctx, timeout, retryInterval)
+	return s.e.tryFor(ctx, "Semaphore", timeout, retryInterval)
 }
