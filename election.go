@@ -89,9 +89,19 @@ func (l Leader) String() string {
 // Campaign. [WithTTL] sets the length of a term's lease: a leader that
 // dies without resigning is replaced once it has run out.
 func NewElection(client rueidis.Client, name string, opts ...Option) (*Election, error) {
-	e := &Election{read: lease.New(client)}
+	return NewElectionOn(lease.FromRueidis(client), name, opts...)
+}
+
+// NewElectionOn is [NewElection] on any client that implements the seam
+// [lease.Redis], as [NewMutexOn] is for a Mutex.
+func NewElectionOn(client lease.Redis, name string, opts ...Option) (*Election, error) {
+	e := new(Election)
 	if err := e.e.init(client, name, kindElection, 0, opts); err != nil {
 		return nil, err
+	}
+	var err error
+	if e.read, err = lease.NewOn(client, lease.Ack{}); err != nil {
+		return nil, invalid("client", "%v", err) // no ack: cannot fail
 	}
 	return e, nil
 }

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -44,7 +42,7 @@ const (
 // no state of an acquisition and is safe for concurrent use; the only state
 // it keeps is the short list of abandoned values (see cleanup).
 type engine struct {
-	client        any    // identifies the connection, for the waiting room
+	client        any    // identifies the client, for the waiting room (lease.Redis.Identity)
 	kind          string // kindMutex, kindSemaphore or kindElection
 	store         store
 	keys          lease.Keys
@@ -64,7 +62,7 @@ type engine struct {
 // the given kind (a semaphore of permits permits when permits > 0). The
 // engine lives inside the Mutex, Semaphore or Election it serves, so that
 // making one costs few allocations: a worker may make one per job.
-func (e *engine) init(client rueidis.Client, key, kind string, permits int, opts []Option) error {
+func (e *engine) init(client lease.Redis, key, kind string, permits int, opts []Option) error {
 	if client == nil {
 		return invalid("client", "is nil")
 	}
@@ -77,14 +75,14 @@ func (e *engine) init(client rueidis.Client, key, kind string, permits int, opts
 	if err != nil {
 		return err
 	}
-	e.client, e.kind = client, kind
+	e.client, e.kind = client.Identity(), kind
 	switch kind {
 	case kindSemaphore:
 		e.keys = e.keys.Semaphore(permits)
 	case kindElection:
 		e.keys = e.keys.Election()
 	}
-	if e.store, err = lease.NewWithAck(client, e.ack); err != nil {
+	if e.store, err = lease.NewOn(client, e.ack); err != nil {
 		return invalid("replica ack", "%v", err) // configure checked it
 	}
 	return nil

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock/lease"
 )
 
 // A Mutex is a named distributed lock. It holds the lock's configuration and
@@ -34,6 +36,14 @@ type Mutex struct {
 // [ErrInvalidOption] (a [*OptionError] naming the field) for the first one
 // that is wrong; it sends nothing to Redis.
 func NewMutex(client rueidis.Client, key string, opts ...Option) (*Mutex, error) {
+	return NewMutexOn(lease.FromRueidis(client), key, opts...)
+}
+
+// NewMutexOn is [NewMutex] on any client that implements the seam
+// [lease.Redis]. The module github.com/distkit-go/distlock/goredis calls
+// it for a go-redis client; a Mutex made either way is the same, and
+// processes on either client share one lock of a name.
+func NewMutexOn(client lease.Redis, key string, opts ...Option) (*Mutex, error) {
 	m := new(Mutex)
 	if err := m.e.init(client, key, kindMutex, 0, opts); err != nil {
 		return nil, err

@@ -82,6 +82,12 @@ type RWMutex struct {
 // apply to RLock and Lock as to [Mutex.Lock]. Bad input returns an error
 // matching [ErrInvalidOption], and nothing is sent to Redis.
 func NewRWMutex(client rueidis.Client, key string, opts ...Option) (*RWMutex, error) {
+	return NewRWMutexOn(lease.FromRueidis(client), key, opts...)
+}
+
+// NewRWMutexOn is [NewRWMutex] on any client that implements the seam
+// [lease.Redis], as [NewMutexOn] is for a Mutex.
+func NewRWMutexOn(client lease.Redis, key string, opts ...Option) (*RWMutex, error) {
 	rw := new(RWMutex)
 	for _, e := range []*engine{&rw.r, &rw.w} {
 		if err := e.init(client, key, kindRWMutex, 0, opts); err != nil {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock/lease"
 )
 
 // MaxPermits is the largest number of permits a [Semaphore] may have.
@@ -68,6 +70,12 @@ type Semaphore struct {
 // end of each one's lease; the other keys share the "{key}" hash tag, so
 // in Redis Cluster the whole semaphore lives in one slot.
 func NewSemaphore(client rueidis.Client, key string, permits int, opts ...Option) (*Semaphore, error) {
+	return NewSemaphoreOn(lease.FromRueidis(client), key, permits, opts...)
+}
+
+// NewSemaphoreOn is [NewSemaphore] on any client that implements the seam
+// [lease.Redis], as [NewMutexOn] is for a Mutex.
+func NewSemaphoreOn(client lease.Redis, key string, permits int, opts ...Option) (*Semaphore, error) {
 	switch {
 	case permits < 1:
 		return nil, invalid("permits", "%d is less than 1", permits)

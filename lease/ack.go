@@ -19,15 +19,8 @@ import (
 // write made so far on the same connection, or until a timeout.
 //
 // WAIT counts the writes of its own connection, so it must follow the script
-// on the connection that ran it. rueidis multiplexes the commands of many
-// callers over shared connections, so the Client borrows a dedicated
-// connection (rueidis.Client.Dedicate, from rueidis's blocking pool) and
-// pipelines the script and WAIT on it in one round trip. On that connection
-// nothing hides the replies of the script: a NOSCRIPT reply is answered by
-// sending the script's body (EVAL) and WAIT again on the same connection, and
-// a cluster redirection (MOVED or ASK) by doing both on the node it names, so
-// WAIT always follows the write it is meant to count, on the primary that
-// owns the lock's slot.
+// on the connection that ran it: [Redis.EvalWait] sends both there, on the
+// primary that owns the lock's slot.
 
 // ErrNotReplicated is matched by [*AckError]: fewer replicas than asked
 // acknowledged a write in time.
@@ -35,10 +28,6 @@ var ErrNotReplicated = errors.New("distlock: write not acknowledged by enough re
 
 // ErrBadAck is returned by [NewWithAck] for settings it cannot use.
 var ErrBadAck = errors.New("lease: invalid replica acknowledgement")
-
-// maxRedirects bounds how many cluster redirections one call follows, as
-// rueidis does for its own commands.
-const maxRedirects = 5
 
 // undoTimeout bounds the conditional delete that undoes an acquisition the
 // replicas did not acknowledge. It runs even when the caller's context has
@@ -101,13 +90,19 @@ func (e *AckError) Unwrap() error { return e.Err }
 // negative count, or a timeout under one millisecond (WAIT 0 would block
 // forever), is refused with an error matching [ErrBadAck].
 func NewWithAck(rc rueidis.Client, ack Ack) (*Client, error) {
+	return NewOn(FromRueidis(rc), ack)
+}
+
+// NewOn returns a Client that talks to Redis through r and waits for
+// replicas as [NewWithAck] does (ack.Replicas 0: it does not wait).
+func NewOn(r Redis, ack Ack) (*Client, error) {
 	switch {
 	case ack.Replicas < 0:
 		return nil, fmt.Errorf("%w: %d replicas", ErrBadAck, ack.Replicas)
 	case ack.Replicas > 0 && ack.Timeout < time.Millisecond:
 		return nil, fmt.Errorf("%w: timeout %v is under one millisecond", ErrBadAck, ack.Timeout)
 	}
-	return &Client{rc: rc, ack: ack}, nil
+	return &Client{r: r, ack: ack}, nil
 }
 
 // waited is the outcome of the WAIT that followed a script.
@@ -117,108 +112,29 @@ type waited struct {
 }
 
 // exec runs s. When c waits for replicas, it also runs WAIT after s on the
-// same connection and returns its outcome; otherwise the outcome is empty.
-// A TRYAGAIN reply is retried as [Client.run] does.
-func (c *Client) exec(ctx context.Context, s script, keys, args []string) (rueidis.RedisResult, waited) {
-	return tryAgain(ctx, func() (rueidis.RedisResult, waited) { return c.execOnce(ctx, s, keys, args) })
-}
-
-// execOnce is one attempt of exec.
-func (c *Client) execOnce(ctx context.Context, s script, keys, args []string) (rueidis.RedisResult, waited) {
+// same connection ([Redis.EvalWait]) and returns its outcome; otherwise the
+// outcome is empty. A TRYAGAIN reply is retried as [Client.run] does.
+func (c *Client) exec(ctx context.Context, s *Script, keys, args []string) (Reply, waited) {
 	if c.ack.Replicas == 0 {
-		return s.Exec(ctx, c.rc, keys, args), waited{}
+		return c.run(ctx, s, keys, args), waited{}
 	}
-	node := c.rc
-	asking := false
-	for redirects := 0; ; redirects++ {
-		res, w := c.execWait(ctx, node, s, keys, args, asking)
-		rerr, ok := rueidis.IsRedisErr(res.Error())
-		if !ok || redirects == maxRedirects {
-			return res, w
-		}
-		addr, moved := rerr.IsMoved()
-		if asking = false; !moved {
-			if addr, asking = rerr.IsAsk(); !asking {
-				return res, w
-			}
-		}
-		// The script did not run there; WAIT's count is meaningless.
-		var err error
-		if node, err = c.node(ctx, addr); err != nil {
-			return rueidis.NewErrorResult(err), waited{}
-		}
-	}
+	return tryAgain(ctx, func() (Reply, waited) {
+		res, n, err := c.r.EvalWait(ctx, s, keys, args, c.ack.Replicas, c.waitTimeout(ctx))
+		return res, waited{replicas: n, err: err}
+	})
 }
 
-// node returns a client of the cluster node at addr, waiting for rueidis to
-// learn of a node it does not know yet (the redirection that named it has
-// already made the cluster client refresh its topology).
-func (c *Client) node(ctx context.Context, addr string) (rueidis.Client, error) {
-	const poll = 10 * time.Millisecond
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("lease: following a redirection to %s: %w", addr, ctx.Err())
-		case <-t.C:
-		}
-		if n, ok := c.rc.Nodes()[addr]; ok {
-			return n, nil
-		}
-		t.Reset(poll)
-	}
-}
-
-// execWait pipelines s and WAIT on one dedicated connection of rc, after
-// ASKING when asked to. A NOSCRIPT reply is answered by sending the body
-// (EVAL) the same way, on the same connection.
-func (c *Client) execWait(ctx context.Context, rc rueidis.Client, s script, keys, args []string, asking bool) (rueidis.RedisResult, waited) {
-	d, release := rc.Dedicate()
-	defer release()
-	res, w := c.pipeline(ctx, d, s, keys, args, asking, false)
-	if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
-		res, w = c.pipeline(ctx, d, s, keys, args, asking, true)
-	}
-	return res, w
-}
-
-func (c *Client) pipeline(ctx context.Context, d rueidis.DedicatedClient, s script, keys, args []string, asking, body bool) (rueidis.RedisResult, waited) {
-	cmds := make(rueidis.Commands, 0, 3)
-	if asking {
-		cmds = append(cmds, d.B().Asking().Build())
-	}
-	if body {
-		cmds = append(cmds, d.B().Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	} else {
-		cmds = append(cmds, d.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	}
-	cmds = append(cmds, d.B().Wait().Numreplicas(int64(c.ack.Replicas)).Timeout(c.waitMillis(ctx)).Build())
-	resps := d.DoMulti(ctx, cmds...)
-	for _, r := range resps {
-		if r.NonRedisError() != nil {
-			// A WAIT may still be blocking on this connection (the context
-			// ended first): do not hand it back to the pool.
-			d.Close()
-			break
-		}
-	}
-	res, wres := resps[len(resps)-2], resps[len(resps)-1]
-	n, err := wres.AsInt64()
-	return res, waited{replicas: n, err: err}
-}
-
-// waitMillis returns WAIT's timeout: the Client's, cut to three quarters of
-// what is left of ctx's deadline so that Redis's answer can arrive before
-// the caller gives up (rueidis fails every reply of the pipeline, the
-// script's too, if the context ends first), and never 0, which would make
-// WAIT block forever.
-func (c *Client) waitMillis(ctx context.Context) int64 {
+// waitTimeout returns WAIT's timeout: the Client's, cut to three quarters
+// of what is left of ctx's deadline so that Redis's answer can arrive
+// before the caller gives up (a client fails every reply of the pipeline,
+// the script's too, if the context ends first), and never under one
+// millisecond, since WAIT 0 would block forever.
+func (c *Client) waitTimeout(ctx context.Context) time.Duration {
 	d := c.ack.Timeout
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl)*3/4)
 	}
-	return max(d.Milliseconds(), 1)
+	return max(d.Truncate(time.Millisecond), time.Millisecond)
 }
 
 // ackError returns an *AckError when c waits for replicas and w does not show

@@ -60,8 +60,8 @@ func (e *WrongKindError) Unwrap() error { return e.Reply }
 // as opposed to a call that got no reply (a lost connection, a deadline),
 // whose outcome is unknown.
 func IsReply(err error) bool {
-	var re *rueidis.RedisError
-	return errors.As(err, &re)
+	_, ok := replyError(err)
+	return ok
 }
 
 // wrongKindReply matches the error reply of a script that found the lease
@@ -71,11 +71,11 @@ var wrongKindReply = regexp.MustCompile(`^(?:ERR )?distlock: .* holds a (\w+), n
 // kindError turns the error reply of a script that found the lease key of
 // another kind into a *WrongKindError, and returns any other error as it is.
 func kindError(k Keys, err error) error {
-	rerr, ok := rueidis.IsRedisErr(err)
+	rerr, ok := replyError(err)
 	if !ok {
 		return err
 	}
-	m := wrongKindReply.FindStringSubmatch(rerr.Error())
+	m := wrongKindReply.FindStringSubmatch(rerr.Message)
 	if m == nil {
 		return err
 	}
@@ -855,7 +855,7 @@ func Owner(value string) string {
 	return value[:i]
 }
 
-// Client runs the lease scripts through a rueidis client. It holds no state
+// Client runs the lease scripts through a Redis client (see [Redis]). It holds no state
 // of its own and is safe for concurrent use.
 //
 // While a Redis Cluster slot is being migrated, Redis answers TRYAGAIN to a
@@ -864,12 +864,12 @@ func Owner(value string) string {
 // never present): the script did not run. Every method retries it, with
 // short pauses, until its context ends.
 type Client struct {
-	rc  rueidis.Client
+	r   Redis
 	ack Ack // Replicas 0: do not wait for replicas; see NewWithAck
 }
 
-// New returns a Client that talks to Redis through rc.
-func New(rc rueidis.Client) *Client { return &Client{rc: rc} }
+// New returns a Client that talks to Redis through the rueidis client rc.
+func New(rc rueidis.Client) *Client { return &Client{r: FromRueidis(rc)} }
 
 // Grant is the outcome of [Client.Acquire] and [Client.AcquireOrQueue].
 type Grant struct {
@@ -1178,7 +1178,7 @@ func (c *Client) CancelDedicated(ctx context.Context, k Keys, value string, ttl 
 // release runs the release script of k's kind for Release and Cancel (void
 // the void key's TTL in ms, "" for Release) through run.
 func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void string,
-	run func(context.Context, script, []string, []string) rueidis.RedisResult) (Release, error) {
+	run func(context.Context, *Script, []string, []string) Reply) (Release, error) {
 	if err := k.check(); err != nil {
 		return Release{}, err
 	}
@@ -1199,7 +1199,7 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 	var err error
 	for range releaseTries {
 		var deleted int64
-		var arr []rueidis.RedisMessage
+		var arr []Reply
 		deleted, arr, err = scriptReply(run(ctx, s, keys, args))
 		switch {
 		case err == nil && arr == nil:
@@ -1220,7 +1220,7 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 // array, whose first element says whether the script did it (which Redis
 // builds at a cost of about 4,500 instructions, so the common cases do
 // without).
-func scriptReply(res rueidis.RedisResult) (n int64, arr []rueidis.RedisMessage, err error) {
+func scriptReply(res Reply) (n int64, arr []Reply, err error) {
 	if n, err := res.AsInt64(); err == nil {
 		return n, nil, nil
 	}
@@ -1234,7 +1234,7 @@ func scriptReply(res rueidis.RedisResult) (n int64, arr []rueidis.RedisMessage, 
 	return 0, arr, nil
 }
 
-func parseRelease(arr []rueidis.RedisMessage) (Release, error) {
+func parseRelease(arr []Reply) (Release, error) {
 	if len(arr)%3 != 1 {
 		return Release{}, fmt.Errorf("%w to release: %d elements", ErrProtocol, len(arr))
 	}

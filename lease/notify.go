@@ -5,13 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/redis/rueidis"
 )
-
-// unsubscribeTimeout bounds the command that ends a subscription.
-const unsubscribeTimeout = time.Second
 
 // ErrNoPubSub is returned by [Client.Subscribe] when the server has no
 // pub/sub that distlock can use (neither SSUBSCRIBE nor SUBSCRIBE is allowed,
@@ -52,44 +46,19 @@ func (c *Client) listen(ctx context.Context, channel string, ready func(), onMes
 	if isUnknownCommand(err) {
 		err = c.receive(ctx, channel, false, ready, onMessage)
 	}
-	var re *rueidis.RedisError
-	if errors.As(err, &re) && ctx.Err() == nil {
+	if _, ok := replyError(err); ok && ctx.Err() == nil {
 		return errors.Join(ErrNoPubSub, err)
 	}
 	return err
 }
 
 func (c *Client) receive(ctx context.Context, channel string, sharded bool, ready func(), message func(string)) error {
-	kind, cmd := "subscribe", c.rc.B().Subscribe().Channel(channel).Build()
-	if sharded {
-		kind, cmd = "ssubscribe", c.rc.B().Ssubscribe().Channel(channel).Build()
-	}
-	ctx = rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
-		if s.Kind == kind && s.Channel == channel {
-			ready()
-		}
-	})
-	// When ctx ends, Receive returns but the connection stays subscribed;
-	// this hook runs on that connection and ends the subscription there.
-	ctx = rueidis.WithOnReceiveReturnHook(ctx, func(err error, cc rueidis.CommandClient) error {
-		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unsubscribeTimeout)
-		defer cancel()
-		unsub := cc.B().Unsubscribe().Channel(channel).Build()
-		if sharded {
-			unsub = cc.B().Sunsubscribe().Channel(channel).Build()
-		}
-		_ = cc.Do(uctx, unsub).Error()
-		return err
-	})
-	return c.rc.Receive(ctx, cmd, func(m rueidis.PubSubMessage) { message(m.Message) })
+	return c.r.Subscribe(ctx, channel, sharded, ready, message)
 }
 
 func isUnknownCommand(err error) bool {
-	var re *rueidis.RedisError
-	return errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown command")
+	re, ok := replyError(err)
+	return ok && strings.Contains(strings.ToLower(re.Message), "unknown command")
 }
 
 // SubscribeLeader listens for the changes of holder that an election's
