@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -118,8 +119,9 @@ func (c *Client) exec(ctx context.Context, s *Script, keys, args []string) (Repl
 	if c.ack.Replicas == 0 {
 		return c.run(ctx, s, keys, args), waited{}
 	}
+	ks, as := slices.Clone(keys), slices.Clone(args) // see Client.eval
 	return tryAgain(ctx, func() (Reply, waited) {
-		res, n, err := c.r.EvalWait(ctx, s, keys, args, c.ack.Replicas, c.waitTimeout(ctx))
+		res, n, err := c.r.EvalWait(ctx, s, ks, as, c.ack.Replicas, c.waitTimeout(ctx))
 		return res, waited{replicas: n, err: err}
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -109,11 +108,28 @@ func (e *ReplyError) prefix(code string) bool {
 	return len(m) >= len(code) && m[:len(code)] == code && (len(m) == len(code) || m[len(code)] == ' ')
 }
 
-// replyError returns the *ReplyError in err's chain, if any.
+// replyError returns the *ReplyError in err's chain, if any, as errors.As
+// would. It walks the chain by hand: errors.As's target escapes, which
+// would cost an allocation on every call of every script, error or not.
 func replyError(err error) (*ReplyError, bool) {
-	var re *ReplyError
-	ok := errors.As(err, &re)
-	return re, ok
+	for err != nil {
+		switch e := err.(type) {
+		case *ReplyError:
+			return e, true
+		case interface{ Unwrap() error }:
+			err = e.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, err := range e.Unwrap() {
+				if re, ok := replyError(err); ok {
+					return re, true
+				}
+			}
+			return nil, false
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
 }
 
 // isTryAgain reports whether err is Redis's TRYAGAIN: the script did not
