@@ -2,12 +2,17 @@ module github.com/distkit-go/distlock/benchmarks
 
 go 1.26.0
 
-// The benchmarks measure the distlock in this repository.
-replace github.com/distkit-go/distlock => ../
+// The benchmarks measure the distlock in this repository, and its go-redis
+// adapter.
+replace (
+	github.com/distkit-go/distlock => ../
+	github.com/distkit-go/distlock/goredis => ../goredis
+)
 
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/distkit-go/distlock v0.0.0-00010101000000-000000000000
+	github.com/distkit-go/distlock/goredis v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79

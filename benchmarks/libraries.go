@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -16,6 +18,7 @@ import (
 	"github.com/redis/rueidis/rueidislock"
 
 	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/goredis"
 	"github.com/distkit-go/distlock/internal/redistest"
 )
 
@@ -35,10 +38,14 @@ const (
 	clientGoRedis = "go-redis"
 )
 
-// Names of the two bare rows, the baselines.
+// Names of the rows that other rows are compared with: the two bare rows
+// (the baselines), distlock on each client, and redsync.
 const (
-	libBare        = "bare"
-	libBareGoRedis = "bare-goredis"
+	libBare            = "bare"
+	libBareGoRedis     = "bare-goredis"
+	libDistlock        = "distlock"
+	libDistlockGoRedis = "distlock-goredis"
+	libRedsync         = "redsync"
 )
 
 // lockFunc takes the lock on key, waiting for it as long as the library
@@ -48,11 +55,30 @@ type lockFunc func(ctx context.Context, key string) (release func() error, err e
 
 // library is one way to take a lock, on a client of its own.
 type library struct {
-	name    string
-	client  string // clientRueidis or clientGoRedis
-	counter *redistest.CommandCounter
-	lock    lockFunc
-	close   func()
+	name   string
+	client string // clientRueidis or clientGoRedis
+	counts counters
+	lock   lockFunc
+	close  func()
+}
+
+// counters count the commands a library's client sends, two ways.
+type counters struct {
+	// wire counts the commands written to the client's connections (a
+	// counting net.Conn under every client): everything, the handshake of
+	// a new connection and the commands of a subscription included.
+	wire *redistest.CommandCounter
+	// hook counts the commands go-redis processes (a hook on the client;
+	// zero for a rueidis client): each command, and each command of a
+	// pipeline, once, however often go-redis retries it. The commands of a
+	// redis.PubSub (SSUBSCRIBE, SUNSUBSCRIBE) and of a new connection's
+	// handshake do not pass through hooks, so the wire has them and this
+	// has not.
+	hook *hookCounter
+}
+
+func newCounters() counters {
+	return counters{wire: &redistest.CommandCounter{}, hook: &hookCounter{}}
 }
 
 // libSpec describes a library and how to open it.
@@ -63,7 +89,7 @@ type libSpec struct {
 	how string
 	// contendedOnly libraries differ from another row only when they wait.
 	contendedOnly bool
-	open          func(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error)
+	open          func(addr string, counts counters) (lockFunc, func(), error)
 }
 
 // catalog lists the libraries in the order of the tables.
@@ -79,9 +105,16 @@ var catalog = []libSpec{
 		open: openBareGoRedis,
 	},
 	{
-		name: "distlock", client: clientRueidis,
+		name: libDistlock, client: clientRueidis,
 		how:  "`NewMutex(client, key)` per job, `Lock(ctx)`, `Release(context.WithoutCancel(ctx))`, defaults (TTL 30 s, renewed at TTL/3)",
 		open: openDistlock,
+	},
+	{
+		name: libDistlockGoRedis, client: clientGoRedis,
+		how: "the same through the adapter module github.com/distkit-go/distlock/goredis: " +
+			"`goredis.NewMutex(rdb, key)` per job on the go-redis client of the go-redis rows, `Lock(ctx)`, " +
+			"`Release(context.WithoutCancel(ctx))`, defaults",
+		open: openDistlockGoRedis,
 	},
 	{
 		name: "redislock", client: clientGoRedis,
@@ -90,7 +123,7 @@ var catalog = []libSpec{
 		open: openRedislock,
 	},
 	{
-		name: "redsync", client: clientGoRedis,
+		name: libRedsync, client: clientGoRedis,
 		how: "go-redsync v4 on its go-redis v9 pool, `NewMutex(key)` per job with its defaults (expiry 8 s, 32 tries, " +
 			"a random 50–250 ms between them), `LockContext(ctx)`, `UnlockContext(ctx)`; no renewal",
 		open: openRedsync,
@@ -136,13 +169,13 @@ func openLibraries(addr string, names []string) (map[string]*library, error) {
 			closeLibraries(libs)
 			return nil, err
 		}
-		counter := &redistest.CommandCounter{}
-		lock, closeFn, err := spec.open(addr, counter)
+		counts := newCounters()
+		lock, closeFn, err := spec.open(addr, counts)
 		if err != nil {
 			closeLibraries(libs)
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-		libs[name] = &library{name: name, client: spec.client, counter: counter, lock: lock, close: closeFn}
+		libs[name] = &library{name: name, client: spec.client, counts: counts, lock: lock, close: closeFn}
 	}
 	return libs, nil
 }
@@ -163,29 +196,78 @@ func giveUp(err error) bool {
 
 // rueidisClient returns a rueidis client of addr with the options of
 // distlock's README (client-side caching on, which rueidis uses only for
-// the commands that ask for it), counting its commands in counter.
-func rueidisClient(addr string, counter *redistest.CommandCounter) (rueidis.Client, error) {
-	return rueidis.NewClient(rueidisOption(addr, counter))
+// the commands that ask for it), counting its commands on the wire.
+func rueidisClient(addr string, counts counters) (rueidis.Client, error) {
+	return rueidis.NewClient(rueidisOption(addr, counts))
 }
 
-func rueidisOption(addr string, counter *redistest.CommandCounter) rueidis.ClientOption {
+func rueidisOption(addr string, counts counters) rueidis.ClientOption {
 	return rueidis.ClientOption{
 		InitAddress: []string{addr},
 		DialCtxFn: func(ctx context.Context, addr string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
-			return dialCounting(ctx, d, addr, counter)
+			return dialCounting(ctx, d, addr, counts.wire)
 		},
 	}
 }
 
-// goRedisClient returns a go-redis client of addr with its defaults,
-// counting its commands in counter.
-func goRedisClient(addr string, counter *redistest.CommandCounter) *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr: addr,
+// goRedisOptions are the options of every go-redis row (bare-goredis,
+// distlock-goredis, redislock, redsync, redsync-1ms), one client each:
+// go-redis v9's defaults, written out so that the rows visibly share them
+// and a change to one is a change to all. Every field set here is set to
+// the value go-redis would give it when left zero.
+func goRedisOptions(addr string, counts counters) *redis.Options {
+	return &redis.Options{
+		Addr:     addr,
+		Protocol: 3, // RESP3
 		Dialer: func(ctx context.Context, _, addr string) (net.Conn, error) {
-			return dialCounting(ctx, &net.Dialer{}, addr, counter)
+			return dialCounting(ctx, &net.Dialer{}, addr, counts.wire)
 		},
-	})
+		DialTimeout:  5 * time.Second,
+		ReadTimeout:  5 * time.Second,
+		WriteTimeout: 5 * time.Second, // = ReadTimeout
+		// No ContextTimeoutEnabled: a Lock's ctx bounds the wait between
+		// commands, not the socket reads (go-redis's default).
+		PoolSize:        10 * runtime.GOMAXPROCS(0), // 20 connections on 2 CPUs
+		PoolTimeout:     6 * time.Second,            // ReadTimeout + 1 s
+		MinIdleConns:    0,
+		MaxRetries:      3,
+		MinRetryBackoff: 10 * time.Millisecond,
+		MaxRetryBackoff: time.Second,
+	}
+}
+
+// goRedisClient returns a go-redis client of addr with goRedisOptions,
+// counting its commands on the wire and with a hook.
+func goRedisClient(addr string, counts counters) *redis.Client {
+	c := redis.NewClient(goRedisOptions(addr, counts))
+	c.AddHook(counts.hook)
+	return c
+}
+
+// hookCounter is a go-redis hook that counts the commands its client
+// processes: a command once, a pipeline (or transaction) as many as it
+// has, retries not counted again.
+type hookCounter struct {
+	n atomic.Int64
+}
+
+// Load returns the number of commands processed so far.
+func (h *hookCounter) Load() int64 { return h.n.Load() }
+
+func (h *hookCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *hookCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *hookCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
 }
 
 // dialCounting dials addr over TCP and counts the commands written to the
@@ -198,8 +280,8 @@ func dialCounting(ctx context.Context, d *net.Dialer, addr string, counter *redi
 	return counter.Wrap(conn), nil
 }
 
-func openBare(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error) {
-	c, err := rueidisClient(addr, counter)
+func openBare(addr string, counts counters) (lockFunc, func(), error) {
+	c, err := rueidisClient(addr, counts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -217,8 +299,8 @@ func openBare(addr string, counter *redistest.CommandCounter) (lockFunc, func(),
 	return lock, c.Close, nil
 }
 
-func openBareGoRedis(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error) {
-	c := goRedisClient(addr, counter)
+func openBareGoRedis(addr string, counts counters) (lockFunc, func(), error) {
+	c := goRedisClient(addr, counts)
 	px := bareTTL.Milliseconds()
 	lock := func(ctx context.Context, key string) (func() error, error) {
 		for {
@@ -234,13 +316,26 @@ func openBareGoRedis(addr string, counter *redistest.CommandCounter) (lockFunc, 
 	return lock, func() { _ = c.Close() }, nil
 }
 
-func openDistlock(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error) {
-	c, err := rueidisClient(addr, counter)
+func openDistlock(addr string, counts counters) (lockFunc, func(), error) {
+	c, err := rueidisClient(addr, counts)
 	if err != nil {
 		return nil, nil, err
 	}
-	lock := func(ctx context.Context, key string) (func() error, error) {
-		m, err := distlock.NewMutex(c, key)
+	newMutex := func(key string) (*distlock.Mutex, error) { return distlock.NewMutex(c, key) }
+	return distlockLock(newMutex), c.Close, nil
+}
+
+func openDistlockGoRedis(addr string, counts counters) (lockFunc, func(), error) {
+	c := goRedisClient(addr, counts)
+	newMutex := func(key string) (*distlock.Mutex, error) { return goredis.NewMutex(c, key) }
+	return distlockLock(newMutex), func() { _ = c.Close() }, nil
+}
+
+// distlockLock is distlock's lockFunc on either client: a new Mutex per
+// job, Lock, and a Release that the job's ctx cannot cut short.
+func distlockLock(newMutex func(key string) (*distlock.Mutex, error)) lockFunc {
+	return func(ctx context.Context, key string) (func() error, error) {
+		m, err := newMutex(key)
 		if err != nil {
 			return nil, err
 		}
@@ -256,11 +351,10 @@ func openDistlock(addr string, counter *redistest.CommandCounter) (lockFunc, fun
 			return err
 		}, nil
 	}
-	return lock, c.Close, nil
 }
 
-func openRedislock(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error) {
-	c := goRedisClient(addr, counter)
+func openRedislock(addr string, counts counters) (lockFunc, func(), error) {
+	c := goRedisClient(addr, counts)
 	locker := redislock.New(c)
 	opt := &redislock.Options{RetryStrategy: redislock.LinearBackoff(pollEvery)} // stateless: one for all
 	lock := func(ctx context.Context, key string) (func() error, error) {
@@ -273,16 +367,16 @@ func openRedislock(addr string, counter *redistest.CommandCounter) (lockFunc, fu
 	return lock, func() { _ = c.Close() }, nil
 }
 
-func openRedsync(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error) {
-	return redsyncLock(addr, counter)
+func openRedsync(addr string, counts counters) (lockFunc, func(), error) {
+	return redsyncLock(addr, counts)
 }
 
-func openRedsyncTuned(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error) {
-	return redsyncLock(addr, counter, redsync.WithRetryDelay(pollEvery), redsync.WithTries(1<<30))
+func openRedsyncTuned(addr string, counts counters) (lockFunc, func(), error) {
+	return redsyncLock(addr, counts, redsync.WithRetryDelay(pollEvery), redsync.WithTries(1<<30))
 }
 
-func redsyncLock(addr string, counter *redistest.CommandCounter, opts ...redsync.Option) (lockFunc, func(), error) {
-	c := goRedisClient(addr, counter)
+func redsyncLock(addr string, counts counters, opts ...redsync.Option) (lockFunc, func(), error) {
+	c := goRedisClient(addr, counts)
 	rs := redsync.New(goredsync.NewPool(c))
 	lock := func(ctx context.Context, key string) (func() error, error) {
 		m := rs.NewMutex(key, opts...)
@@ -310,9 +404,9 @@ func redsyncLock(addr string, counter *redistest.CommandCounter, opts ...redsync
 // Counting before the goroutine starts made it go away here (5 of 5 runs
 // clean, against 3 of 5 with stuck jobs). runLocal reports such jobs as
 // stuck.
-func openRueidislock(addr string, counter *redistest.CommandCounter) (lockFunc, func(), error) {
+func openRueidislock(addr string, counts counters) (lockFunc, func(), error) {
 	locker, err := rueidislock.NewLocker(rueidislock.LockerOption{
-		ClientOption:   rueidisOption(addr, counter),
+		ClientOption:   rueidisOption(addr, counts),
 		KeyMajority:    1,
 		NoLoopTracking: true,
 	})

@@ -5,6 +5,8 @@
 //	cd benchmarks && go run .                     # every scenario, 5 rounds of 500ms (about 3 minutes)
 //	go run . -scenarios serial,keys64 -rounds 9   # some scenarios, more rounds
 //	go run . -libs bare,distlock -round 1s        # some libraries, longer rounds
+//	go run . -libs distlock-goredis -scenarios serial -commandstats -cpuprofile /tmp/cpu.pprof
+//	                                              # where one library's time goes
 //
 // It is a module of its own (github.com/distkit-go/distlock/benchmarks), so
 // that distlock never depends on the peers it is measured against; its go.mod
@@ -52,11 +54,30 @@
 //     contender over the most;
 //   - cmds/op: Redis commands per acquisition, counted on the client (a
 //     counting net.Conn under each client; a script is one command);
+//   - hook cmds/op, for the go-redis rows: the commands go-redis processed
+//     per acquisition, counted by a hook on the client (each command of a
+//     pipeline; a command go-redis retries, once; not the commands of a
+//     subscription or of a new connection's handshake, which the wire count
+//     has);
 //   - Redis CPU/op: used_cpu_sys + used_cpu_user of the private server (INFO
 //     cpu) over the round, per acquisition;
 //   - client CPU/op: the CPU time of the process (getrusage), or of the
 //     contending processes together, over the round, less the busy holds
 //     (100µs for each acquisition), per acquisition.
+//
+// The go-redis rows (bare-goredis, distlock-goredis through the adapter
+// module github.com/distkit-go/distlock/goredis, redislock, redsync) each
+// have a client of their own with one configuration, goRedisOptions:
+// go-redis's defaults, written out. After the tables, the report checks
+// the targets of issue 17 for distlock on go-redis (targets.go): ratios to
+// redsync, to distlock on rueidis and to spinning on go-redis, fairness and
+// commands per acquisition, each as its median (min–max) over the rounds.
+//
+// Two flags help find where a library's time goes: -commandstats follows
+// each table with what Redis ran per acquisition (INFO commandstats, by
+// command), and -cpuprofile writes a CPU profile of this process (the
+// serial, keys64 and goroutines8 scenarios run in it) and of each helper
+// process (processes8). Profile one library at a time (-libs).
 //
 // Flags override the environment variables DISTLOCK_BENCH_ROUNDS,
 // DISTLOCK_BENCH_ROUND, DISTLOCK_BENCH_SCENARIOS and DISTLOCK_BENCH_LIBS.
@@ -70,6 +91,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 )
@@ -90,10 +112,39 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.out, cfg.progress = os.Stdout, os.Stderr
-	if _, err := run(cfg); err != nil {
+	stop, err := startCPUProfile(cfg.cpuprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(2)
+	}
+	_, err = run(cfg)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
 		os.Exit(1)
 	}
+}
+
+// startCPUProfile starts a CPU profile of this process into the file
+// path, if path is not empty, and returns the function that ends it.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "benchmarks: CPU profile:", err)
+		}
+	}, nil
 }
 
 // parseFlags reads the command line, with defaults from the environment.
@@ -104,6 +155,8 @@ func parseFlags(args []string) (config, error) {
 	scenarios := fs.String("scenarios", strings.Join(scenarioNames(), ","), "comma-separated scenarios to run")
 	libs := fs.String("libs", strings.Join(libraryNames(), ","), "comma-separated libraries to run")
 	ctxs := fs.String("ctx", strings.Join(ctxKinds, ","), "comma-separated Lock contexts: "+strings.Join(ctxKinds, ", "))
+	commandstats := fs.Bool("commandstats", false, "after each table, what Redis ran per acquisition (INFO commandstats)")
+	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile to `file`, and each helper's to file.<scenario>.<n>")
 	for _, e := range envFlags {
 		if v := os.Getenv(e.env); v != "" {
 			if err := fs.Set(e.flag, v); err != nil {
@@ -117,7 +170,7 @@ func parseFlags(args []string) (config, error) {
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	cfg := config{rounds: *rounds, round: *round, drain: drainTimeout}
+	cfg := config{rounds: *rounds, round: *round, drain: drainTimeout, commandstats: *commandstats, cpuprofile: *cpuprofile}
 	if cfg.rounds < 1 || cfg.round <= 0 {
 		return config{}, fmt.Errorf("-rounds %d -round %v: want at least one round of some length", cfg.rounds, cfg.round)
 	}

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"io"
+	"maps"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestMain runs the helper processes of the processes8 scenario: this test
@@ -29,9 +32,11 @@ const (
 // one short round, so that CI keeps the harness compiling and working: no
 // worker may see an error or an overlap, every variant must acquire (in
 // the round, or after its end: a loaded machine under -race can take
-// longer than a round for the first Lock), and distlock and the bare
-// commands must never leave a job stuck. Other libraries may (see
-// openRueidislock for rueidislock's lost wake-up).
+// longer than a round for the first Lock), distlock on either client and
+// the bare commands must never leave a job stuck (other libraries may: see
+// openRueidislock for rueidislock's lost wake-up), the go-redis rows'
+// hook must have counted their commands, and the report must end with
+// issue 17's targets.
 func TestSmoke(t *testing.T) {
 	for _, e := range envFlags {
 		t.Setenv(e.env, "") // the defaults, whatever the environment says
@@ -43,6 +48,7 @@ func TestSmoke(t *testing.T) {
 	var out bytes.Buffer
 	cfg.out, cfg.progress = &out, io.Discard
 	cfg.drain = smokeDrain
+	cfg.commandstats = true // its reads cost a round nothing that matters here
 	results, err := run(cfg)
 	t.Log("\n" + out.String())
 	if err != nil {
@@ -62,13 +68,93 @@ func TestSmoke(t *testing.T) {
 			if len(s.waits)+s.late == 0 && s.stuck == 0 {
 				t.Errorf("%s %s %s: no acquisition in a %v round and its drain", res.scenario.name, v.lib, v.ctx, smokeRound)
 			}
-			if s.stuck > 0 && (v.lib == "distlock" || strings.HasPrefix(v.lib, libBare)) {
+			if s.stuck > 0 && (strings.HasPrefix(v.lib, libDistlock) || strings.HasPrefix(v.lib, libBare)) {
 				t.Errorf("%s %s %s: %d jobs stuck (%s)", res.scenario.name, v.lib, v.ctx, s.stuck, s.keys)
+			}
+			goRedis := res.libs[v.lib].client == clientGoRedis
+			if goRedis && len(s.waits) > 0 && s.hookCmds == 0 {
+				t.Errorf("%s %s %s: %d acquisitions, but the go-redis hook counted no command", res.scenario.name, v.lib, v.ctx, len(s.waits))
+			}
+			if !goRedis && s.hookCmds != 0 {
+				t.Errorf("%s %s %s: a rueidis row with %d commands counted by a go-redis hook", res.scenario.name, v.lib, v.ctx, s.hookCmds)
 			}
 		}
 		if !strings.Contains(out.String(), "### "+res.scenario.title) {
 			t.Errorf("no table for %s", res.scenario.name)
 		}
+		if s := res.samples[variant{lib: libDistlockGoRedis, ctx: ctxBackground}]; len(s) == 1 && s[0].redisCmds["evalsha"].calls == 0 {
+			t.Errorf("%s: the commandstats of distlock-goredis's round have no EVALSHA: %v", res.scenario.name, s[0].redisCmds)
+		}
+	}
+	if got, want := strings.Count(out.String(), "Redis's commands per acquisition (INFO commandstats"), len(scenarios); got != want {
+		t.Errorf("got %d tables of commandstats, want %d", got, want)
+	}
+	// Every goal has a row per context (a round of one variant of each
+	// scenario, so each of them has its figure).
+	_, targets, ok := strings.Cut(out.String(), "### Targets of issue 17")
+	if !ok {
+		t.Fatal("no table of issue 17's targets")
+	}
+	for _, g := range goals {
+		for _, ctx := range ctxKinds {
+			row := "| " + g.scenario + " | " + ctxLabel(ctx) + " | " + g.figure + " | " + g.target() + " | "
+			if !strings.Contains(targets, row) {
+				t.Errorf("targets: no row %q", row)
+			}
+		}
+	}
+}
+
+// TestGoRedisOptions checks that the go-redis rows share one client
+// configuration and that it is go-redis's defaults, as the catalog says:
+// a client made with goRedisOptions has the options go-redis gives a
+// client made with the address alone.
+func TestGoRedisOptions(t *testing.T) {
+	const addr = "127.0.0.1:1" // nothing is dialled
+	explicit := goRedisClient(addr, newCounters())
+	defer explicit.Close()
+	plain := redis.NewClient(&redis.Options{Addr: addr})
+	defer plain.Close()
+	got, want := explicit.Options(), plain.Options()
+	for _, f := range []struct {
+		name      string
+		got, want any
+	}{
+		{"Protocol", got.Protocol, want.Protocol},
+		{"DialTimeout", got.DialTimeout, want.DialTimeout},
+		{"ReadTimeout", got.ReadTimeout, want.ReadTimeout},
+		{"WriteTimeout", got.WriteTimeout, want.WriteTimeout},
+		{"ContextTimeoutEnabled", got.ContextTimeoutEnabled, want.ContextTimeoutEnabled},
+		{"PoolSize", got.PoolSize, want.PoolSize},
+		{"PoolTimeout", got.PoolTimeout, want.PoolTimeout},
+		{"MinIdleConns", got.MinIdleConns, want.MinIdleConns},
+		{"MaxRetries", got.MaxRetries, want.MaxRetries},
+		{"MinRetryBackoff", got.MinRetryBackoff, want.MinRetryBackoff},
+		{"MaxRetryBackoff", got.MaxRetryBackoff, want.MaxRetryBackoff},
+	} {
+		if f.got != f.want {
+			t.Errorf("goRedisOptions: %s: got %v, want go-redis's default %v", f.name, f.got, f.want)
+		}
+	}
+}
+
+func TestParseCommandStats(t *testing.T) {
+	before := parseCommandStats("# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=3,usec=21,usec_per_call=7.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=1,usec=30,usec_per_call=30.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_get:calls=5,usec=1,usec_per_call=0.20,rejected_calls=0,failed_calls=0\r\n")
+	after := parseCommandStats("# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=7,usec=49,usec_per_call=7.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=2,usec=60,usec_per_call=30.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_get:calls=5,usec=1,usec_per_call=0.20,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_spublish:calls=2,usec=1,usec_per_call=0.50,rejected_calls=0,failed_calls=0\r\n")
+	got := after.minus(before)
+	want := commandStats{"evalsha": {calls: 4, usec: 28}, "spublish": {calls: 2, usec: 1}}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v (INFO and unchanged commands left out)", got, want)
+	}
+	if got := after.minus(nil); got != nil {
+		t.Errorf("minus(nil): got %v, want nil", got)
 	}
 }
 
@@ -88,14 +174,14 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("parseFlags(%q): got no error, want one", args)
 		}
 	}
-	cfg, err := parseFlags([]string{"-scenarios", "keys64,serial", "-libs", "distlock"})
+	cfg, err := parseFlags([]string{"-scenarios", "keys64,serial", "-libs", "distlock-goredis,distlock", "-commandstats"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := strings.Join(cfg.scenarios, ","), "serial,keys64"; got != want {
 		t.Errorf("scenarios: got %q, want %q (the tables' order)", got, want)
 	}
-	if got, want := commandLine(cfg), "cd benchmarks && go run . -scenarios serial,keys64 -libs distlock"; got != want {
+	if got, want := commandLine(cfg), "cd benchmarks && go run . -scenarios serial,keys64 -libs distlock,distlock-goredis -commandstats"; got != want {
 		t.Errorf("commandLine: got %q, want %q", got, want)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +27,7 @@ const (
 	roleVar    = "DISTLOCK_BENCH_ROLE"
 	addrVar    = "DISTLOCK_BENCH_ADDR"
 	libsVar    = "DISTLOCK_BENCH_HELPER_LIBS"
+	profileVar = "DISTLOCK_BENCH_HELPER_CPUPROFILE" // the helper's CPU profile, if set
 	roleWorker = "worker"
 )
 
@@ -49,9 +51,10 @@ type helper struct {
 }
 
 // startHelpers starts n helpers with the libraries names for the server at
-// addr and waits until each is ready. On an error it stops those it
+// addr and waits until each is ready; if profile is not empty, helper i
+// writes its CPU profile to profile.i. On an error it stops those it
 // started.
-func startHelpers(n int, addr string, names []string) ([]*helper, error) {
+func startHelpers(n int, addr string, names []string, profile string) ([]*helper, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -63,9 +66,12 @@ func startHelpers(n int, addr string, names []string) ([]*helper, error) {
 		}
 		return nil, err
 	}
-	for range n {
+	for i := range n {
 		cmd := exec.Command(exe)
 		cmd.Env = append(os.Environ(), roleVar+"="+roleWorker, addrVar+"="+addr, libsVar+"="+strings.Join(names, ","))
+		if profile != "" {
+			cmd.Env = append(cmd.Env, profileVar+"="+profile+"."+strconv.Itoa(i))
+		}
 		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the benchmark
 		in, err := cmd.StdinPipe()
@@ -170,6 +176,12 @@ func runHelper(role string) int {
 		return 2
 	}
 	enc, dec := json.NewEncoder(os.Stdout), json.NewDecoder(os.Stdin)
+	stop, err := startCPUProfile(os.Getenv(profileVar))
+	if err != nil {
+		_ = enc.Encode(helperReply{Err: err.Error()})
+		return 1
+	}
+	defer stop()
 	libs, err := openLibraries(os.Getenv(addrVar), strings.Split(os.Getenv(libsVar), ","))
 	if err != nil {
 		_ = enc.Encode(helperReply{Err: err.Error()})

@@ -20,7 +20,8 @@ type figures struct {
 	ops              float64 // acquisitions per second
 	p50, p99, worst  time.Duration
 	fairness         float64 // fewest / most acquisitions of one contender
-	cmds             float64 // commands per acquisition
+	cmds             float64 // commands per acquisition, on the wire
+	hookCmds         float64 // processed per acquisition, by a go-redis hook
 	redis, client    time.Duration
 	redisKnown, some bool // Redis CPU was read; at least one acquisition
 }
@@ -44,6 +45,7 @@ func figuresOf(s sample, hold time.Duration) figures {
 		f.fairness = float64(slices.Min(s.acq)) / float64(most)
 	}
 	f.cmds = float64(s.cmds) / float64(n)
+	f.hookCmds = float64(s.hookCmds) / float64(n)
 	if s.redisCPU >= 0 {
 		f.redis, f.redisKnown = s.redisCPU/time.Duration(n), true
 	}
@@ -157,7 +159,8 @@ func printHeader(cfg config, admin rueidis.Client) {
 		"ops/s: Lock + Release pairs per second; × bare: ops/s over bare's, same round and ctx; "+
 		"× own client: over the bare commands on the library's own client (bare or bare-goredis); "+
 		"wait: from calling Lock to holding (the worst includes a job still waiting at the round's end, counted to the end); fairness: fewest / most acquisitions of one contender; "+
-		"cmds/op: commands sent per acquisition, counted on the client (a script is one); "+
+		"cmds/op: commands sent per acquisition, counted on the client's connections (a script is one; a new connection's handshake and a subscription's commands included); "+
+		"hook cmds/op (go-redis rows): commands go-redis processed per acquisition, counted by a hook on the client (each command of a pipeline, a retried command once; no pub/sub or handshake commands); "+
 		"Redis CPU/op: the server's used_cpu_sys+used_cpu_user (INFO cpu) over the round; "+
 		"client CPU/op: getrusage of the process (of the 8 processes together in scenario 4) over the round, "+
 		"less the busy holds.\n")
@@ -184,6 +187,12 @@ func commandLine(cfg config) string {
 		if !slices.Equal(f.got, f.known) {
 			args = append(args, f.flag, strings.Join(f.got, ","))
 		}
+	}
+	if cfg.commandstats {
+		args = append(args, "-commandstats")
+	}
+	if cfg.cpuprofile != "" {
+		args = append(args, "-cpuprofile", cfg.cpuprofile)
 	}
 	return strings.Join(args, " ")
 }
@@ -217,6 +226,49 @@ func gitRevision() string {
 	return ", distlock at " + rev
 }
 
+// figures returns the figures of every round of every variant of r.
+func (r scenarioResult) figures() map[variant][]figures {
+	figs := map[variant][]figures{}
+	for _, v := range r.variants {
+		for _, s := range r.samples[v] {
+			figs[v] = append(figs[v], figuresOf(s, r.scenario.hold))
+		}
+	}
+	return figs
+}
+
+// ratioOver returns, round by round, v's ops/s over that of the library
+// base in the same round with the same ctx: both ran within moments of
+// each other (the rounds are interleaved). It is empty when base did not
+// run.
+func ratioOver(figs map[variant][]figures, v variant, base string) spread {
+	return spreadOf(ratiosOver(figs, v, base))
+}
+
+// ratiosOver is ratioOver's figure per round.
+func ratiosOver(figs map[variant][]figures, v variant, base string) []float64 {
+	b := figs[variant{lib: base, ctx: v.ctx}]
+	var xs []float64
+	for i, f := range figs[v] {
+		if i < len(b) && b[i].ops > 0 {
+			xs = append(xs, f.ops/b[i].ops)
+		}
+	}
+	return xs
+}
+
+// spreadOver returns the spread of get over the rounds fs that cond
+// accepts; a nil cond accepts the rounds with an acquisition.
+func spreadOver(fs []figures, get func(figures) float64, cond func(figures) bool) spread {
+	var xs []float64
+	for _, f := range fs {
+		if cond == nil && f.some || cond != nil && cond(f) {
+			xs = append(xs, get(f))
+		}
+	}
+	return spreadOf(xs)
+}
+
 // printTable prints a scenario's table and the notes under it.
 func printTable(w io.Writer, sc scenario, res scenarioResult) {
 	fmt.Fprintf(w, "\n### %s\n\n", sc.title)
@@ -224,58 +276,36 @@ func printTable(w io.Writer, sc scenario, res scenarioResult) {
 	if sc.shared {
 		head = append(head, "fairness")
 	}
-	head = append(head, "cmds/op", "Redis CPU/op", "client CPU/op")
+	head = append(head, "cmds/op", "hook cmds/op", "Redis CPU/op", "client CPU/op")
 	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
 
-	figs := map[variant][]figures{}
-	for _, v := range res.variants {
-		for _, s := range res.samples[v] {
-			figs[v] = append(figs[v], figuresOf(s, sc.hold))
-		}
-	}
-	// ratio collects, round by round, v's ops/s over base's.
-	ratio := func(v variant, base string) spread {
-		b, ok := figs[variant{lib: base, ctx: v.ctx}]
-		if !ok {
-			return spread{}
-		}
-		var xs []float64
-		for i, f := range figs[v] {
-			if i < len(b) && b[i].ops > 0 {
-				xs = append(xs, f.ops/b[i].ops)
-			}
-		}
-		return spreadOf(xs)
-	}
+	figs := res.figures()
 	var notes []string
 	for _, v := range res.variants {
 		fs := figs[v]
-		pick := func(get func(figures) float64, cond func(figures) bool) spread {
-			var xs []float64
-			for _, f := range fs {
-				if cond == nil && f.some || cond != nil && cond(f) {
-					xs = append(xs, get(f))
-				}
-			}
-			return spreadOf(xs)
-		}
+		pick := func(get func(figures) float64, cond func(figures) bool) spread { return spreadOver(fs, get, cond) }
 		var ops []float64
 		for _, f := range fs {
 			ops = append(ops, f.ops)
 		}
+		goRedis := res.libs[v.lib].client == clientGoRedis
 		own := libBare
-		if res.libs[v.lib].client == clientGoRedis {
+		if goRedis {
 			own = libBareGoRedis
 		}
 		name := v.lib
-		if name == "distlock" {
-			name = "**distlock**"
+		if name == libDistlock || name == libDistlockGoRedis {
+			name = "**" + name + "**"
+		}
+		hook := spread{} // "–" for a rueidis client, which has no hook
+		if goRedis {
+			hook = pick(func(f figures) float64 { return f.hookCmds }, nil)
 		}
 		row := []string{
 			ctxLabel(v.ctx), name,
 			spreadOf(ops).cell(thousands),
-			ratio(v, libBare).cell(fixed(2)),
-			ratio(v, own).cell(fixed(2)),
+			ratioOver(figs, v, libBare).cell(fixed(2)),
+			ratioOver(figs, v, own).cell(fixed(2)),
 			pick(func(f figures) float64 { return float64(f.p50) }, nil).durationCell(),
 			pick(func(f figures) float64 { return float64(f.p99) }, nil).durationCell(),
 			pick(func(f figures) float64 { return float64(f.worst) }, func(f figures) bool { return f.worst > 0 }).durationCell(),
@@ -285,6 +315,7 @@ func printTable(w io.Writer, sc scenario, res scenarioResult) {
 		}
 		row = append(row,
 			pick(func(f figures) float64 { return f.cmds }, nil).cell(fixed(2)),
+			hook.cell(fixed(2)),
 			pick(func(f figures) float64 { return float64(f.redis) }, func(f figures) bool { return f.redisKnown }).durationCell(),
 			pick(func(f figures) float64 { return float64(f.client) }, nil).durationCell(),
 		)

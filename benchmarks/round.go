@@ -65,10 +65,12 @@ type localResult struct {
 	// Unfinished is, for each worker whose job was still waiting at the
 	// round's end, how long it had waited by then.
 	Unfinished []time.Duration `json:"unfinished,omitempty"`
-	// Commands the library's client sent and the process's CPU time, both
-	// from the round's start to its end.
-	Cmds int64         `json:"cmds"`
-	CPU  time.Duration `json:"cpu"`
+	// Commands the library's client sent (on the wire; and processed, by
+	// the hook of a go-redis client) and the process's CPU time, all from
+	// the round's start to its end.
+	Cmds     int64         `json:"cmds"`
+	HookCmds int64         `json:"hook_cmds"`
+	CPU      time.Duration `json:"cpu"`
 	// GaveUp counts Lock calls that gave up by the library's own rule (the
 	// job then called Lock again); Stuck counts workers still in a job
 	// drainTimeout after the round's end; Overlaps counts acquisitions that
@@ -103,10 +105,14 @@ func runLocal(lib *library, spec roundSpec) localResult {
 		})
 	}
 	time.Sleep(time.Until(start))
-	cmds0, cpu0 := lib.counter.Load(), processCPU()
+	cmds0, hook0, cpu0 := lib.counts.wire.Load(), lib.counts.hook.Load(), processCPU()
 	close(gate)
 	time.Sleep(time.Until(end))
-	res := localResult{Cmds: lib.counter.Load() - cmds0, CPU: processCPU() - cpu0}
+	res := localResult{
+		Cmds:     lib.counts.wire.Load() - cmds0,
+		HookCmds: lib.counts.hook.Load() - hook0,
+		CPU:      processCPU() - cpu0,
+	}
 
 	drained := make(chan struct{})
 	go func() {

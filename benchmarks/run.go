@@ -35,6 +35,12 @@ type config struct {
 	libs      []string
 	ctxs      []string
 	drain     time.Duration // roundSpec.Drain
+	// commandstats has every round read INFO commandstats at its start and
+	// end, for a table per scenario of what Redis ran per acquisition.
+	commandstats bool
+	// cpuprofile, if not empty, is the file of this process's CPU profile;
+	// the helper processes of a scenario write theirs beside it.
+	cpuprofile string
 
 	out      io.Writer // the tables
 	progress io.Writer // a line per scenario and round
@@ -104,7 +110,9 @@ type sample struct {
 	waits      []time.Duration
 	unfinished []time.Duration
 	cmds       int64
+	hookCmds   int64 // processed by go-redis, by its hook (0 on rueidis)
 	redisCPU   time.Duration
+	redisCmds  commandStats  // with -commandstats: INFO commandstats over the round
 	clientCPU  time.Duration // holds included
 	gaveUp     int
 	stuck      int
@@ -122,6 +130,7 @@ func (s *sample) add(r localResult) {
 	s.waits = append(s.waits, r.Waits...)
 	s.unfinished = append(s.unfinished, r.Unfinished...)
 	s.cmds += r.Cmds
+	s.hookCmds += r.HookCmds
 	s.clientCPU += r.CPU
 	s.gaveUp += r.GaveUp
 	s.stuck += r.Stuck
@@ -164,9 +173,11 @@ func run(cfg config) ([]scenarioResult, error) {
 			return all, fmt.Errorf("%s: %w", sc.name, err)
 		}
 		printTable(cfg.out, sc, res)
+		printCommandStats(cfg.out, res)
 		all = append(all, res)
 		failures = append(failures, res.failures()...)
 	}
+	printTargets(cfg.out, all, cfg.ctxs)
 	return all, errors.Join(failures...)
 }
 
@@ -210,16 +221,20 @@ func runScenario(cfg config, sc scenario, libs map[string]*library, admin rueidi
 		}
 	}
 	measure := func(v variant, tag string, d time.Duration) (sample, error) {
-		return measureLocal(sc, libs[v.lib], v, tag, d, cfg.drain, admin), nil
+		return measureLocal(sc, libs[v.lib], v, tag, d, cfg, admin), nil
 	}
 	if sc.procs > 0 {
-		hs, err := startHelpers(sc.procs, addrOf(admin), cfg.libs)
+		profile := ""
+		if cfg.cpuprofile != "" {
+			profile = cfg.cpuprofile + "." + sc.name
+		}
+		hs, err := startHelpers(sc.procs, addrOf(admin), cfg.libs, profile)
 		if err != nil {
 			return res, err
 		}
 		defer func() { _ = stopHelpers(hs) }()
 		measure = func(v variant, tag string, d time.Duration) (sample, error) {
-			return measureHelpers(sc, hs, v, tag, d, cfg.drain, admin)
+			return measureHelpers(sc, hs, v, tag, d, cfg, admin)
 		}
 	}
 	warmUp := min(cfg.round, maxWarmUp)
@@ -253,15 +268,16 @@ func addrOf(admin rueidis.Client) string {
 }
 
 // measureLocal runs one round of v in this process.
-func measureLocal(sc scenario, lib *library, v variant, tag string, d, drain time.Duration, admin rueidis.Client) sample {
+func measureLocal(sc scenario, lib *library, v variant, tag string, d time.Duration, cfg config, admin rueidis.Client) sample {
 	start := time.Now().Add(localLead)
 	spec := roundSpec{
 		Lib: v.lib, Ctx: v.ctx, Keys: sc.keys(v, tag), Hold: sc.hold,
-		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: drain,
+		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: cfg.drain,
 	}
-	redis := watchRedis(admin, start, start.Add(d))
+	redis := watchRedis(admin, start, start.Add(d), cfg.commandstats)
 	r := runLocal(lib, spec)
-	s := sample{elapsed: d, redisCPU: <-redis}
+	u := <-redis
+	s := sample{elapsed: d, redisCPU: u.cpu, redisCmds: u.cmds}
 	s.add(r)
 	if len(s.errs) > 0 || s.stuck > 0 {
 		s.keys = keysOf(admin, spec.Keys[0])
@@ -297,29 +313,31 @@ func keysOf(admin rueidis.Client, key string) string {
 
 // measureHelpers runs one round of v in the helper processes, one worker
 // each, and checks that no two of their holds overlapped.
-func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d, drain time.Duration, admin rueidis.Client) (sample, error) {
+func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d time.Duration, cfg config, admin rueidis.Client) (sample, error) {
 	start := time.Now().Add(helperLead)
 	spec := roundSpec{
 		Lib: v.lib, Ctx: v.ctx, Keys: sc.keys(v, tag)[:1], Hold: sc.hold,
-		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: drain, Spans: true,
+		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: cfg.drain, Spans: true,
 	}
 	for _, h := range hs {
 		if err := h.send(spec); err != nil {
 			return sample{}, err
 		}
 	}
-	redis := watchRedis(admin, start, start.Add(d))
+	redis := watchRedis(admin, start, start.Add(d), cfg.commandstats)
 	s := sample{elapsed: d}
 	var spans []span
 	for _, h := range hs {
 		r, err := h.result()
 		if err != nil {
+			<-redis // its goroutine ends by the round's end
 			return sample{}, err
 		}
 		s.add(r)
 		spans = append(spans, r.Spans...)
 	}
-	s.redisCPU = <-redis
+	u := <-redis
+	s.redisCPU, s.redisCmds = u.cpu, u.cmds
 	if len(s.errs) > 0 || s.stuck > 0 {
 		s.keys = keysOf(admin, spec.Keys[0])
 	}
@@ -332,21 +350,35 @@ func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d, drain t
 	return s, nil
 }
 
-// watchRedis samples the server's CPU time at start and end, in a
-// goroutine of its own, and sends the difference on the channel it
-// returns, which has room for it; -1 if it could not read them.
-func watchRedis(admin rueidis.Client, start, end time.Time) <-chan time.Duration {
-	ch := make(chan time.Duration, 1)
+// redisUsage is what the server spent over a round.
+type redisUsage struct {
+	cpu  time.Duration // -1 if it could not be read
+	cmds commandStats  // nil unless asked for, or if it could not be read
+}
+
+// watchRedis samples the server's CPU time at start and end (and, if
+// stats is true, its INFO commandstats after each), in a goroutine of its
+// own, and sends the differences on the channel it returns, which has room
+// for them. The caller receives from it: that is the goroutine's wait.
+func watchRedis(admin rueidis.Client, start, end time.Time, stats bool) <-chan redisUsage {
+	ch := make(chan redisUsage, 1)
 	go func() {
 		time.Sleep(time.Until(start))
 		a, errA := redisCPU(admin)
+		var sa commandStats
+		if stats {
+			sa = readCommandStats(admin)
+		}
 		time.Sleep(time.Until(end))
 		z, errZ := redisCPU(admin)
+		u := redisUsage{cpu: z - a}
 		if errA != nil || errZ != nil {
-			ch <- -1
-			return
+			u.cpu = -1
 		}
-		ch <- z - a
+		if stats {
+			u.cmds = readCommandStats(admin).minus(sa)
+		}
+		ch <- u
 	}()
 	return ch
 }

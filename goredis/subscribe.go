@@ -1,0 +1,150 @@
+package goredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// Subscribe subscribes to channel on a PubSub of its own (a connection of
+// its own, from go-redis's pub/sub pool), with SSUBSCRIBE when sharded
+// (on a Cluster, at the primary that owns the channel's slot, or a replica
+// of it with ClusterOptions.ReadOnly) and SUBSCRIBE otherwise. It calls
+// ready once, when Redis confirms that subscription, and message with the
+// payload of every message on channel, in order, on the calling goroutine.
+//
+// It returns:
+//   - ctx.Err() when ctx ends: the PubSub is closed (context.AfterFunc),
+//     which closes its connection and so ends the subscription, and
+//     unblocks a Receive waiting on it;
+//   - nil when the server ends the subscription: an unsubscribe (or
+//     sunsubscribe) for channel, which Redis sends when the slot of a
+//     sharded channel leaves the node, or the server closing the
+//     connection (CLIENT KILL, a shutdown);
+//   - a *lease.ReplyError when Redis answers the subscription with an error
+//     that refuses it (an unknown command, an ACL's NOPERM), so that the
+//     lease protocol falls back to plain channels or to polling;
+//   - any other error as it is, among them a redirection or a transient
+//     refusal (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN),
+//     which is worth trying again: on a Cluster, a redirection also makes
+//     go-redis reload the cluster's layout.
+//
+// go-redis's PubSub re-dials and subscribes again on its own after a
+// connection error, before Receive reports it. Subscribe closes the PubSub
+// on any return, so that re-subscription never delivers anything: messages
+// sent meanwhile were missed, and the caller must know.
+func (r *adapter) Subscribe(ctx context.Context, channel string, sharded bool, ready func(), message func(string)) error {
+	kind, unkind := "subscribe", "unsubscribe"
+	var ps *redis.PubSub
+	if sharded {
+		kind, unkind = "ssubscribe", "sunsubscribe"
+		ps = r.rdb.SSubscribe(ctx) // no channel yet: no connection either
+	} else {
+		ps = r.rdb.Subscribe(ctx)
+	}
+	// When ctx ends, closing the PubSub unblocks Receive. The goroutine
+	// that context.AfterFunc runs this in is waited for before returning.
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(closed)
+		_ = ps.Close()
+	})
+	defer func() {
+		if !stop() {
+			<-closed
+		}
+		_ = ps.Close()
+	}()
+
+	// This dials the connection (on a Cluster, to the node of the channel's
+	// slot) and sends the command; Redis answers in Receive.
+	var err error
+	if sharded {
+		err = ps.SSubscribe(ctx, channel)
+	} else {
+		err = ps.Subscribe(ctx, channel)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// Not Redis's answer to the subscription, even when it is an error
+		// reply (one of the connection's handshake: AUTH, HELLO, LOADING):
+		// it is not a *lease.ReplyError, so it does not read as pub/sub
+		// refused.
+		return fmt.Errorf("goredis: subscribing to %s: %w", channel, err)
+	}
+	confirmed := false
+	for {
+		msg, err := ps.Receive(ctx)
+		if err != nil {
+			return r.receiveError(ctx, channel, err)
+		}
+		switch m := msg.(type) {
+		case *redis.Message:
+			if m.Channel == channel {
+				message(m.Payload)
+			}
+		case *redis.Subscription:
+			switch {
+			case m.Channel != channel:
+			case m.Kind == kind && !confirmed:
+				confirmed = true
+				ready()
+			case m.Kind == unkind:
+				return nil
+			}
+		}
+	}
+}
+
+// receiveError returns what Subscribe returns for err, which ended Receive.
+func (r *adapter) receiveError(ctx context.Context, channel string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err() // the PubSub was closed for ctx
+	}
+	if errors.Is(err, io.EOF) {
+		return nil // the server closed the connection
+	}
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return err
+	}
+	if transient(err) {
+		if _, moved := redis.IsMovedError(err); moved {
+			r.reloadLayout(ctx)
+		} else if _, ask := redis.IsAskError(err); ask {
+			r.reloadLayout(ctx)
+		}
+		return fmt.Errorf("goredis: subscribing to %s: %w", channel, err)
+	}
+	return lease.NewReplyError(rerr.Error(), err)
+}
+
+// reloadLayout asks a cluster client to read the cluster's layout again
+// (in the background), so that the next subscription goes to the node
+// that now owns the slot.
+func (r *adapter) reloadLayout(ctx context.Context) {
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
+}
+
+// transient reports whether err is an error reply that says "not here" or
+// "not now" rather than "no": a redirection, a slot in migration, a cluster
+// or a primary that is down, a server that is loading its data.
+func transient(err error) bool {
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	if _, ok := redis.IsAskError(err); ok {
+		return true
+	}
+	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err) ||
+		redis.IsLoadingError(err) || redis.IsMasterDownError(err)
+}
