@@ -2,11 +2,13 @@ package distlock_test
 
 import (
 	"fmt"
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -70,13 +72,15 @@ func TestReadmeKeysSaysHowLongTheFenceKeyLives(t *testing.T) {
 // SAFETY.md maps each clause of the contract to the tests that check it;
 // every test it names, in its tables or its text, must be a test function
 // of the repository, so that it cannot name a test that was renamed or
-// removed.
+// removed. A test of the client-independent suite is named as it runs,
+// TestSuite<Group>/<Subtest>: the top-level test must exist, and the
+// group's function in internal/suite must run a subtest of that name.
 func TestSafetyTableNamesRealTests(t *testing.T) {
 	doc, err := os.ReadFile("SAFETY.md")
 	require.NoError(t, err)
 	text := string(doc)
 	require.Contains(t, text, "## Which tests check which clause")
-	names := regexp.MustCompile("`(Test\\w+)`").FindAllStringSubmatch(text, -1)
+	names := regexp.MustCompile("`(Test\\w+(?:/\\w+)?)`").FindAllStringSubmatch(text, -1)
 	require.NotEmpty(t, names)
 
 	defined := map[string]bool{}
@@ -94,7 +98,57 @@ func TestSafetyTableNamesRealTests(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
+	subtests := suiteSubtests(t)
+	require.NotEmpty(t, subtests, "no subtests found in internal/suite: has its shape changed?")
 	for _, m := range names {
-		assert.True(t, defined[m[1]], "SAFETY.md names %s, which is no test of the repository", m[1])
+		top, sub, isSuite := strings.Cut(m[1], "/")
+		if !assert.True(t, defined[top], "SAFETY.md names %s, which is no test of the repository", top) || !isSuite {
+			continue
+		}
+		group, ok := strings.CutPrefix(top, "TestSuite")
+		if assert.True(t, ok, "SAFETY.md names the subtest %s of %s, which is not a suite test", sub, top) {
+			assert.True(t, subtests[group][sub], "SAFETY.md names %s, but suite.%s runs no subtest %s", m[1], group, sub)
+		}
 	}
+}
+
+// suiteSubtests returns, for each exported function of internal/suite
+// (a group), the names of the subtests it runs: the string literals it
+// passes to a Run method.
+func suiteSubtests(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("internal", "suite", "*.go"))
+	require.NoError(t, err)
+	groups := map[string]map[string]bool{}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || !fn.Name.IsExported() || fn.Body == nil {
+				continue
+			}
+			runs := map[string]bool{}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok || len(call.Args) == 0 {
+					return true
+				}
+				if sel, ok := call.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "Run" {
+					if lit, ok := call.Args[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						if s, err := strconv.Unquote(lit.Value); err == nil {
+							runs[s] = true
+						}
+					}
+				}
+				return true
+			})
+			groups[fn.Name.Name] = runs
+		}
+	}
+	return groups
 }

@@ -518,6 +518,7 @@ func (g *Guard) release(ctx context.Context, until time.Time) {
 		}
 	}()
 	unanswered := false // an attempt got no reply: it may have deleted the lease
+	var lastErr error   // the last failure that was not the attempt's deadline
 	for {
 		cctx, cancel := context.WithDeadline(ctx, dl)
 		sent := time.Now()
@@ -537,6 +538,9 @@ func (g *Guard) release(ctx context.Context, until time.Time) {
 			return
 		}
 		unanswered = true
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			lastErr = err
+		}
 		wait := pause.next()
 		if time.Now().Add(wait).Before(dl) {
 			if timer == nil {
@@ -552,10 +556,30 @@ func (g *Guard) release(ctx context.Context, until time.Time) {
 			go g.release(ctx, time.Time{})
 			return
 		}
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			// The attempt ran out of the lease, not the caller out of
+			// time: say why it got no answer, not that a context ended.
+			err = &noAnswerError{last: lastErr}
+		}
 		g.finish(releaseResult{err: err})
 		return
 	}
 }
+
+// noAnswerError reports a final delete that got no answer from Redis
+// before the lease ended; the lease expires on its own.
+type noAnswerError struct{ last error }
+
+func (e *noAnswerError) Error() string {
+	if e.last != nil {
+		return "no answer from Redis before the lease ended, the last try failed with: " + e.last.Error()
+	}
+	return "no answer from Redis before the lease ended"
+}
+
+// Unwrap returns the last failure of a try, if one failed before the lease
+// ended.
+func (e *noAnswerError) Unwrap() error { return e.last }
 
 // maxReleaseRetry is the longest pause between two tries of the final
 // delete: a released lock should be free again soon after the path is back.

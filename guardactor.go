@@ -14,7 +14,8 @@ import (
 // that timer, a third of the lease after the acquisition; a guard released
 // before then never has one. From then on it alone sends renewals: it
 // renews every TTL/3, sends each renewal with a deadline no later than the
-// lease deadline D (so that a renewal in flight cannot delay Lost past D),
+// lease deadline D, and turns the guard Lost at D even if the renewal in
+// flight has not returned by then (a client may not honour the deadline),
 // and applies each answer to the guard's state (guard.go). When the guard's
 // end begins, its stop function cancels the renewal in flight, and the
 // actor takes the end's last step itself (the final delete, or nothing for
@@ -93,9 +94,31 @@ func (g *Guard) renew(end context.Context) time.Duration {
 		dl = s.deadline
 	}
 	ctx, cancel := context.WithDeadline(end, dl)
+	var atDeadline *time.Timer
+	if s.state == Acquired {
+		// Not every client returns when a call's deadline passes (go-redis
+		// waits for its ReadTimeout, and retries), and a dial may not
+		// watch it: the guard turns Lost at D whatever the call does.
+		atDeadline = time.AfterFunc(time.Until(dl), g.deadlinePassed)
+	}
 	r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
+	if atDeadline != nil {
+		atDeadline.Stop()
+	}
 	cancel()
 	return g.renewed(sent, r, err)
+}
+
+// deadlinePassed makes the guard Lost if its deadline has passed while a
+// renewal is in flight; once the guard's end has begun it does nothing.
+// It runs in a timer's goroutine, which holds nothing but g.mu for as long
+// as the transition takes; the renewal's return stops the timer.
+func (g *Guard) deadlinePassed() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.how == 0 {
+		g.checkDeadlineLocked()
+	}
 }
 
 // renewed applies the answer to a renewal sent at sent and returns how long

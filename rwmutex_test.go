@@ -2,10 +2,6 @@ package distlock_test
 
 import (
 	"context"
-	"errors"
-	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,225 +12,11 @@ import (
 	"github.com/distkit-go/distlock/internal/redistest"
 )
 
-// Tests of the RWMutex against redis-server: sharing, exclusion, arrival
-// order, per-reader leases, Downgrade, and the refusals of other kinds.
-
-func newRWMutex(t *testing.T, srv *redistest.Server, key string, opts ...distlock.Option) *distlock.RWMutex {
-	t.Helper()
-	rw, err := distlock.NewRWMutex(redistest.NewClient(t, srv.ClientOption()), key, opts...)
-	require.NoError(t, err)
-	return rw
-}
-
-// rwAsync runs lock(ctx) (an RLock or a Lock) in the background.
-func rwAsync(t *testing.T, ctx context.Context, lock func(context.Context) (*distlock.Guard, error)) <-chan outcome {
-	t.Helper()
-	ch := make(chan outcome, 1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		g, err := lock(ctx)
-		ch <- outcome{g: g, err: err, at: time.Now()}
-	})
-	t.Cleanup(wg.Wait)
-	return ch
-}
-
-// notYet checks that ch has no outcome now.
-func notYet(t *testing.T, ch <-chan outcome, what string) {
-	t.Helper()
-	select {
-	case o := <-ch:
-		t.Fatalf("%s: returned early: %+v", what, o)
-	default:
-	}
-}
-
-func TestRWMutexReadersShareWritersExclude(t *testing.T) {
-	srv := redistest.Start(t)
-	rw := newRWMutex(t, srv, "cfg", distlock.WithTTL(longTTL))
-	r1, err := rw.RLock(t.Context())
-	require.NoError(t, err)
-	r2, err := rw.TryRLock(t.Context())
-	require.NoError(t, err, "a second reader shares the lock")
-	assert.Greater(t, r2.Token(), r1.Token())
-
-	_, err = rw.TryLock(t.Context())
-	require.ErrorIs(t, err, distlock.ErrNotAcquired, "a writer while readers hold")
-	w := rwAsync(t, t.Context(), rw.Lock)
-	waitInLine(t, srv, rw.Key(), 1)
-	_, err = rw.TryRLock(t.Context())
-	require.ErrorIs(t, err, distlock.ErrNotAcquired, "TryRLock never gets ahead of a waiting writer")
-	r3 := rwAsync(t, t.Context(), rw.RLock)
-	waitInLine(t, srv, rw.Key(), 2)
-
-	release(t, r1)
-	notYet(t, w, "the writer, with a reader still holding")
-	release(t, r2)
-	ow := await(t, w, promptly, "the writer after the last reader's release")
-	require.NoError(t, ow.err)
-	assert.Greater(t, ow.g.Token(), r2.Token(), "a writer's token is above every earlier reader's")
-	assert.Equal(t, distlock.Acquired, ow.g.State())
-	notYet(t, r3, "the reader, with a writer holding")
-	release(t, ow.g)
-	or3 := await(t, r3, promptly, "the reader after the writer's release")
-	require.NoError(t, or3.err)
-	assert.Greater(t, or3.g.Token(), ow.g.Token())
-	release(t, or3.g)
-	requireNothingLeft(t, srv, rw.Key())
-	assert.False(t, exists(t, srv, rw.Key()), "the holders' hash outlived them")
-}
-
-// TestRWMutexArrivalOrder: a writer's release grants the whole run of
-// readers at the head of the line at once, and stops at the next writer,
-// which the last reader of the run's release grants.
-func TestRWMutexArrivalOrder(t *testing.T) {
-	srv := redistest.Start(t)
-	rw := newRWMutex(t, srv, "order", distlock.WithTTL(longTTL))
-	w0, err := rw.Lock(t.Context())
-	require.NoError(t, err)
-	a := rwAsync(t, t.Context(), rw.RLock)
-	waitInLine(t, srv, rw.Key(), 1)
-	b := rwAsync(t, t.Context(), newRWMutex(t, srv, "order", distlock.WithTTL(longTTL)).RLock) // another client
-	waitInLine(t, srv, rw.Key(), 2)
-	w1 := rwAsync(t, t.Context(), rw.Lock)
-	waitInLine(t, srv, rw.Key(), 3)
-	c := rwAsync(t, t.Context(), rw.RLock)
-	waitInLine(t, srv, rw.Key(), 4)
-
-	release(t, w0)
-	oa := await(t, a, promptly, "the first reader")
-	ob := await(t, b, promptly, "the second reader, in the same run")
-	require.NoError(t, errors.Join(oa.err, ob.err))
-	notYet(t, w1, "the writer behind the run")
-	notYet(t, c, "the reader behind the writer")
-	release(t, oa.g)
-	release(t, ob.g)
-	ow := await(t, w1, promptly, "the writer after the run")
-	require.NoError(t, ow.err)
-	notYet(t, c, "the reader behind the writer")
-	release(t, ow.g)
-	oc := await(t, c, promptly, "the last reader")
-	require.NoError(t, oc.err)
-	tokens := []int64{oa.g.Token(), ow.g.Token(), oc.g.Token()}
-	assert.IsIncreasing(t, tokens)
-	assert.Less(t, ob.g.Token(), ow.g.Token())
-	release(t, oc.g)
-	requireNothingLeft(t, srv, rw.Key())
-}
-
-// TestRWMutexCrashedReaderStopsCounting: a reader whose lease ends (it
-// crashed, here written by hand) stops counting at that moment, while
-// another reader holds on: the writer first in line gets the lock when
-// the live reader releases, not at the crashed one's release.
-func TestRWMutexCrashedReaderStopsCounting(t *testing.T) {
-	srv := redistest.Start(t)
-	const ttl = 700 * time.Millisecond
-	rw := newRWMutex(t, srv, "crash", distlock.WithTTL(longTTL))
-	live, err := rw.RLock(t.Context())
-	require.NoError(t, err)
-	written := time.Now()
-	end := srvMillis(t, srv) + ttl.Milliseconds()
-	srv.MustDo("HSET", rw.Key(), "crashed#1", strconv.FormatInt(end, 10)+" 1")
-	w := rwAsync(t, t.Context(), rw.Lock)
-	waitInLine(t, srv, rw.Key(), 1)
-	release(t, live)
-	notYet(t, w, "the writer, with the crashed reader's lease running")
-	o := await(t, w, ttl+promptly, "the writer after the crashed reader's lease")
-	require.NoError(t, o.err)
-	late := o.at.Sub(written) - ttl
-	t.Logf("the writer got the lock %v after the crashed reader's lease ended", late)
-	assert.GreaterOrEqual(t, late, time.Duration(0), "granted before the lease ended")
-	assert.Less(t, late, 300*time.Millisecond, "took too long after the end of the lease")
-	release(t, o.g)
-	requireNothingLeft(t, srv, rw.Key())
-}
-
-func TestRWMutexDowngrade(t *testing.T) {
-	srv := redistest.Start(t)
-	rw := newRWMutex(t, srv, "down", distlock.WithTTL(longTTL))
-	g, err := rw.Lock(t.Context())
-	require.NoError(t, err)
-	r := rwAsync(t, t.Context(), rw.RLock)
-	waitInLine(t, srv, rw.Key(), 1)
-	w := rwAsync(t, t.Context(), rw.Lock)
-	waitInLine(t, srv, rw.Key(), 2)
-	dl := g.Deadline()
-
-	require.NoError(t, g.Downgrade(t.Context()))
-	assert.Equal(t, distlock.Acquired, g.State(), "a downgraded guard is still Acquired")
-	assert.Equal(t, dl, g.Deadline(), "a downgrade does not move the deadline")
-	or := await(t, r, promptly, "the reader at the head after the downgrade")
-	require.NoError(t, or.err)
-	notYet(t, w, "the writer behind")
-	assert.ErrorIs(t, g.Downgrade(t.Context()), distlock.ErrNotWriteLock, "a second downgrade")
-	assert.ErrorIs(t, or.g.Downgrade(t.Context()), distlock.ErrNotWriteLock, "a read guard")
-	assert.Equal(t, distlock.Acquired, or.g.State())
-
-	m := newMutex(t, srv.Client(), "down-mutex")
-	mg, err := m.TryLock(t.Context())
-	require.NoError(t, err)
-	assert.ErrorIs(t, mg.Downgrade(t.Context()), distlock.ErrNotWriteLock, "a Mutex's guard")
-	release(t, mg)
-
-	release(t, g)
-	release(t, or.g)
-	ow := await(t, w, promptly, "the writer after both readers")
-	require.NoError(t, ow.err)
-	release(t, ow.g)
-	assert.ErrorIs(t, ow.g.Downgrade(t.Context()), distlock.ErrReleased, "a released guard")
-	requireNothingLeft(t, srv, rw.Key())
-}
-
-// TestRWMutexDowngradeOfALostGuard: a writer whose key was taken away is
-// told Lost by the downgrade, and nothing is written.
-func TestRWMutexDowngradeOfALostGuard(t *testing.T) {
-	srv := redistest.Start(t)
-	rw := newRWMutex(t, srv, "lost", distlock.WithTTL(longTTL))
-	g, err := rw.Lock(t.Context())
-	require.NoError(t, err)
-	srv.MustDo("DEL", rw.Key())
-	err = g.Downgrade(t.Context())
-	require.ErrorIs(t, err, distlock.ErrLost)
-	assert.Equal(t, distlock.Lost, g.State())
-	assert.False(t, exists(t, srv, rw.Key()), "the downgrade wrote the key")
-	release(t, g)
-}
-
-func TestRWMutexAndOtherKindsRefuseEachOther(t *testing.T) {
-	srv := redistest.Start(t)
-	rw := newRWMutex(t, srv, "shared", distlock.WithTTL(longTTL))
-	rg, err := rw.RLock(t.Context())
-	require.NoError(t, err)
-	m := newMutex(t, srv.Client(), "shared")
-	s := newSemaphore(t, srv, "shared", 2)
-	for name, try := range map[string]func(context.Context) (*distlock.Guard, error){
-		"Mutex.TryLock": m.TryLock, "Mutex.Lock": m.Lock, "Semaphore.Acquire": s.Acquire,
-	} {
-		_, err := try(t.Context())
-		require.ErrorIs(t, err, distlock.ErrWrongKind, name)
-		var wk *distlock.WrongKindError
-		require.ErrorAs(t, err, &wk)
-		assert.Equal(t, "rwmutex", wk.Found, name)
-		assert.Equal(t, 1, strings.Count(err.Error(), "distlock:"+" "), "one prefix: %v", err)
-	}
-	assert.Equal(t, distlock.Acquired, rg.State(), "the reader is not disturbed")
-	release(t, rg)
-
-	mg, err := m.Lock(t.Context())
-	require.NoError(t, err)
-	for name, try := range map[string]func(context.Context) (*distlock.Guard, error){
-		"RLock": rw.RLock, "Lock": rw.Lock, "TryRLock": rw.TryRLock, "TryLock": rw.TryLock,
-	} {
-		_, err := try(t.Context())
-		require.ErrorIs(t, err, distlock.ErrWrongKind, name)
-		var wk *distlock.WrongKindError
-		require.ErrorAs(t, err, &wk)
-		assert.Equal(t, [2]string{"rwmutex", "lock"}, [2]string{wk.Want, wk.Found}, name)
-	}
-	assert.Equal(t, distlock.Acquired, mg.State(), "the lock's holder is not disturbed")
-	release(t, mg)
-	requireNothingLeft(t, srv, rw.Key())
-}
+// The RWMutex's tests against redis-server (sharing, exclusion, arrival
+// order, per-reader leases, Downgrade, the refusals of other kinds, quiet
+// waiting) are client-independent and live in internal/suite
+// (TestSuiteRWMutex); here is what concerns the constructor and the zero
+// value alone.
 
 func TestRWMutexZeroAndBadInput(t *testing.T) {
 	var rw distlock.RWMutex
@@ -249,7 +31,8 @@ func TestRWMutexZeroAndBadInput(t *testing.T) {
 	srv := redistest.Start(t)
 	_, err = distlock.NewRWMutex(srv.Client(), "{bad}")
 	assert.ErrorIs(t, err, distlock.ErrInvalidOption)
-	good := newRWMutex(t, srv, "k")
+	good, err := distlock.NewRWMutex(srv.Client(), "k")
+	require.NoError(t, err)
 	//lint:ignore SA1012 a nil context on purpose
 	_, err = good.RLock(nil)
 	assert.ErrorIs(t, err, distlock.ErrInvalidArgument)
@@ -258,46 +41,4 @@ func TestRWMutexZeroAndBadInput(t *testing.T) {
 	n, err := srv.MustDo("DBSIZE").ToInt64()
 	require.NoError(t, err)
 	assert.Zero(t, n, "keys written for bad input")
-}
-
-// W4 for a read-write lock: a reader waiting behind a writer, and a writer
-// waiting behind readers, sleep without CPU and send a refresh every half
-// claim window at most; W3: a waiter whose ctx ends returns at once and
-// leaves no place in line; W5: nothing is left.
-func TestRWMutexWaitingIsQuietAndGivesUpAtOnce(t *testing.T) {
-	srv := redistest.Start(t)
-	c, counter := srv.CountingClient(t)
-	openAllConnections(t, c) // a connection's first command adds rueidis's handshake
-	rw, err := distlock.NewRWMutex(c, "quiet", distlock.WithTTL(longTTL))
-	require.NoError(t, err)
-	holder, err := distlock.NewRWMutex(srv.Client(), "quiet", distlock.WithTTL(longTTL))
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		name       string
-		hold, wait func(context.Context) (*distlock.Guard, error)
-	}{{"reader behind a writer", holder.Lock, rw.RLock}, {"writer behind a reader", holder.RLock, rw.Lock}} {
-		g, err := tc.hold(t.Context())
-		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(t.Context())
-		result := rwAsync(t, ctx, tc.wait)
-		waitInLine(t, srv, rw.Key(), 1)
-		require.Eventually(t, func() bool { return len(wakeChannels(t, srv, rw.Key())) == 1 }, eventually, pollEvery,
-			"%s: the room never subscribed", tc.name)
-		const window = 2 * time.Second // as TestWaitingIsQuiet, whose bound this is
-		cmds, cpu := counter.Load(), cpuTime(t)
-		time.Sleep(window)
-		cmds, cpu = counter.Load()-cmds, cpuTime(t)-cpu
-		t.Logf("%s: %d commands and %v of CPU in %v", tc.name, cmds, cpu, window)
-		assert.LessOrEqual(t, cmds, int64(window/(distlock.DefaultClaimWindow/2))+3, "%s: commands while waiting", tc.name)
-		assert.Less(t, cpu, window/5, "%s: CPU while waiting", tc.name)
-		cancelled := time.Now()
-		cancel()
-		o := await(t, result, giveUpBound, tc.name+" giving up")
-		require.ErrorIs(t, o.err, context.Canceled)
-		assert.Less(t, o.at.Sub(cancelled), giveUpBound, "%s: W3", tc.name)
-		release(t, g)
-		// W5, and a clean start for the next case: no place, no room,
-		// no subscription.
-		requireNothingLeft(t, srv, rw.Key())
-	}
 }

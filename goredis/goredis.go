@@ -119,11 +119,27 @@ func (r *adapter) Eval(ctx context.Context, s *lease.Script, keys, args []string
 		}
 	}
 	defer evalsInFlight.Add(-1)
-	cmd := c.EvalSha(ctx, s.SHA1(), keys, argv...)
-	if isNoScript(cmd.Err()) {
-		cmd = c.Eval(ctx, s.Source(), keys, argv...)
+	var cmd *redis.Cmd
+	for redirects := 0; ; redirects++ {
+		cmd = c.EvalSha(ctx, s.SHA1(), keys, argv...)
+		if isNoScript(cmd.Err()) {
+			cmd = c.Eval(ctx, s.Source(), keys, argv...)
+		}
+		// go-redis follows MOVED and ASK itself, but counts its retries of
+		// TRYAGAIN against the same MaxRedirects: during a slot migration
+		// those can use them up, and the MOVED that ends the migration
+		// comes back here. The command did not run; go-redis has learnt
+		// the slot's new owner from the reply, so sending it again goes
+		// there.
+		if redirects == maxRedirects || ctx.Err() != nil || !isRedirect(cmd.Err()) {
+			return reply(cmd)
+		}
 	}
-	return reply(cmd)
+}
+
+// isRedirect reports whether err is a cluster redirection, MOVED or ASK.
+func isRedirect(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
 }
 
 // evalsInFlight counts the scripts of this process that are being sent or

@@ -1,0 +1,282 @@
+package suite
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/internal/redistest"
+)
+
+// Semaphore runs the tests of the Semaphore against a redis-server of each
+// test's own; a client stands for a process.
+func Semaphore(t *testing.T, lib Library) {
+	t.Run("BoundsHoldersAndTokensIncrease", func(t *testing.T) { semBounds(t, lib) })
+	t.Run("FIFOAcrossClients", func(t *testing.T) { semFIFOAcrossClients(t, lib) })
+	t.Run("CrashedHoldersPermitsReturnAtExpiry", func(t *testing.T) { semCrashedHolders(t, lib) })
+	t.Run("LoweredPermits", func(t *testing.T) { semLoweredPermits(t, lib) })
+	t.Run("RaisedPermitsGoToTheLine", func(t *testing.T) { semRaisedPermits(t, lib) })
+	t.Run("SemaphoreAndMutexOfOneNameRefuseEachOther", func(t *testing.T) { semAndMutexRefuseEachOther(t, lib) })
+	t.Run("WaiterGivesUp", func(t *testing.T) { semWaiterGivesUp(t, lib) })
+}
+
+func semBounds(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	s := newSemaphore(t, connect(t, lib, srv), "pool", 3, distlock.WithTTL(2*time.Second))
+	var guards []*distlock.Guard
+	var last int64
+	for range 3 {
+		g, err := s.TryAcquire(ctx)
+		require.NoError(t, err)
+		require.Greater(t, g.Token(), last)
+		last = g.Token()
+		guards = append(guards, g)
+	}
+	_, err := s.TryAcquire(ctx)
+	var nae *distlock.NotAcquiredError
+	require.ErrorAs(t, err, &nae)
+	assert.Equal(t, 3, nae.Permits)
+	assert.ErrorIs(t, err, distlock.ErrNotAcquired)
+
+	assert.Equal(t, distlock.Released, release(t, guards[1]))
+	g, err := s.TryAcquire(ctx)
+	require.NoError(t, err)
+	assert.Greater(t, g.Token(), last)
+	guards[1] = g
+	for _, g := range guards {
+		assert.Equal(t, distlock.Released, release(t, g))
+	}
+}
+
+func semFIFOAcrossClients(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	const permits = 2
+	newSem := func() *distlock.Semaphore {
+		return newSemaphore(t, connect(t, lib, srv), "fifo", permits, distlock.WithTTL(longTTL))
+	}
+	holder := newSem()
+	var held []*distlock.Guard
+	for range permits {
+		g, err := holder.Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, g)
+	}
+	// Four waiters in four clients, in order.
+	type res struct {
+		i int
+		g *distlock.Guard
+	}
+	got := make(chan res, 4)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		s := newSem()
+		wg.Go(func() {
+			g, err := s.Acquire(ctx)
+			if assert.NoError(t, err) {
+				got <- res{i, g}
+			}
+		})
+		waitInLine(t, srv, "distlock:{fifo}", int64(i+1))
+	}
+	for _, g := range held {
+		release(t, g)
+	}
+	var order []int
+	take := func() *distlock.Guard {
+		select {
+		case r := <-got:
+			order = append(order, r.i)
+			return r.g
+		case <-time.After(eventually):
+			t.Fatalf("no waiter got a permit; order so far %v", order)
+			return nil
+		}
+	}
+	a, b := take(), take()
+	// Both were passed by concurrent releases, so their results may come
+	// in either order; the pair after them is granted later, with larger
+	// tokens.
+	last := max(a.Token(), b.Token())
+	assert.ElementsMatch(t, []int{0, 1}, order, "the two oldest waiters get the two freed permits")
+	select {
+	case r := <-got:
+		t.Fatalf("waiter %d got a third permit", r.i)
+	case <-time.After(100 * time.Millisecond):
+	}
+	for _, g := range []*distlock.Guard{a, b} {
+		release(t, g)
+	}
+	c, d := take(), take()
+	assert.Greater(t, min(c.Token(), d.Token()), last, "the second pair's tokens")
+	assert.Equal(t, []int{0, 1, 2, 3}, append(sortPair(order[:2]), sortPair(order[2:])...))
+	release(t, c)
+	release(t, d)
+	wg.Wait()
+	requireNothingLeft(t, lib, srv, "distlock:{fifo}")
+}
+
+func sortPair(p []int) []int {
+	if p[0] > p[1] {
+		return []int{p[1], p[0]}
+	}
+	return []int{p[0], p[1]}
+}
+
+// A holder that crashed gives its permit back when its lease ends, with
+// nobody running anything first: the waiter first in line wakes at that
+// moment; and when two leases end together, both waiters get a permit.
+func semCrashedHolders(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	const ttl = 700 * time.Millisecond
+	key := "distlock:{crash}"
+	// Two crashed holders of the two permits, written by hand; read the
+	// clock before: their leases cannot end before written + ttl.
+	written := time.Now()
+	end := strconv.FormatInt(srvMillis(t, srv)+ttl.Milliseconds(), 10)
+	srv.MustDo("ZADD", key, end, "crashed#1", end, "crashed#2")
+	srv.MustDo("PEXPIRE", key, strconv.FormatInt(ttl.Milliseconds(), 10))
+	first := async(t, t.Context(), newSemaphore(t, connect(t, lib, srv), "crash", 2, distlock.WithTTL(longTTL)).Acquire)
+	waitInLine(t, srv, key, 1)
+	second := async(t, t.Context(), newSemaphore(t, connect(t, lib, srv), "crash", 2, distlock.WithTTL(longTTL)).Acquire)
+	waitInLine(t, srv, key, 2)
+	for _, ch := range []<-chan outcome{first, second} {
+		o := await(t, ch, ttl+promptly, "a waiter after the crashed holders' leases ended")
+		require.NoError(t, o.err)
+		late := o.at.Sub(written) - ttl
+		t.Logf("a permit %v after the crashed holders' leases ended", late)
+		assert.GreaterOrEqual(t, late, time.Duration(0), "granted before the lease ended")
+		assert.Less(t, late, 300*time.Millisecond, "took too long after the end of the lease")
+		release(t, o.g)
+	}
+	requireNothingLeft(t, lib, srv, key)
+}
+
+// Lowering the number of permits: holders above the new number keep their
+// permits and keep renewing; a caller with the new number is granted one
+// only once fewer than that remain.
+func semLoweredPermits(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	// Long enough for renewals to stay on time on a loaded machine under
+	// -race: a holder that lost its lease would prove nothing.
+	const ttl = time.Second
+	old := newSemaphore(t, connect(t, lib, srv), "pool", 4, distlock.WithTTL(ttl))
+	lowered := newSemaphore(t, connect(t, lib, srv), "pool", 2, distlock.WithTTL(ttl))
+	var held []*distlock.Guard
+	for range 3 {
+		g, err := old.TryAcquire(t.Context())
+		require.NoError(t, err)
+		held = append(held, g)
+	}
+	_, err := lowered.TryAcquire(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "3 held, the new limit is 2")
+	// The old holders keep renewing past two TTLs.
+	time.Sleep(2*ttl + ttl/4)
+	for _, g := range held {
+		assert.Equal(t, distlock.Acquired, g.State())
+	}
+	release(t, held[0])
+	_, err = lowered.TryAcquire(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "2 held, the new limit is 2")
+	release(t, held[1])
+	g, err := lowered.TryAcquire(t.Context())
+	require.NoError(t, err, "1 held, the new limit is 2")
+	limit, err := srv.MustDo("GET", "distlock:{pool}:permits").AsInt64()
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, limit, "the limit of the last grant is recorded")
+	release(t, g)
+	release(t, held[2])
+}
+
+// Raising the number of permits takes effect at the next call made with
+// it: the permits it frees go to the waiters in line first, in order.
+func semRaisedPermits(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	small := newSemaphore(t, connect(t, lib, srv), "pool", 1, distlock.WithTTL(longTTL))
+	g, err := small.Acquire(t.Context())
+	require.NoError(t, err)
+	w1 := async(t, t.Context(), newSemaphore(t, connect(t, lib, srv), "pool", 1, distlock.WithTTL(longTTL)).Acquire)
+	waitInLine(t, srv, "distlock:{pool}", 1)
+	w2 := async(t, t.Context(), newSemaphore(t, connect(t, lib, srv), "pool", 1, distlock.WithTTL(longTTL)).Acquire)
+	waitInLine(t, srv, "distlock:{pool}", 2)
+
+	big := newSemaphore(t, connect(t, lib, srv), "pool", 3, distlock.WithTTL(longTTL))
+	_, err = big.TryAcquire(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "the two free permits went to the two waiters")
+	o1 := await(t, w1, promptly, "the first waiter")
+	o2 := await(t, w2, promptly, "the second waiter")
+	require.NoError(t, o1.err)
+	require.NoError(t, o2.err)
+	assert.Less(t, o1.g.Token(), o2.g.Token(), "passed in the order of the line")
+	for _, g := range []*distlock.Guard{g, o1.g, o2.g} {
+		release(t, g)
+	}
+	requireNothingLeft(t, lib, srv, "distlock:{pool}")
+}
+
+// A Semaphore and a Mutex of one name cannot be used side by side: each
+// refuses the other's lease with an error and writes nothing.
+func semAndMutexRefuseEachOther(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	c := connect(t, lib, srv)
+	m := newMutex(t, c, "shared", distlock.WithTTL(longTTL))
+	g, err := m.Lock(t.Context())
+	require.NoError(t, err)
+	s := newSemaphore(t, connect(t, lib, srv), "shared", 2)
+	for _, acquire := range []func(context.Context) (*distlock.Guard, error){s.TryAcquire, s.Acquire} {
+		_, err = acquire(t.Context())
+		require.ErrorIs(t, err, distlock.ErrWrongKind)
+		assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
+		var wk *distlock.WrongKindError
+		require.ErrorAs(t, err, &wk)
+		assert.Equal(t, [3]string{s.Key(), "semaphore", "lock"}, [3]string{wk.Key, wk.Want, wk.Found})
+		assert.Equal(t, 1, strings.Count(err.Error(), "distlock:"+" "), "one prefix: %v", err)
+	}
+	assert.Equal(t, distlock.Acquired, g.State(), "the lock's holder is not disturbed")
+	release(t, g)
+
+	sg, err := s.TryAcquire(t.Context())
+	require.NoError(t, err)
+	for _, lock := range []func(context.Context) (*distlock.Guard, error){m.TryLock, m.Lock} {
+		_, err = lock(t.Context())
+		require.ErrorIs(t, err, distlock.ErrWrongKind)
+		assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
+		var wk *distlock.WrongKindError
+		require.ErrorAs(t, err, &wk)
+		assert.Equal(t, [3]string{m.Key(), "lock", "semaphore"}, [3]string{wk.Key, wk.Want, wk.Found})
+	}
+	assert.Equal(t, distlock.Acquired, sg.State(), "the semaphore's holder is not disturbed")
+	release(t, sg)
+	requireNothingLeft(t, lib, srv, "distlock:{shared}")
+}
+
+// Waiters whose context ends leave the line at once and leave nothing
+// behind; the next release still reaches the live waiter behind them.
+func semWaiterGivesUp(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	s := newSemaphore(t, connect(t, lib, srv), "pool", 1, distlock.WithTTL(longTTL))
+	g, err := s.Acquire(t.Context())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	gone := async(t, ctx, newSemaphore(t, connect(t, lib, srv), "pool", 1, distlock.WithTTL(longTTL)).Acquire)
+	waitInLine(t, srv, "distlock:{pool}", 1)
+	live := async(t, t.Context(), newSemaphore(t, connect(t, lib, srv), "pool", 1, distlock.WithTTL(longTTL)).Acquire)
+	waitInLine(t, srv, "distlock:{pool}", 2)
+	cancel()
+	o := await(t, gone, giveUpBound+promptly, "the cancelled waiter")
+	require.ErrorIs(t, o.err, context.Canceled)
+	waitInLine(t, srv, "distlock:{pool}", 1)
+	release(t, g)
+	o = await(t, live, promptly, "the live waiter")
+	require.NoError(t, o.err)
+	release(t, o.g)
+	requireNothingLeft(t, lib, srv, "distlock:{pool}")
+}
