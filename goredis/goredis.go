@@ -93,16 +93,18 @@ func (r *adapter) Identity() any { return r.rdb }
 // deems transient (MaxRetries), TRYAGAIN among them; whatever is left is
 // returned.
 //
-// A script sent while another is in flight in this process goes through
-// the client's automatic pipeliner (rdb.AutoPipeline, go-redis v9.22 and
-// later), which writes the commands of concurrent callers to one
-// connection in one batch, as rueidis does with every command. A plain
-// go-redis call takes a connection of the pool for itself and makes a
-// write of its own: with 64 goroutines locking 64 keys, that cost Redis
-// 21–23 µs of CPU per lock and release against 10 µs batched, and halved
-// the rate (BENCHMARKS.md). A script sent alone goes the plain way, since
-// the pipeliner's hand-off to its own goroutine would only add to its
-// round trip. Both ways send the same command; they differ in what shares
+// A script sent while more than pipelineAbove others are in flight in
+// this process goes through the client's automatic pipeliner
+// (rdb.AutoPipeline, go-redis v9.22 and later), which writes the commands
+// of concurrent callers to one connection in one batch, as rueidis does
+// with every command. A plain go-redis call takes a connection of the pool
+// for itself and makes a write of its own: with 64 goroutines locking 64
+// keys, that cost Redis 21–23 µs of CPU per lock and release against
+// 10–11 µs batched, and halved the rate (BENCHMARKS.md). With fewer in
+// flight the scripts go the plain way: the pipeliner's hand-off to its
+// own goroutines then only adds to each round trip, and sending through it
+// from the second call in flight on cut the rate of 8 goroutines taking
+// turns on one lock to a third. Both ways send the same command; they differ in what shares
 // its write. The pipeliner runs a queued command on a context of its own,
 // not the caller's, which costs distlock nothing: a call that its caller
 // may give up on runs in a goroutine of distlock's, and the lease is dated
@@ -112,7 +114,7 @@ func (r *adapter) Identity() any { return r.rdb }
 func (r *adapter) Eval(ctx context.Context, s *lease.Script, keys, args []string) lease.Reply {
 	argv := argValues(args)
 	var c redis.Scripter = r.rdb
-	if evalsInFlight.Add(1) > 1 {
+	if evalsInFlight.Add(1) > pipelineAbove {
 		if ap, err := r.rdb.AutoPipeline(); err == nil {
 			c = ap
 			pipelinedEvals.Add(1)
@@ -215,3 +217,9 @@ func replyError(err error) error {
 	}
 	return err
 }
+
+// pipelineAbove is how many scripts must already be in flight for the
+// next to go through the automatic pipeliner (see adapter.Eval): at 8,
+// 64 goroutines on 64 keys go through it and 8 goroutines that take turns
+// on one lock do not (benchmarks module, scenarios keys64 and goroutines8).
+const pipelineAbove = 8
