@@ -65,38 +65,6 @@ func await(t *testing.T, ch <-chan outcome, within time.Duration, what string) o
 	}
 }
 
-// inLine returns how many waiters stand in the line of the lock at key.
-func inLine(t *testing.T, srv *redistest.Server, key string) int64 {
-	t.Helper()
-	n, err := srv.MustDo("ZCARD", key+":queue").ToInt64()
-	require.NoError(t, err)
-	return n
-}
-
-// waitInLine waits until n waiters stand in the line of the lock at key.
-func waitInLine(t *testing.T, srv *redistest.Server, key string, n int64) {
-	t.Helper()
-	require.Eventually(t, func() bool { return inLine(t, srv, key) == n }, eventually, pollEvery,
-		"waiting for %d in line at %s", n, key)
-}
-
-// wakeChannels returns the wake channels of the lock at key that have a
-// subscriber.
-func wakeChannels(t *testing.T, srv *redistest.Server, key string) []string {
-	t.Helper()
-	chans, err := srv.MustDo("PUBSUB", "SHARDCHANNELS", key+":wake:*").AsStrSlice()
-	require.NoError(t, err)
-	return chans
-}
-
-// exists reports whether key exists.
-func exists(t *testing.T, srv *redistest.Server, key string) bool {
-	t.Helper()
-	n, err := srv.MustDo("EXISTS", key).ToInt64()
-	require.NoError(t, err)
-	return n == 1
-}
-
 // requireNothingLeft checks W5: once every waiter has left and the rooms
 // have lingered, the lock leaves no line, no subscription and no room.
 func requireNothingLeft(t *testing.T, srv *redistest.Server, key string) {

@@ -24,6 +24,20 @@ import (
 // add tens of milliseconds to any wake-up, so waits for an outcome are
 // generous, and assertions about "not before" use the contract's own
 // bounds.
+// The helpers of the root package's own tests that the suite's share, so
+// that each is written once.
+var (
+	Release      = release
+	WaitState    = waitState
+	NextEvent    = nextEvent
+	WaitRenewed  = waitRenewed
+	Get          = get
+	InLine       = inLine
+	WaitInLine   = waitInLine
+	WakeChannels = wakeChannels
+	Exists       = exists
+)
+
 const (
 	shortTTL    = 600 * time.Millisecond
 	eventually  = 5 * time.Second // upper bound for something that should happen soon
