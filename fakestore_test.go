@@ -23,6 +23,7 @@ const (
 	renewRefuse           // the key holds another value
 	renewFail             // Redis answers with an error
 	renewHang             // no answer until the call's deadline
+	renewDeaf             // no answer for ten TTLs, whatever the call's deadline (go-redis waits out its ReadTimeout)
 )
 
 type renewCall struct {
@@ -93,6 +94,9 @@ func (f *fakeStore) Renew(ctx context.Context, k lease.Keys, value string, ttl t
 	case renewHang:
 		<-ctx.Done()
 		return lease.Renewal{}, ctx.Err()
+	case renewDeaf:
+		time.Sleep(10 * ttl)
+		return lease.Renewal{}, errors.New("i/o timeout")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

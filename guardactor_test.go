@@ -72,6 +72,38 @@ func TestLostExactlyAtDeadlineWhileRenewalHangs(t *testing.T) {
 	})
 }
 
+// L1 with a client that does not end a call at its deadline: the guard is
+// Lost at D all the same, its event and context with it, and not when the
+// renewal finally returns.
+func TestLostAtDeadlineWhileRenewalIgnoresItsDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{mode: renewDeaf}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		start := time.Now()
+		events := g.Subscribe(t.Context())
+		require.Equal(t, Acquired, (<-events).State)
+
+		d := start.Add(fakeTTL - margin(fakeTTL))
+		ev := <-events
+		assert.Equal(t, Lost, ev.State)
+		assert.Equal(t, d, ev.Time, "Lost published at D, with the renewal still in flight")
+		assert.Equal(t, d, time.Now(), "the event came at D")
+		var le *LostError
+		require.ErrorAs(t, ev.Err, &le)
+		assert.Equal(t, LostDeadline, le.Reason)
+		assert.ErrorIs(t, context.Cause(g.Context()), ErrLost)
+
+		// The end waits for the renewal that the client still holds:
+		// Release gives up after its bound, the end follows when the call
+		// returns.
+		_, err = g.Release(t.Context())
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		<-g.Done()
+		assert.Equal(t, Released, g.State())
+	})
+}
+
 // L1b: a renewal that fails without telling anything about the lease is
 // reported and retried; the guard stays Acquired, and its context alive,
 // while its deadline holds.
