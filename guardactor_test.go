@@ -42,14 +42,23 @@ func TestRenewsEveryThirdOfTTL(t *testing.T) {
 	})
 }
 
+// heldAndWatched locks a Mutex of f with opts and subscribes to the guard:
+// it returns the guard, the time of the acquisition, and the events after
+// the first (Acquired), which it has read.
+func heldAndWatched(t *testing.T, f *fakeStore, opts ...Option) (*Guard, time.Time, <-chan Event) {
+	t.Helper()
+	g, err := fakeMutex(t, f, opts...).Lock(t.Context())
+	require.NoError(t, err)
+	start := time.Now()
+	events := g.Subscribe(t.Context())
+	require.Equal(t, Acquired, (<-events).State)
+	return g, start, events
+}
+
 func TestLostExactlyAtDeadlineWhileRenewalHangs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewHang}
-		g, err := fakeMutex(t, f).Lock(t.Context())
-		require.NoError(t, err)
-		start := time.Now()
-		events := g.Subscribe(t.Context())
-		require.Equal(t, Acquired, (<-events).State)
+		g, start, events := heldAndWatched(t, f)
 
 		d := start.Add(fakeTTL - margin(fakeTTL))
 		time.Sleep(time.Until(d) - time.Nanosecond)
@@ -78,11 +87,7 @@ func TestLostExactlyAtDeadlineWhileRenewalHangs(t *testing.T) {
 func TestLostAtDeadlineWhileRenewalIgnoresItsDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewDeaf}
-		g, err := fakeMutex(t, f).Lock(t.Context())
-		require.NoError(t, err)
-		start := time.Now()
-		events := g.Subscribe(t.Context())
-		require.Equal(t, Acquired, (<-events).State)
+		g, start, events := heldAndWatched(t, f)
 
 		d := start.Add(fakeTTL - margin(fakeTTL))
 		ev := <-events
@@ -97,7 +102,7 @@ func TestLostAtDeadlineWhileRenewalIgnoresItsDeadline(t *testing.T) {
 		// The end waits for the renewal that the client still holds:
 		// Release gives up after its bound, the end follows when the call
 		// returns.
-		_, err = g.Release(t.Context())
+		_, err := g.Release(t.Context())
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 		<-g.Done()
 		assert.Equal(t, Released, g.State())
@@ -111,11 +116,7 @@ func TestFailedRenewalIsRetriedWhileTheLeaseHolds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{}
 		obs := &recorder{}
-		g, err := fakeMutex(t, f, WithObserver(obs)).Lock(t.Context())
-		require.NoError(t, err)
-		start := time.Now()
-		events := g.Subscribe(t.Context())
-		require.Equal(t, Acquired, (<-events).State)
+		g, start, events := heldAndWatched(t, f, WithObserver(obs))
 
 		f.set(renewFail)
 		time.Sleep(fakeTTL/3 + 100*time.Millisecond)
@@ -159,7 +160,7 @@ func TestFailedRenewalIsRetriedWhileTheLeaseHolds(t *testing.T) {
 		for _, st := range drain(events) {
 			assert.Equal(t, Acquired, st, "no Lost in between")
 		}
-		_, err = g.Release(t.Context())
+		_, err := g.Release(t.Context())
 		require.NoError(t, err)
 	})
 }
@@ -170,11 +171,7 @@ func TestFailedRenewalIsRetriedWhileTheLeaseHolds(t *testing.T) {
 func TestFailingRenewalsLoseAtTheDeadlineThenRegain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{}
-		g, err := fakeMutex(t, f).Lock(t.Context())
-		require.NoError(t, err)
-		start := time.Now()
-		events := g.Subscribe(t.Context())
-		require.Equal(t, Acquired, (<-events).State)
+		g, start, events := heldAndWatched(t, f)
 
 		f.set(renewFail)
 		d := start.Add(fakeTTL - margin(fakeTTL))
@@ -211,7 +208,7 @@ func TestFailingRenewalsLoseAtTheDeadlineThenRegain(t *testing.T) {
 		assert.Equal(t, Acquired, ev.State)
 		assert.NoError(t, ev.Err)
 		assert.ErrorIs(t, context.Cause(g.Context()), ErrLost, "the context stays cancelled")
-		_, err = g.Release(t.Context())
+		_, err := g.Release(t.Context())
 		require.NoError(t, err)
 	})
 }

@@ -33,6 +33,8 @@ var (
 	waitInLine   = suite.WaitInLine
 	wakeChannels = suite.WakeChannels
 	exists       = suite.Exists
+	lockAsync    = suite.LockAsync
+	await        = suite.Await
 )
 
 // newMutex returns a Mutex of c, failing the test on an error.

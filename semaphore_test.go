@@ -1,7 +1,6 @@
 package distlock_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/distkit-go/distlock"
 	"github.com/distkit-go/distlock/distlocktest"
+	"github.com/distkit-go/distlock/internal/suite"
 )
 
 // The Semaphore's tests against redis-server are client-independent and
@@ -20,36 +20,9 @@ import (
 // examples use; on redis-server, TestSuiteSemaphore/BoundsHoldersAndTokensIncrease.
 func TestSemaphoreBoundsHoldersAndTokensIncrease(t *testing.T) {
 	srv := distlocktest.New(t)
-	ctx := context.Background()
 	s, err := distlock.NewSemaphore(srv.Client(), "pool", 3, distlock.WithTTL(2*time.Second))
 	require.NoError(t, err)
-	var guards []*distlock.Guard
-	var last int64
-	for range 3 {
-		g, err := s.TryAcquire(ctx)
-		require.NoError(t, err)
-		require.Greater(t, g.Token(), last)
-		last = g.Token()
-		guards = append(guards, g)
-	}
-	_, err = s.TryAcquire(ctx)
-	var nae *distlock.NotAcquiredError
-	require.ErrorAs(t, err, &nae)
-	assert.Equal(t, 3, nae.Permits)
-	assert.ErrorIs(t, err, distlock.ErrNotAcquired)
-	t.Log(err)
-
-	st, err := guards[1].Release(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, distlock.Released, st)
-	g, err := s.TryAcquire(ctx)
-	require.NoError(t, err)
-	assert.Greater(t, g.Token(), last)
-	guards[1] = g
-	for _, g := range guards {
-		_, err := g.Release(ctx)
-		require.NoError(t, err)
-	}
+	suite.SemaphoreBounds(t, s)
 }
 
 func TestNewSemaphoreRefusesBadPermits(t *testing.T) {

@@ -1,9 +1,7 @@
 package distlock_test
 
 import (
-	"context"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,39 +29,6 @@ const (
 	// above that on an idle machine, far below longTTL.
 	promptly = 2 * time.Second
 )
-
-// outcome is what a Lock call in the background returned, and when.
-type outcome struct {
-	g   *distlock.Guard
-	err error
-	at  time.Time
-}
-
-// lockAsync runs m.Lock(ctx) in the background. The test waits for the
-// result (or the goroutine) before it ends.
-func lockAsync(t *testing.T, ctx context.Context, m *distlock.Mutex) <-chan outcome {
-	t.Helper()
-	ch := make(chan outcome, 1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		g, err := m.Lock(ctx)
-		ch <- outcome{g: g, err: err, at: time.Now()}
-	})
-	t.Cleanup(wg.Wait)
-	return ch
-}
-
-// await returns the outcome, failing the test if it takes longer than within.
-func await(t *testing.T, ch <-chan outcome, within time.Duration, what string) outcome {
-	t.Helper()
-	select {
-	case o := <-ch:
-		return o
-	case <-time.After(within):
-		t.Fatalf("%s: no result within %v", what, within)
-		return outcome{}
-	}
-}
 
 // requireNothingLeft checks W5: once every waiter has left and the rooms
 // have lingered, the lock leaves no line, no subscription and no room.
@@ -113,9 +78,9 @@ func TestPassAfterIdleConnectionsDied(t *testing.T) {
 	released := time.Now()
 	assert.Equal(t, distlock.Released, release(t, g))
 	o := await(t, result, promptly, "the waiter")
-	require.NoError(t, o.err)
-	assert.Less(t, o.at.Sub(released), promptly)
-	release(t, o.g)
+	require.NoError(t, o.Err())
+	assert.Less(t, o.At().Sub(released), promptly)
+	release(t, o.Guard())
 	requireNothingLeft(t, srv, g.Key())
 }
 
@@ -134,7 +99,7 @@ func TestLockAfterIdleConnectionsDied(t *testing.T) {
 	waitInLine(t, srv, g.Key(), 1)
 	release(t, g)
 	o := await(t, result, promptly, "the waiter")
-	require.NoError(t, o.err)
-	release(t, o.g)
+	require.NoError(t, o.Err())
+	release(t, o.Guard())
 	requireNothingLeft(t, srv, g.Key())
 }

@@ -36,6 +36,8 @@ var (
 	WaitInLine   = waitInLine
 	WakeChannels = wakeChannels
 	Exists       = exists
+	LockAsync    = lockAsync
+	Await        = await
 )
 
 const (
@@ -209,6 +211,12 @@ type outcome struct {
 	err error
 	at  time.Time
 }
+
+// Guard, Err and At give the root package's tests, which share lockAsync
+// and await (as LockAsync and Await), the outcome's parts.
+func (o outcome) Guard() *distlock.Guard { return o.g }
+func (o outcome) Err() error             { return o.err }
+func (o outcome) At() time.Time          { return o.at }
 
 // async runs acquire(ctx) (a Lock, an Acquire, a Campaign, an RLock) in
 // the background. The test waits for the result (or the goroutine) before

@@ -29,8 +29,15 @@ func Semaphore(t *testing.T, lib Library) {
 
 func semBounds(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	SemaphoreBounds(t, newSemaphore(t, connect(t, lib, srv), "pool", 3, distlock.WithTTL(2*time.Second)))
+}
+
+// SemaphoreBounds checks that s, a fresh semaphore of 3 permits, admits
+// three holders with increasing tokens, refuses a fourth, and admits one
+// again, with a higher token, once a permit is released. The root package
+// runs it on distlocktest's in-process server as well.
+func SemaphoreBounds(t *testing.T, s *distlock.Semaphore) {
 	ctx := t.Context()
-	s := newSemaphore(t, connect(t, lib, srv), "pool", 3, distlock.WithTTL(2*time.Second))
 	var guards []*distlock.Guard
 	var last int64
 	for range 3 {
