@@ -95,15 +95,20 @@ func (g *Guard) renew(end context.Context) time.Duration {
 	}
 	ctx, cancel := context.WithDeadline(end, dl)
 	var atDeadline *time.Timer
+	var fired chan struct{}
 	if s.state == Acquired {
 		// Not every client returns when a call's deadline passes (go-redis
 		// waits for its ReadTimeout, and retries), and a dial may not
 		// watch it: the guard turns Lost at D whatever the call does.
-		atDeadline = time.AfterFunc(time.Until(dl), g.deadlinePassed)
+		fired = make(chan struct{})
+		atDeadline = time.AfterFunc(time.Until(dl), func() {
+			defer close(fired)
+			g.deadlinePassed()
+		})
 	}
 	r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
-	if atDeadline != nil {
-		atDeadline.Stop()
+	if atDeadline != nil && !atDeadline.Stop() {
+		<-fired // the timer's goroutine is the actor's: wait for it
 	}
 	cancel()
 	return g.renewed(sent, r, err)
@@ -111,8 +116,9 @@ func (g *Guard) renew(end context.Context) time.Duration {
 
 // deadlinePassed makes the guard Lost if its deadline has passed while a
 // renewal is in flight; once the guard's end has begun it does nothing.
-// It runs in a timer's goroutine, which holds nothing but g.mu for as long
-// as the transition takes; the renewal's return stops the timer.
+// It runs in the goroutine of a timer that renew starts and stops, and
+// waits for when it has fired; it holds nothing but g.mu, for as long as
+// the transition takes.
 func (g *Guard) deadlinePassed() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
