@@ -26,13 +26,13 @@ import (
 //     sunsubscribe) for channel, which Redis sends when the slot of a
 //     sharded channel leaves the node, or the server closing the
 //     connection (CLIENT KILL, a shutdown);
-//   - a *lease.ReplyError when Redis answers the subscription with an error
-//     that refuses it (an unknown command, an ACL's NOPERM), so that the
-//     lease protocol falls back to plain channels or to polling;
-//   - any other error as it is, among them a redirection or a transient
-//     refusal (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN),
-//     which is worth trying again: on a Cluster, a redirection also makes
-//     go-redis reload the cluster's layout.
+//   - a *lease.ReplyError when Redis answers the subscription with an
+//     error: the lease protocol tells a refusal (an unknown command, an
+//     ACL's NOPERM: it falls back to plain channels or to polling) from a
+//     reply worth trying again (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, LOADING,
+//     MASTERDOWN); on a Cluster, a redirection also makes go-redis reload
+//     the cluster's layout;
+//   - any other error as it is.
 //
 // go-redis's PubSub re-dials and subscribes again on its own after a
 // connection error, before Receive reports it. Subscribe closes the PubSub
@@ -83,7 +83,7 @@ func (r *adapter) Subscribe(ctx context.Context, channel string, sharded bool, r
 	for {
 		msg, err := ps.Receive(ctx)
 		if err != nil {
-			return r.receiveError(ctx, channel, err)
+			return r.receiveError(ctx, err)
 		}
 		switch m := msg.(type) {
 		case *redis.Message:
@@ -104,7 +104,7 @@ func (r *adapter) Subscribe(ctx context.Context, channel string, sharded bool, r
 }
 
 // receiveError returns what Subscribe returns for err, which ended Receive.
-func (r *adapter) receiveError(ctx context.Context, channel string, err error) error {
+func (r *adapter) receiveError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err() // the PubSub was closed for ctx
 	}
@@ -115,36 +115,12 @@ func (r *adapter) receiveError(ctx context.Context, channel string, err error) e
 	if !errors.As(err, &rerr) {
 		return err
 	}
-	if transient(err) {
-		if _, moved := redis.IsMovedError(err); moved {
-			r.reloadLayout(ctx)
-		} else if _, ask := redis.IsAskError(err); ask {
-			r.reloadLayout(ctx)
-		}
-		return fmt.Errorf("goredis: subscribing to %s: %w", channel, err)
-	}
-	return lease.NewReplyError(rerr.Error(), err)
-}
-
-// reloadLayout asks a cluster client to read the cluster's layout again
-// (in the background), so that the next subscription goes to the node
-// that now owns the slot.
-func (r *adapter) reloadLayout(ctx context.Context) {
-	if cc, ok := r.rdb.(*redis.ClusterClient); ok {
+	_, moved := redis.IsMovedError(err)
+	_, ask := redis.IsAskError(err)
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok && (moved || ask) {
+		// Read the cluster's layout again (in the background), so that
+		// the next subscription goes to the node that now owns the slot.
 		cc.ReloadState(ctx)
 	}
-}
-
-// transient reports whether err is an error reply that says "not here" or
-// "not now" rather than "no": a redirection, a slot in migration, a cluster
-// or a primary that is down, a server that is loading its data.
-func transient(err error) bool {
-	if _, ok := redis.IsMovedError(err); ok {
-		return true
-	}
-	if _, ok := redis.IsAskError(err); ok {
-		return true
-	}
-	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err) ||
-		redis.IsLoadingError(err) || redis.IsMasterDownError(err)
+	return lease.NewReplyError(rerr.Error(), err)
 }

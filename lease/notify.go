@@ -42,23 +42,38 @@ func (c *Client) Subscribe(ctx context.Context, k Keys, room string, ready func(
 // listen subscribes to channel, sharded or else plain, until ctx ends or
 // the subscription breaks, with the returns that Subscribe documents.
 func (c *Client) listen(ctx context.Context, channel string, ready func(), onMessage func(string)) error {
-	err := c.receive(ctx, channel, true, ready, onMessage)
+	err := c.r.Subscribe(ctx, channel, true, ready, onMessage)
 	if isUnknownCommand(err) {
-		err = c.receive(ctx, channel, false, ready, onMessage)
+		err = c.r.Subscribe(ctx, channel, false, ready, onMessage)
 	}
-	if _, ok := replyError(err); ok && ctx.Err() == nil {
+	if RefusesPubSub(err) && ctx.Err() == nil {
 		return errors.Join(ErrNoPubSub, err)
 	}
 	return err
 }
 
-func (c *Client) receive(ctx context.Context, channel string, sharded bool, ready func(), message func(string)) error {
-	return c.r.Subscribe(ctx, channel, sharded, ready, message)
-}
-
 func isUnknownCommand(err error) bool {
 	re, ok := replyError(err)
 	return ok && strings.Contains(strings.ToLower(re.Message), "unknown command")
+}
+
+// RefusesPubSub reports whether err, returned by [Redis.Subscribe], is
+// Redis refusing the subscription itself (an unknown command, an ACL's
+// NOPERM), after which waiters poll ([ErrNoPubSub]), as opposed to an
+// error reply that says "not here" or "not now": a redirection, a slot
+// that is moving, a cluster or a primary that is down, a server loading
+// its data. After those, subscribing again can work.
+func RefusesPubSub(err error) bool {
+	re, ok := replyError(err)
+	if !ok {
+		return false
+	}
+	for _, code := range [...]string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN"} {
+		if re.prefix(code) {
+			return false
+		}
+	}
+	return true
 }
 
 // SubscribeLeader listens for the changes of holder that an election's

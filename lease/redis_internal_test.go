@@ -63,3 +63,23 @@ func TestReplyConversions(t *testing.T) {
 		t.Errorf("an array reply: %v, %v", arr, err)
 	}
 }
+
+func TestRefusesPubSubOnlyForARefusal(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"ERR unknown command 'SSUBSCRIBE'":                true,
+		"NOPERM User app has no permissions to access":    true,
+		"MOVED 3999 127.0.0.1:6381":                       false,
+		"ASK 3999 127.0.0.1:6381":                         false,
+		"TRYAGAIN Multiple keys request during rehashing": false,
+		"CLUSTERDOWN The cluster is down":                 false,
+		"LOADING Redis is loading the dataset in memory":  false,
+		"MASTERDOWN Link with MASTER is down":             false,
+	} {
+		if got := RefusesPubSub(fmt.Errorf("subscribe: %w", NewReplyError(msg, nil))); got != want {
+			t.Errorf("RefusesPubSub(%q) = %v", msg, got)
+		}
+	}
+	if RefusesPubSub(errors.New("connection reset")) || RefusesPubSub(nil) {
+		t.Error("an error that is not a reply is not a refusal")
+	}
+}
