@@ -15,10 +15,33 @@ import (
 // with four or more CPUs), since each dead one can fail one call.
 const brokenConnTries = 8
 
+// acquireMode says how an acquire call goes about it.
+type acquireMode int8
+
+const (
+	// inLine stands in the lock's line and sleeps until the lock is passed
+	// to it (Lock, by default).
+	inLine acquireMode = iota
+	// polling asks again every interval, never standing in line
+	// (TryLockFor, and Lock with WithRetryInterval).
+	polling
+	// once makes a single attempt (TryLock).
+	once
+)
+
+// lockMode returns the mode of e's Lock: in line, or polling where
+// WithRetryInterval asks for it.
+func (e *engine) lockMode() acquireMode {
+	if e.polling {
+		return polling
+	}
+	return inLine
+}
+
 // acquire runs one Lock, TryLock or TryLockFor call and reports it to the
-// Observer. wait is the longest it may wait (0: no limit); interval > 0 or
-// poll selects plain polling; once makes a single attempt.
-func (e *engine) acquire(ctx context.Context, owner string, wait, interval time.Duration, poll, once bool) (*Guard, error) {
+// Observer. wait is the longest it may wait (0: no limit); interval is the
+// pause between two tries of a polling call.
+func (e *engine) acquire(ctx context.Context, owner string, mode acquireMode, wait, interval time.Duration) (*Guard, error) {
 	if ctx == nil {
 		return nil, invalid("ctx", "is nil")
 	}
@@ -39,10 +62,10 @@ func (e *engine) acquire(ctx context.Context, owner string, wait, interval time.
 	}
 	var g *Guard
 	var err error
-	switch {
+	switch mode {
 	case once:
 		g, err = a.once()
-	case poll:
+	case polling:
 		g, err = a.poll(interval)
 	default:
 		g, err = a.queue()
@@ -77,14 +100,14 @@ func (e *engine) lock(ctx context.Context, typ string) (*Guard, error) {
 	if e.store == nil {
 		return nil, zeroValue(typ)
 	}
-	return e.acquire(ctx, e.owner, e.maxWait, e.retryInterval, e.polling, false)
+	return e.acquire(ctx, e.owner, e.lockMode(), e.maxWait, e.retryInterval)
 }
 
 func (e *engine) try(ctx context.Context, typ string) (*Guard, error) {
 	if e.store == nil {
 		return nil, zeroValue(typ)
 	}
-	return e.acquire(ctx, e.owner, 0, 0, false, true)
+	return e.acquire(ctx, e.owner, once, 0, 0)
 }
 
 func (e *engine) tryFor(ctx context.Context, typ string, timeout, retryInterval time.Duration) (*Guard, error) {
@@ -97,9 +120,9 @@ func (e *engine) tryFor(ctx context.Context, typ string, timeout, retryInterval 
 	case retryInterval < 0:
 		return nil, invalid("retry interval", "%v is negative", retryInterval)
 	case timeout == 0:
-		return e.acquire(ctx, e.owner, 0, 0, false, true)
+		return e.acquire(ctx, e.owner, once, 0, 0)
 	}
-	return e.acquire(ctx, e.owner, timeout, retryInterval, true, false)
+	return e.acquire(ctx, e.owner, polling, timeout, retryInterval)
 }
 
 // acquirer is the state of one acquire call. It is used by one goroutine.
@@ -244,9 +267,7 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		}
 		ctx = a.callCtx
 	}
-	proc.work.add(1)
-	go func() {
-		defer proc.work.add(-1)
+	proc.goWork(func() {
 		ctx, cancel := context.WithDeadline(ctx, dl)
 		defer cancel()
 		var r result
@@ -256,7 +277,7 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 			r.grant, r.err = e.store.AcquireOrQueue(ctx, e.keys, value, e.ttl, place)
 		}
 		done <- r
-	}()
+	})
 	var limit <-chan time.Time
 	if !a.limit.IsZero() {
 		t := time.NewTimer(time.Until(a.limit))
@@ -324,65 +345,5 @@ func (a *acquirer) poll(interval time.Duration) (*Guard, error) {
 		if _, _, err := a.wait(interval, nil); err != nil {
 			return nil, err
 		}
-	}
-}
-
-// wakeReason says what ended a wait.
-type wakeReason int
-
-const (
-	wokeByTimer wakeReason = iota
-	wokeByPoke
-	wokeByGrant
-)
-
-// wait waits for d to pass (d < 0: no timer), for a poke or a grant to w (w
-// may be nil), for the wait limit or for ctx. It returns an error when the
-// limit has passed or ctx is done, which ends the call. With d <= 0 it
-// only checks the limit, ctx, and a grant already there.
-func (a *acquirer) wait(d time.Duration, w *waiter) (wakeReason, grantNote, error) {
-	if !a.limit.IsZero() {
-		left := time.Until(a.limit)
-		if left <= 0 {
-			return wokeByTimer, grantNote{}, &TimeoutError{Key: a.e.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
-		}
-		if d < 0 || d > left {
-			d = left
-		}
-	}
-	var grant <-chan grantNote
-	var poke <-chan struct{}
-	if w != nil {
-		grant, poke = w.grant, w.poke
-	}
-	var timerC <-chan time.Time
-	switch {
-	case d == 0:
-		select {
-		case n := <-grant:
-			return wokeByGrant, n, nil
-		default:
-		}
-		if a.ctx.Err() != nil {
-			return wokeByTimer, grantNote{}, a.e.ctxError(a.ctx)
-		}
-		return wokeByTimer, grantNote{}, nil
-	case d > 0:
-		if a.timer == nil {
-			a.timer = time.NewTimer(d)
-		} else {
-			a.timer.Reset(d)
-		}
-		timerC = a.timer.C
-	}
-	select {
-	case n := <-grant:
-		return wokeByGrant, n, nil
-	case <-poke:
-		return wokeByPoke, grantNote{}, nil
-	case <-timerC:
-		return wokeByTimer, grantNote{}, nil
-	case <-a.ctx.Done():
-		return wokeByTimer, grantNote{}, a.e.ctxError(a.ctx)
 	}
 }

@@ -299,28 +299,58 @@
 // waits on Redis: they answer at once even while a renewal or the final
 // delete is in flight.
 //
+// # How it works
+//
+// A call goes down four layers: the face (Mutex, Semaphore, RWMutex,
+// Election) holds configuration only; its engine (engine.go) makes the
+// acquire call (acquire.go) and, for Lock, waits in the lock's line
+// (wait.go); each acquisition is a [Guard], a virtual actor
+// (guardactor.go); and the lease package holds the protocol, its Lua
+// scripts and the calls that send them to Redis.
+//
+// A guard exists from the acquisition but has a goroutine only when it
+// has work. Until its first renewal is due, a third of the TTL in, nobody
+// runs it: the call that ends it (Release, Leave, the end of the Lock
+// context) claims it in one atomic step and makes the end on its own
+// goroutine, so a short critical section costs no goroutine. From the
+// first renewal on, the guard's actor owns it: the renewal timer, the
+// lease deadline and the Lock context are its own, every command reaches
+// it on its mailbox, and each call to Redis runs in a child whose answer
+// comes back as a message, so the actor answers at once even while Redis
+// is slow. It exits when the guard ends, and when Redis refuses a renewal
+// (a loss that can never be undone). State, Deadline, Context, Done and
+// Subscribe read what the guard has published and never wait for it.
+//
 // # Goroutines
 //
 // An uncontended Lock and Release with a context that cannot be cancelled
 // (context.Background(), or the context.WithoutCancel(ctx) of the Release
-// idiom) run on the caller's goroutine and start none. With a cancellable
-// Lock context, the acquire call runs in a goroutine of its own, so that
-// Lock returns the moment ctx ends even while rueidis is still dialing.
+// idiom) run on the caller's goroutine and start none; with a cancellable
+// Lock context they start one. Every goroutine distlock starts has one
+// owner, a stop and a wait:
 //
-// A guard gets its goroutine, its actor, when its first renewal is due, a
-// third of the TTL after the acquisition; a lock held for less costs no
-// goroutine. The actor renews the lease, takes the final delete itself if
-// the guard is released while it runs, and exits then. A Release with a
-// context that can be cancelled sends the delete from a goroutine of its
-// own, so that the context bounds the wait. A lock that has waiters in this
-// process also has one goroutine that keeps its room's subscription; it ends
-// a quarter of a second after the last waiter leaves. A waiter that gives up
-// leaves a short-lived goroutine that cancels its place in line. Nothing
-// that distlock starts outlives the guard or the call that started it, and
-// subscribers never slow anything down: their channels are buffered and drop
-// their oldest event rather than block. A guard that is neither released nor
-// cancelled keeps its lock, and its goroutine, until the process exits, just
-// as a forgotten Unlock would.
+//	goroutine                        owner           stop                          wait
+//	guard's actor                    the guard       its end; a refused renewal    Guard.Done (for its end)
+//	a renewal, Downgrade, final      the actor       its deadline (D, the lease    the actor's return
+//	  delete (the actor's children)                    end) or the guard's end
+//	end of a guard with no actor     the guard       the lease's end bounds it     Guard.Done
+//	  (Lock context's watch)
+//	acquire call whose caller may    the process     its deadline (the lease       Settle
+//	  stop waiting (cancellable ctx,                   deadline of its send time)
+//	  WithMaxWait, a grant meanwhile)
+//	clean-up after a call gives up   the process     one TTL at most               Settle
+//	a room's subscription (a lock    the process     a linger of 250 ms after      the room's close
+//	  with waiters in this process)                    its last waiter leaves
+//	an election's watcher, and its   the Election    its last observer leaves      the observers' channels
+//	  subscription and reads                                                         close after it
+//
+// Nothing keeps running on behalf of a call that has returned, beyond the
+// process's background work in that table: a call that gave up leaves its
+// clean-up, and a room lingers briefly. [Settle] waits for the first.
+// Subscribers never slow anything down: their channels are buffered and
+// drop their oldest event rather than block. A guard that is neither
+// released nor cancelled keeps its lock, and its goroutine, until the
+// process exits, just as a forgotten Unlock would.
 //
 // # Keys
 //

@@ -125,7 +125,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Guard, error) {
 	if err := lease.CheckOwner(value); err != nil {
 		return nil, badArgument("value", "%v", unwrapName(err))
 	}
-	return e.e.acquire(ctx, value, e.e.maxWait, e.e.retryInterval, e.e.polling, false)
+	return e.e.acquire(ctx, value, e.e.lockMode(), e.e.maxWait, e.e.retryInterval)
 }
 
 // Leader asks Redis who leads now, in one round trip. It returns the zero
@@ -290,40 +290,31 @@ type watchState struct {
 	up        bool                        // announcements arrive
 	retry     backoff                     // the pause after a read that failed
 	timer     *time.Timer                 // the next read
-	children  sync.WaitGroup              // the subscription and the read in flight
 }
 
 // run is the watcher's loop. It ends when its last observer has left.
-func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-chan struct{}) {
-	ctx, cancel := context.WithCancel(context.Background())
+func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg) {
 	s := &watchState{observers: make(map[chan Leader]func() bool), timer: time.NewTimer(time.Hour),
 		retry: backoff{first: minResubscribe, most: maxResubscribe}}
 	defer func() {
-		// The children (the subscription and a read) end soon once ctx is
-		// cancelled; the observers' channels close after them, so that an
-		// observer who sees its channel closed knows the watcher's work is
-		// over.
-		cancel()
+		// The children (the subscription and a read) end soon once their
+		// context is cancelled; the observers' channels close after them,
+		// so that an observer who sees its channel closed knows the
+		// watcher's work is over.
 		s.timer.Stop()
-		s.children.Wait()
+		a.StopChildren()
 		for ch, stopAfter := range s.observers {
 			stopAfter()
 			close(ch)
 		}
 	}()
 	e := w.e
-	s.children.Add(1)
-	a.Go(func() {
-		defer s.children.Done()
-		w.subscribe(ctx, a)
-	})
-	w.read(ctx, a, s)
+	a.Go(func(ctx context.Context) { w.subscribe(ctx, a) })
+	w.read(a, s)
 	for {
 		select {
-		case <-stop:
-			return
 		case <-s.timer.C:
-			w.read(ctx, a, s)
+			w.read(a, s)
 		case msg := <-inbox:
 			switch msg := msg.(type) {
 			case observeMsg:
@@ -332,7 +323,7 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 					_ = a.Send(context.Background(), unobserveMsg{ch: ch})
 				})
 				if s.known {
-					offerLeader(ch, s.cur.leader)
+					offerLatest(ch, s.cur.leader)
 				}
 			case unobserveMsg:
 				stopAfter, ok := s.observers[msg.ch]
@@ -358,12 +349,12 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 				}
 			case readMsg:
 				s.reading = false
-				w.readDone(ctx, a, s, msg)
+				w.readDone(a, s, msg)
 			case subMsg:
 				s.up = msg.up
 				// Up: announcements may have been missed before it took.
 				// Down: read now, and poll until it is back.
-				w.read(ctx, a, s)
+				w.read(a, s)
 			}
 		}
 	}
@@ -371,16 +362,14 @@ func (w *watcher) run(a *actor.Actor[watchMsg], inbox <-chan watchMsg, stop <-ch
 
 // read sends a read in a child, unless one is in flight (then it reads
 // again when that one returns).
-func (w *watcher) read(ctx context.Context, a *actor.Actor[watchMsg], s *watchState) {
+func (w *watcher) read(a *actor.Actor[watchMsg], s *watchState) {
 	if s.reading {
 		s.again = true
 		return
 	}
 	s.reading, s.again, s.heardAt = true, false, s.heard
 	e := w.e
-	s.children.Add(1)
-	a.Go(func() {
-		defer s.children.Done()
+	a.Go(func(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, max(e.e.ttl/3, time.Second))
 		defer cancel()
 		var msg readMsg
@@ -394,7 +383,7 @@ func (w *watcher) read(ctx context.Context, a *actor.Actor[watchMsg], s *watchSt
 }
 
 // readDone applies a read's result and schedules the next read.
-func (w *watcher) readDone(ctx context.Context, a *actor.Actor[watchMsg], s *watchState, msg readMsg) {
+func (w *watcher) readDone(a *actor.Actor[watchMsg], s *watchState, msg readMsg) {
 	e := w.e
 	if msg.err != nil {
 		e.e.logger().Debug("distlock: reading the leader failed", "err", msg.err)
@@ -409,7 +398,7 @@ func (w *watcher) readDone(ctx context.Context, a *actor.Actor[watchMsg], s *wat
 		w.set(s, msg.v)
 	}
 	if s.again {
-		w.read(ctx, a, s)
+		w.read(a, s)
 		return
 	}
 	var next time.Duration
@@ -434,7 +423,7 @@ func (w *watcher) set(s *watchState, v view) {
 	s.cur, s.known = v, true
 	if changed {
 		for ch := range s.observers {
-			offerLeader(ch, v.leader)
+			offerLatest(ch, v.leader)
 		}
 	}
 }
@@ -453,20 +442,4 @@ func (w *watcher) subscribe(ctx context.Context, a *actor.Actor[watchMsg]) {
 		_ = a.Send(ctx, subMsg{}) // down: the loop reads now, then polls
 		return !noPubSub
 	})
-}
-
-// offerLeader puts l in ch without blocking, replacing a Leader that the
-// observer has not read yet. Only the watcher sends on ch.
-func offerLeader(ch chan Leader, l Leader) {
-	for {
-		select {
-		case ch <- l:
-			return
-		default:
-		}
-		select {
-		case <-ch:
-		default:
-		}
-	}
 }

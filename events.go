@@ -3,6 +3,8 @@ package distlock
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -63,63 +65,121 @@ func (e Event) String() string {
 // dropped (see [Guard.Subscribe]).
 const subscriberBuffer = 4
 
-// subscriber is one channel returned by Subscribe. It is sent on and
-// closed only under the guard's mutex.
-type subscriber struct {
-	ch   chan Event
-	stop func() bool // stops the context.AfterFunc that unsubscribes
+// signals is what a guard shows to every goroutine: its status (read
+// without a lock by State and Deadline), its context and its
+// subscriptions. Only the guard's owner changes them, through
+// Guard.apply; any goroutine may read the status, ask for the context or
+// subscribe. mu is a leaf lock: it is held for a few non-blocking steps
+// (a store, a cancel, an offer to each subscriber), never while anything
+// else is called, so neither side ever waits on the other's work.
+type signals struct {
+	st    atomic.Pointer[status]
+	first status // the status a guard starts with, without an allocation
+
+	mu     sync.Mutex
+	subs   map[chan Event]func() bool // each with the stop of its context's AfterFunc
+	ctx    context.Context            // made on first use: most critical sections never ask
+	cancel context.CancelCauseFunc
+	cause  error // why the context is cancelled, if it is (or would be, once made)
+	closed bool  // the final event was sent and every subscription closed
+	final  Event // that event
 }
 
-// subscribers is a guard's set of subscriptions, guarded by the guard's
-// mutex. The zero value is an empty set.
-type subscribers map[chan Event]subscriber
-
-// add registers ch, whose context is ctx, and sends it the current state,
-// if there is one to send. unsubscribe is called once ctx is done.
-func (s *subscribers) add(ctx context.Context, ch chan Event, current *Event, unsubscribe func()) {
-	if current != nil {
-		offer(ch, *current)
-	}
-	if *s == nil {
-		*s = make(subscribers)
-	}
-	(*s)[ch] = subscriber{ch: ch, stop: context.AfterFunc(ctx, unsubscribe)}
+// status is what a guard publishes for State and Deadline to read without
+// a lock. State checks deadline against the clock itself, so a late timer
+// cannot make it report a lapsed lease as held.
+type status struct {
+	state    State
+	since    time.Time // when state was entered
+	deadline time.Time // D: while Acquired, and kept while Lost; zero once Released
+	err      error     // why, for Lost
 }
 
-// remove closes ch and forgets it, if it is still registered.
-func (s subscribers) remove(ch chan Event) {
-	sub, ok := s[ch]
-	if !ok {
+// released is the status of every guard whose end has begun.
+var released = &status{state: Released}
+
+// publish makes next the status, if it is not nil; cancels the context
+// with cause, if it is not nil and the context was not cancelled before;
+// and offers ev, if emit is set, to every subscriber. A final ev closes
+// every subscription, and later subscribers receive it alone. All of it
+// happens at once for anyone who looks: a subscriber that comes in
+// between cannot see the new status and then the event a second time.
+func (p *signals) publish(next *status, cause error, ev Event, emit, final bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if next != nil {
+		p.st.Store(next)
+	}
+	if cause != nil && p.cause == nil {
+		p.cause = cause
+		if p.cancel != nil {
+			p.cancel(cause)
+		}
+	}
+	if emit {
+		for ch := range p.subs {
+			offerLatest(ch, ev)
+		}
+	}
+	if final {
+		for ch, stop := range p.subs {
+			stop()
+			close(ch)
+		}
+		p.subs, p.closed, p.final = nil, true, ev
+	}
+}
+
+// context returns the guard's context, derived from parent, making it on
+// first use.
+func (p *signals) context(parent context.Context) context.Context {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx == nil {
+		p.ctx, p.cancel = context.WithCancelCause(parent)
+		if p.cause != nil {
+			p.cancel(p.cause)
+		}
+	}
+	return p.ctx
+}
+
+// subscribe registers ch until ctx is done, and sends it the current
+// state: for a guard whose end has begun, nothing until the final event
+// (see Guard.Subscribe); for one that has ended, the final event, and ch
+// is closed.
+func (p *signals) subscribe(ctx context.Context, ch chan Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		ch <- p.final
+		close(ch)
 		return
 	}
-	sub.stop()
-	close(sub.ch)
-	delete(s, ch)
-}
-
-// publish offers ev to every subscriber without blocking.
-func (s subscribers) publish(ev Event) {
-	for _, sub := range s {
-		offer(sub.ch, ev)
+	if s := p.st.Load(); s.state != Released {
+		ch <- Event{State: s.state, Time: s.since, Err: s.err}
 	}
-}
-
-// closeAll closes every subscription; the final event must already have been
-// published.
-func (s subscribers) closeAll() {
-	for ch := range s {
-		s.remove(ch)
+	if p.subs == nil {
+		p.subs = make(map[chan Event]func() bool)
 	}
+	p.subs[ch] = context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if _, ok := p.subs[ch]; ok {
+			delete(p.subs, ch)
+			close(ch)
+		}
+	})
 }
 
-// offer puts ev in ch without ever blocking. When ch is full it drops the
-// oldest event to make room, so the newest state is always delivered. It is
-// only called by the single sender of ch, so once an event has been dropped
+// offerLatest puts v in ch without ever blocking. When ch is full it drops
+// the oldest value to make room, so the newest is always delivered. It is
+// only called by the single sender of ch, so once a value has been dropped
 // there is room: the reader can only make more.
-func offer(ch chan Event, ev Event) {
+func offerLatest[T any](ch chan T, v T) {
 	for {
 		select {
-		case ch <- ev:
+		case ch <- v:
 			return
 		default:
 		}

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"math"
 	"sync/atomic"
 	"time"
 
+	"github.com/distkit-go/distlock/actor"
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -24,11 +25,13 @@ import (
 // of the TTL after the acquisition, so a lock held for less than that costs
 // no goroutine at all. It exits when the guard is released, by
 // [Guard.Release], by [Guard.Leave] or by the cancellation of the context
-// given to Lock; until then it keeps renewing, so a guard that is neither
-// released nor cancelled holds the lock for as long as the process lives.
+// given to Lock, and when Redis refuses a renewal (the lease is someone
+// else's or gone, so there is nothing left to renew). Until then it keeps
+// renewing, so a guard that is neither released nor cancelled holds the
+// lock for as long as the process lives.
 //
-// All methods are safe for concurrent use. Only Release and Leave wait on
-// Redis; the others answer from the guard's own memory at once.
+// All methods are safe for concurrent use. Only Release, Leave and
+// Downgrade wait; the others answer from the guard's memory at once.
 type Guard struct {
 	e        *engine
 	value    string
@@ -39,16 +42,15 @@ type Guard struct {
 	acquired time.Time
 	done     chan struct{} // closed by finish
 
-	// st is the guard's published status. It changes only in publish,
-	// under mu; State and Deadline read it without a lock. It starts at
-	// first.
-	st    atomic.Pointer[status]
-	first status
+	// owner is who owns the guard's state (the fields from how to final):
+	// nil while nobody does (before the first renewal is due), the guard's
+	// actor once it runs, or one of the marks ending and retired. It
+	// changes only by a compare-and-swap, so that exactly one goroutine
+	// owns the guard at any time (see "Who owns a guard" in guardactor.go).
+	owner atomic.Pointer[guardActor]
 
-	mu sync.Mutex // guards everything below, and every change of st
-	// how is how the guard ends, once Release, Leave or the Lock context's
-	// end has begun it (the first one decides); 0 until then. endFrom is
-	// the state it was in at that moment.
+	// how is how the guard ends, once its end has begun; 0 until then.
+	// endFrom is the state it was in at that moment.
 	how     endHow
 	endFrom State
 	// The last write Redis confirmed: its send time and the TTL it set
@@ -56,44 +58,29 @@ type Guard struct {
 	// renewal).
 	lastSent time.Time
 	leaseTTL time.Duration
-	// firstRenewal starts the actor; stopActor, set once the actor runs,
-	// tells it that the end has begun. unwatch stops the watch on the Lock
-	// context.
+	// firstRenewal activates the actor when the first renewal is due;
+	// unwatch stops the watch on the Lock context while no actor runs.
 	firstRenewal *time.Timer
-	stopActor    context.CancelFunc
 	unwatch      func() bool
-	// The actor's retries of renewals that failed while the lease held:
-	// their pause, and the last failure (the cause of a loss at the
-	// deadline, until a renewal is confirmed).
+	// The retries of renewals that failed while the lease held: their
+	// pause, and the last failure (the cause of a loss at the deadline,
+	// until a renewal is confirmed).
 	retry    backoff
 	renewErr error
-	subs     subscribers
-	// The guard's context is made on first use: most critical sections
-	// never ask for it. cause is why it was cancelled, if it was before it
-	// was made.
-	ctx       context.Context
-	cancelCtx context.CancelCauseFunc
-	cause     error
+	// deleting is what the tries of the final delete have learnt so far
+	// (an owner of the end may hand them over to an actor).
+	deleting deletion
 	// final is written by finish before done is closed, and read only
 	// after that.
 	final outcome
-	// rw is a read-write lock's hold: its mode after a Downgrade
-	// (rwmutex.go).
-	rw rwHold
-}
+	// downgraded: a Downgrade made this write hold of an RWMutex a read
+	// hold. Written by the actor, read by mode from any goroutine.
+	downgraded atomic.Bool
 
-// status is what a guard publishes for State and Deadline to read without
-// a lock. State checks deadline against the clock itself, so a late timer
-// cannot make it report a lapsed lease as held.
-type status struct {
-	state    State
-	since    time.Time // when state was entered
-	deadline time.Time // D: while Acquired, and kept while Lost; zero once Released
-	err      error     // why, for Lost
+	// pub is what the guard shows to every goroutine: its status, its
+	// context and its subscriptions.
+	pub signals
 }
-
-// released is the status of every guard whose end has begun.
-var released = &status{state: Released}
 
 // endHow says how a guard ends.
 type endHow int8
@@ -107,7 +94,6 @@ const (
 type outcome struct {
 	state State // Released, or Lost if the lease had slipped before release
 	err   error // the release's Redis error, if any
-	event Event // the final Released event
 }
 
 // ReleaseTimeout bounds how long [Guard.Release] and [Guard.Leave] wait when
@@ -129,25 +115,25 @@ const ReleaseTimeout = 2 * time.Second
 // than only delete the lease: a call with value whose reply was lost may
 // still reach Redis, and must not find value welcome.
 //
-// The guard starts without a goroutine: a timer starts its actor when the
-// first renewal is due, and the Lock context is watched with
+// The guard starts without a goroutine: a timer activates its actor when
+// the first renewal is due, and the Lock context is watched with
 // context.AfterFunc.
 func (e *engine) newGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool) *Guard {
 	now := time.Now()
 	g := &Guard{e: e, value: value, token: token, attempt: attempt, void: void, lockCtx: lockCtx, acquired: now,
 		done: make(chan struct{}), lastSent: sent, leaseTTL: ttl}
-	g.first = status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)}
-	g.st.Store(&g.first)
+	g.pub.first = status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)}
+	g.pub.st.Store(&g.pub.first)
 	if e.debug() {
 		g.logger().Debug("distlock: acquired", "attempt", attempt)
 	}
-	// The timer and the watch may fire at once; they wait for mu.
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.firstRenewal = time.AfterFunc(sent.Add(renewAfter(ttl)).Sub(now), g.activate)
+	// The timer is armed last, once both fields are set: its function and
+	// the watch's may read them.
+	g.firstRenewal = time.AfterFunc(math.MaxInt64, g.activate)
 	if lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
 	}
+	g.firstRenewal.Reset(sent.Add(renewAfter(ttl)).Sub(now))
 	return g
 }
 
@@ -177,7 +163,7 @@ func (g *Guard) Attempt() int { return g.attempt }
 // the lock at once, and the guard must not still claim it. After that it
 // never reports Acquired again.
 func (g *Guard) State() State {
-	s := g.st.Load()
+	s := g.pub.st.Load()
 	if s.state == Acquired && !time.Now().Before(s.deadline) {
 		return Lost
 	}
@@ -197,7 +183,7 @@ func (g *Guard) State() State {
 // lease: when it is Lost, and from the moment its end begins (it is
 // Released). It does not call Redis.
 func (g *Guard) Deadline() time.Time {
-	s := g.st.Load()
+	s := g.pub.st.Load()
 	if s.state != Acquired || !time.Now().Before(s.deadline) {
 		return time.Time{}
 	}
@@ -218,17 +204,7 @@ func (g *Guard) Done() <-chan struct{} { return g.done }
 // [context.Cause]. It is never un-cancelled: a guard that regains its lease
 // after Lost still reports a cancelled context, because the work that ran in
 // between was not protected.
-func (g *Guard) Context() context.Context {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.ctx == nil {
-		g.ctx, g.cancelCtx = context.WithCancelCause(g.lockCtx)
-		if g.cause != nil {
-			g.cancelCtx(g.cause)
-		}
-	}
-	return g.ctx
-}
+func (g *Guard) Context() context.Context { return g.pub.context(g.lockCtx) }
 
 // Subscribe returns a channel of the guard's states. The first event is the
 // state at the time of the call; each later event is a transition, or the
@@ -237,8 +213,8 @@ func (g *Guard) Context() context.Context {
 // retries; see the package documentation, "Renewal and loss"). After the
 // Released event, or once ctx is done, the channel is closed.
 //
-// Subscribe does not wait on Redis: it answers at once, even while a
-// renewal or the final delete is in flight.
+// Subscribe does not wait on Redis or on the guard's actor: it answers at
+// once, even while a renewal or the final delete is in flight.
 //
 // The channel is never written to in a way that blocks: it buffers four
 // events and, when a reader falls further behind, the oldest buffered event
@@ -258,28 +234,7 @@ func (g *Guard) Subscribe(ctx context.Context) <-chan Event {
 		close(ch)
 		return ch
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	select {
-	case <-g.done:
-		ch <- g.final.event
-		close(ch)
-		return ch
-	default:
-	}
-	unsubscribe := func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		g.subs.remove(ch)
-	}
-	if g.how != 0 {
-		// The first event is the final Released, published by finish.
-		g.subs.add(ctx, ch, nil, unsubscribe)
-		return ch
-	}
-	g.checkDeadlineLocked()
-	s := g.st.Load()
-	g.subs.add(ctx, ch, &Event{State: s.state, Time: s.since, Err: s.err}, unsubscribe)
+	g.pub.subscribe(ctx, ch)
 	return ch
 }
 
@@ -289,18 +244,20 @@ func (g *Guard) Subscribe(ctx context.Context) <-chan Event {
 // called, State reports Released and the guard's context is cancelled with
 // cause [ErrReleased]. When the context is one that cannot be cancelled,
 // such as context.WithoutCancel(ctx), and the guard has no actor yet, the
-// delete is sent from the calling goroutine; otherwise another goroutine
+// delete is sent from the calling goroutine; otherwise the guard's actor
 // sends it and Release waits for it.
 //
 // It returns Released when the lease was held until it was deleted, and Lost
 // when it had already slipped (the guard was Lost, or the key no longer held
-// this acquisition's value). A delete that gets no reply (a reset
-// connection, a refused dial) may not have run, so it is sent again after a
-// pause that grows from 10 ms to 200 ms, while the wait and the lease last;
-// Release returns Released and no error as soon as one is confirmed. An
-// error that Redis answered with is returned wrapped alongside the state,
-// as is the last failure when no try was confirmed in time; the lease then
-// expires on its own within the TTL.
+// this acquisition's value). A guard whose renewal Redis refused has
+// nothing left in Redis to delete: Release returns Lost at once, without
+// sending anything. A delete that gets no reply (a reset connection, a
+// refused dial) may not have run, so it is sent again after a pause that
+// grows from 10 ms to 200 ms, while the wait and the lease last; Release
+// returns Released and no error as soon as one is confirmed. An error that
+// Redis answered with is returned wrapped alongside the state, as is the
+// last failure when no try was confirmed in time; the lease then expires
+// on its own within the TTL.
 //
 // ctx bounds the wait, not the release. If ctx has no deadline, Release
 // waits at most [ReleaseTimeout]; the delete itself never waits past the
@@ -319,7 +276,8 @@ func (g *Guard) Subscribe(ctx context.Context) <-chan Event {
 //
 // Calling Release again, or after Leave or the cancellation of the Lock
 // context, is harmless: whichever came first decides how the guard ends,
-// and Release waits for that end and returns its result. A nil ctx is
+// and Release waits for that end and returns its result (the same state
+// and error as the first call, once the end has its answer). A nil ctx is
 // refused with an error matching [ErrInvalidArgument] (an
 // [*ArgumentError]), and the guard is left as it was.
 func (g *Guard) Release(ctx context.Context) (State, error) {
@@ -327,13 +285,7 @@ func (g *Guard) Release(ctx context.Context) (State, error) {
 		return g.State(), badArgument("ctx", "is nil")
 	}
 	bound := waitBound(ctx)
-	if _, last := g.beginEnd(endRelease); last {
-		if ctx.Done() == nil {
-			g.release(ctx, bound)
-		} else {
-			go g.release(context.WithoutCancel(ctx), time.Time{})
-		}
-	}
+	g.end(endRelease, ctx, bound, false)
 	return g.wait(ctx, bound, "releasing")
 }
 
@@ -368,63 +320,102 @@ func (g *Guard) Leave(ctx context.Context) (State, error) {
 		return g.State(), badArgument("ctx", "is nil")
 	}
 	bound := waitBound(ctx)
-	if _, last := g.beginEnd(endLeave); last {
-		g.finish(releaseResult{})
-	}
+	g.end(endLeave, ctx, bound, false)
 	return g.wait(ctx, bound, "leaving")
 }
 
-// lockCtxEnded is the watch on the Lock context: its end releases the
-// guard, as Release would. It runs in a goroutine of its own
-// (context.AfterFunc's), which sends the delete if the guard has no actor.
-//
-// A deadline that ends the hold is logged at Warn: it is usually a timeout
-// meant for the wait alone (the habit of libraries whose lock outlives the
-// context it was taken with), and the work under the lock is cut short.
+// lockCtxEnded is the watch on the Lock context while no actor runs (an
+// actor watches it itself): its end releases the guard, as Release would,
+// from the goroutine that context.AfterFunc starts.
 func (g *Guard) lockCtxEnded() {
-	began, last := g.beginEnd(endRelease)
-	if began && errors.Is(g.lockCtx.Err(), context.DeadlineExceeded) {
+	g.end(endRelease, context.WithoutCancel(g.lockCtx), time.Time{}, true)
+}
+
+// warnLockDeadline logs at Warn that the Lock context's deadline has ended
+// the hold: it is usually a timeout meant for the wait alone (the habit of
+// libraries whose lock outlives the context it was taken with), and the
+// work under the lock is cut short.
+func (g *Guard) warnLockDeadline() {
+	if errors.Is(g.lockCtx.Err(), context.DeadlineExceeded) {
 		g.logger().Warn("distlock: the deadline of the context given to Lock has ended the hold; releasing the lock "+
 			"(to bound only the wait, use WithMaxWait or TryLockFor)", "held", time.Since(g.acquired))
 	}
-	if last {
-		g.release(context.WithoutCancel(g.lockCtx), time.Time{})
+}
+
+// end begins the guard's end as how says, unless it has begun already,
+// and sees that the rest of it is done. Whoever owns the guard makes the
+// end: its actor, when it has one (end asks it on its mailbox); otherwise
+// the caller, which claims the guard first, in one compare-and-swap, so
+// that a timer that would activate the actor finds it taken.
+//
+// A caller that claims the guard takes the end's last step itself, on its
+// own goroutine: nothing to send for Leave, or for a guard whose renewal
+// was refused, and otherwise the final delete, tried until bound (zero: the
+// end of the lease). A Release whose ctx can end must not wait on the
+// delete past it, so it has the guard's actor send it instead, starting
+// one. byWatch says the caller is the watch on the Lock context.
+func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bool) {
+	for {
+		switch a := g.owner.Load(); a {
+		case nil, retired:
+			if a == nil && how == endRelease && ctx.Done() != nil {
+				// The delete must be able to outlast ctx: an actor sends it.
+				if act := g.takeOver(nil); act != nil {
+					go act.a.Run(act.loop)
+				}
+				continue
+			}
+			if !g.owner.CompareAndSwap(a, ending) {
+				continue
+			}
+			g.firstRenewal.Stop()
+			if g.unwatch != nil && !byWatch {
+				g.unwatch()
+			}
+			g.begin(how)
+			if byWatch {
+				g.warnLockDeadline()
+			}
+			if how == endLeave || a == retired {
+				g.finish(releaseResult{})
+				return
+			}
+			g.deleteLease(ctx, bound)
+			return
+		case ending:
+			return
+		default:
+			_, err := actor.Call(context.Background(), a.a, func(r actor.Reply[struct{}]) guardMsg {
+				return endMsg{how: how, reply: r}
+			})
+			if err == nil {
+				return
+			}
+			// actor.ErrStopped: it retired meanwhile; claim the guard.
+		}
 	}
 }
 
-// beginEnd begins the guard's end as how says, unless it has begun
-// already. From this moment State reports Released and the guard's context
-// is cancelled; the timer of the first renewal and the watch on the Lock
-// context stop, and an actor is told to stop. It reports whether the
-// caller began the end, and whether it must take the end's last step (the
-// delete for a release; nothing to send for Leave, but the end to record):
-// it must when it began the end and the guard has no actor, which takes the
-// step itself otherwise.
-func (g *Guard) beginEnd(how endHow) (began, last bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.how != 0 {
-		return false, false
+// deleteLease sends the final delete from the goroutine that owns the
+// guard's end, until it has an answer or bound passes (zero: until the
+// lease ends), and records the end. When bound passes first with the lease
+// still running, an actor takes over the tries, and the guard ends when
+// they have their answer.
+func (g *Guard) deleteLease(ctx context.Context, bound time.Time) {
+	leaseEnd := g.leaseEnd()
+	dl := leaseEnd
+	if !bound.IsZero() && bound.Before(dl) {
+		dl = bound
 	}
-	// A lease that lapsed before the end began, though no timer has said
-	// so yet, was lost first.
-	g.checkDeadlineLocked()
-	g.how, g.endFrom = how, g.st.Load().state
-	g.publish(released)
-	if g.firstRenewal != nil {
-		g.firstRenewal.Stop()
+	g.sendDelete(ctx, dl)
+	if !g.deleting.answered && dl.Before(leaseEnd) {
+		// The caller's wait is over, the lease is not: hand the rest over.
+		act := newGuardActor(g)
+		g.owner.Store(act)
+		go act.a.Run(act.loop)
+		return
 	}
-	if g.unwatch != nil {
-		g.unwatch()
-	}
-	if e := g.e; e.debug() {
-		g.logger().Debug("distlock: ending", "leave", how == endLeave)
-	}
-	if g.stopActor != nil {
-		g.stopActor()
-		return true, false
-	}
-	return true, true
+	g.finishDelete()
 }
 
 // waitBound returns until when Release or Leave waits: ctx's deadline, or
@@ -475,6 +466,18 @@ func (g *Guard) wait(ctx context.Context, bound time.Time, verb string) (State, 
 	return Released, fmt.Errorf("distlock: %s %s: %w", verb, g.e.keys.Lease, err)
 }
 
+// leaseEnd returns until when the final delete is worth sending: the end
+// of the lease as Redis counts it, or minReleaseWait from now when that is
+// sooner (a lease lost to a failed renewal may still hold our value, and
+// deleting it frees the lock for the next holder at once).
+func (g *Guard) leaseEnd() time.Time {
+	end := g.lastSent.Add(g.leaseTTL)
+	if floor := time.Now().Add(minReleaseWait); end.Before(floor) {
+		return floor
+	}
+	return end
+}
+
 // releaseResult is the answer to the final delete.
 type releaseResult struct {
 	deleted bool
@@ -484,86 +487,51 @@ type releaseResult struct {
 	unanswered bool
 }
 
-// release sends the final delete: the conditional delete (or, for a guard
-// whose acquisition left a call with its value unaccounted for, the cancel
-// that also voids the value), which passes the lock to the next waiter in
-// line. It runs on the goroutine that takes the end's last step (see
-// beginEnd) and records the end.
-//
-// A delete that fails without a reply may not have run, so it is sent
-// again after a pause that grows from firstRetry (L1b): a reset connection
-// or a proxy that restarts does not leave the lock held for the rest of
-// its lease. Waiting past the end of the lease would be pointless, since
-// the key is gone by then either way; minReleaseWait still gives a lapsed
-// lease one try. When until is set (the Release that sends it waits only
-// that long) and passes first, the delete goes on in a goroutine of its own
-// until the end of the lease, and the guard ends when it has its answer.
-func (g *Guard) release(ctx context.Context, until time.Time) {
-	e := g.e
-	g.mu.Lock()
-	leaseEnd := g.lastSent.Add(g.leaseTTL)
-	g.mu.Unlock()
-	if floor := time.Now().Add(minReleaseWait); leaseEnd.Before(floor) {
-		leaseEnd = floor
-	}
-	dl := leaseEnd
-	if !until.IsZero() && until.Before(dl) {
-		dl = until
-	}
-	pause := backoff{first: firstRetry, most: maxReleaseRetry}
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	unanswered := false // an attempt got no reply: it may have deleted the lease
-	var lastErr error   // the last failure that was not the attempt's deadline
-	for {
-		cctx, cancel := context.WithDeadline(ctx, dl)
+// deletion is what the tries of the final delete have learnt.
+type deletion struct {
+	tries
+	deleted bool // the answered try deleted the lease
+}
+
+// sendDelete sends the final delete until Redis answers it or dl passes,
+// going on from the tries made before: the conditional delete (or, for a
+// guard whose acquisition left a call with its value unaccounted for, the
+// cancel that also voids the value), which passes the lock to the next
+// waiter in line. It is called by the owner of the guard's end.
+func (g *Guard) sendDelete(ctx context.Context, dl time.Time) {
+	e, d := g.e, &g.deleting
+	untilAnswered(ctx, dl, &d.tries, func(ctx context.Context) error {
 		sent := time.Now()
 		var r lease.Release
 		var err error
 		if g.void {
-			r, err = e.store.Cancel(cctx, e.keys, g.value, e.ttl)
+			r, err = e.store.Cancel(ctx, e.keys, g.value, e.ttl)
 		} else {
-			r, err = e.store.Release(cctx, e.keys, g.value)
+			r, err = e.store.Release(ctx, e.keys, g.value)
 		}
-		cancel()
 		// The release passed the lock to the next in line; if that waiter
 		// is in this process, it wakes now rather than at the announcement.
-		deliverPasses(e.queueKey(), r, sent)
-		if err == nil || lease.IsReply(err) {
-			g.finish(releaseResult{deleted: r.Deleted, err: err, unanswered: unanswered})
-			return
-		}
-		unanswered = true
-		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
-			lastErr = err
-		}
-		wait := pause.next()
-		if time.Now().Add(wait).Before(dl) {
-			if timer == nil {
-				timer = time.NewTimer(wait)
-			} else {
-				timer.Reset(wait)
-			}
-			<-timer.C
-			continue
-		}
-		if dl.Before(leaseEnd) {
-			// The caller's wait is over, the lease is not.
-			go g.release(ctx, time.Time{})
-			return
-		}
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			// The attempt ran out of the lease, not the caller out of
-			// time: say why it got no answer, not that a context ended.
-			err = &noAnswerError{last: lastErr}
-		}
-		g.finish(releaseResult{err: err})
+		deliverPasses(e.roomKey(), r, sent)
+		d.deleted = r.Deleted
+		return err
+	})
+}
+
+// finishDelete ends the guard with what the tries of the final delete
+// learnt.
+func (g *Guard) finishDelete() {
+	d := g.deleting
+	if d.answered {
+		g.finish(releaseResult{deleted: d.deleted, err: d.err, unanswered: d.unanswered})
 		return
 	}
+	err := d.err
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The tries ran out of the lease, not the caller out of time: say
+		// why they got no answer, not that a context ended.
+		err = &noAnswerError{last: d.cause}
+	}
+	g.finish(releaseResult{err: err})
 }
 
 // noAnswerError reports a final delete that got no answer from Redis
@@ -584,130 +552,6 @@ func (e *noAnswerError) Unwrap() error { return e.last }
 // maxReleaseRetry is the longest pause between two tries of the final
 // delete: a released lock should be free again soon after the path is back.
 const maxReleaseRetry = 200 * time.Millisecond
-
-// finish records how the guard ended, publishes Released and closes every
-// subscription and Done. After Leave, r is empty: nothing was sent, and
-// the lease stays until it expires.
-func (g *Guard) finish(r releaseResult) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	from, final := g.endFrom, Released
-	switch {
-	case g.how == endLeave || r.err != nil:
-		// Nothing new was learnt: the lease stays until it expires (after
-		// Leave the waiter first in line watches its TTL and takes it then;
-		// after a failed delete it expires on its own).
-	case !r.deleted && from == Acquired && !r.unanswered:
-		// The key no longer held our value: whatever we believed, the
-		// lease had slipped.
-		cause := &LostError{Key: g.e.keys.Lease, Reason: LostRefused}
-		g.tell(Acquired, Lost, time.Now(), cause, 0)
-		g.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
-		from = Lost
-	}
-	if from != Acquired {
-		final = Lost
-	}
-	var err error
-	if r.err != nil {
-		err = fmt.Errorf("distlock: releasing %s: %w", g.e.keys.Lease, r.err)
-		g.logger().Warn("distlock: release failed; the lease will expire on its own", "err", err)
-	} else if g.e.debug() {
-		g.logger().Debug("distlock: released", "outcome", final.String(), "left", g.how == endLeave)
-	}
-	ev := Event{State: Released, Time: time.Now(), Err: err}
-	g.tell(from, Released, ev.Time, err, ev.Time.Sub(g.acquired))
-	g.final = outcome{state: final, err: err, event: ev}
-	g.subs.closeAll()
-	close(g.done)
-}
-
-// The guard's state machine. Every change of the published status goes
-// through publish, under mu, from whichever goroutine learnt it: the actor
-// (a renewal's answer, the deadline), the caller (Release, Leave,
-// Subscribe's look at the clock) or the watch on the Lock context.
-
-// publish makes next the guard's status. When the state changes (other
-// than to Released, whose event comes with the release's answer, in
-// finish), it tells everyone who watches, in a fixed order: State and
-// Deadline first; for a loss, the guard's context next (whoever sees it
-// cancelled then reads Lost from State); then the Observer and the
-// subscribers, who thus find the context cancelled. A move to Released
-// cancels the guard's context, unless a loss did already.
-func (g *Guard) publish(next *status) {
-	prev := g.st.Load()
-	g.st.Store(next)
-	switch {
-	case next.state == Released:
-		g.cancelLocked(ErrReleased)
-	case next.state != prev.state:
-		if next.state == Lost {
-			g.cancelLocked(next.err)
-		}
-		g.tell(prev.state, next.state, next.since, next.err, 0)
-	}
-}
-
-// tell reports a transition to the Observer and to the subscribers; held
-// is how long the guard existed, for a move to Released.
-func (g *Guard) tell(from, to State, at time.Time, err error, held time.Duration) {
-	e := g.e
-	e.obs.ObserveTransition(TransitionInfo{Key: e.keys.Lease, Kind: e.kind, Mode: e.keys.Mode.String(), Token: g.token, From: from, To: to, Err: err, Held: held})
-	g.subs.publish(Event{State: to, Time: at, Err: err})
-}
-
-// confirmLocked records a write of ttl, sent at sent, that Redis
-// confirmed: the deadline moves on, and a Lost guard is Acquired again.
-func (g *Guard) confirmLocked(sent time.Time, ttl time.Duration) {
-	g.lastSent, g.leaseTTL = sent, ttl
-	g.renewErr = nil
-	g.retry.reset()
-	prev := g.st.Load()
-	next := &status{state: Acquired, since: prev.since, deadline: leaseDeadline(sent, ttl)}
-	if prev.state == Lost {
-		next.since = time.Now()
-	}
-	g.publish(next)
-	if prev.state == Lost {
-		g.logger().Info("distlock: lock regained")
-	}
-}
-
-// loseLocked moves an Acquired guard to Lost for cause; the deadline it
-// had is kept. The first loss cancels the guard's context.
-func (g *Guard) loseLocked(cause *LostError) {
-	prev := g.st.Load()
-	if prev.state != Acquired {
-		return
-	}
-	g.publish(&status{state: Lost, since: time.Now(), deadline: prev.deadline, err: cause})
-	g.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
-}
-
-// checkDeadlineLocked marks the guard Lost if its deadline has passed:
-// because renewals failed up to it (the last failure says why), or because
-// none was confirmed in time.
-func (g *Guard) checkDeadlineLocked() {
-	if s := g.st.Load(); s.state == Acquired && !time.Now().Before(s.deadline) {
-		cause := &LostError{Key: g.e.keys.Lease, Reason: LostDeadline}
-		if g.renewErr != nil {
-			cause.Reason, cause.Err = LostRenewFailed, g.renewErr
-		}
-		g.loseLocked(cause)
-	}
-}
-
-// cancelLocked cancels the guard's context with cause, or records cause for
-// when the context is made. Only the first cause counts.
-func (g *Guard) cancelLocked(cause error) {
-	if g.cause != nil {
-		return
-	}
-	g.cause = cause
-	if g.cancelCtx != nil {
-		g.cancelCtx(cause)
-	}
-}
 
 // logger returns the engine's logger with this guard's attributes.
 func (g *Guard) logger() *slog.Logger {

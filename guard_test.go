@@ -27,6 +27,12 @@ func goid() int64 {
 	return id
 }
 
+// hasActor reports whether g's actor owns it now.
+func (g *Guard) hasActor() bool {
+	a := g.owner.Load()
+	return a != nil && a != ending && a != retired
+}
+
 // goroutineStore is a fakeStore that records which goroutine sends each
 // acquire and release.
 type goroutineStore struct {
@@ -77,10 +83,7 @@ func TestUncontendedPathRunsOnTheCallersGoroutine(t *testing.T) {
 			for _, lock := range []func(context.Context) (*Guard, error){m.Lock, m.TryLock} {
 				g, err := lock(ctx)
 				require.NoError(t, err)
-				g.mu.Lock()
-				actor := g.stopActor != nil
-				g.mu.Unlock()
-				assert.False(t, actor, "a guard released before its first renewal has no actor")
+				assert.False(t, g.hasActor(), "a guard released before its first renewal has no actor")
 				st, err := g.Release(context.WithoutCancel(ctx))
 				require.NoError(t, err)
 				require.Equal(t, Released, st)
@@ -129,11 +132,7 @@ func TestActorStartsAtTheFirstRenewal(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
-		active := func() bool {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			return g.stopActor != nil
-		}
+		active := g.hasActor
 		time.Sleep(fakeTTL/3 - time.Nanosecond)
 		synctest.Wait()
 		assert.False(t, active(), "just before the first renewal")

@@ -3,144 +3,570 @@ package distlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
+	"github.com/distkit-go/distlock/actor"
 	"github.com/distkit-go/distlock/lease"
 )
 
-// The guard's actor: the goroutine that renews a held lease.
+// The guard's actor, and the guard's state machine.
 //
-// It is started by the guard's first-renewal timer, in the goroutine of
-// that timer, a third of the lease after the acquisition; a guard released
-// before then never has one. From then on it alone sends renewals: it
-// renews every TTL/3, sends each renewal with a deadline no later than the
-// lease deadline D, and turns the guard Lost at D even if the renewal in
-// flight has not returned by then (a client may not honour the deadline),
-// and applies each answer to the guard's state (guard.go). When the guard's
-// end begins, its stop function cancels the renewal in flight, and the
-// actor takes the end's last step itself (the final delete, or nothing for
-// Leave) before it returns. Its owner is the guard: the end is its stop
-// signal, and [Guard.Done], closed once that last step has its answer, is
-// its wait.
+// # Who owns a guard
+//
+// A guard is a virtual actor: it exists from the acquisition, but a
+// goroutine runs it only when it has work. Exactly one party owns its
+// state at any time, named by Guard.owner and changed only by a
+// compare-and-swap:
+//
+//   - nil: nobody, from the acquisition until the first renewal is due. A
+//     lock held for less than that never has a goroutine. The call that
+//     ends the guard (Release, Leave, the watch on the Lock context)
+//     claims it (nil → ending) and makes the end on its own goroutine.
+//   - an actor: from the first renewal on (the first-renewal timer's
+//     goroutine claims the guard, nil → actor, and becomes its actor), or
+//     earlier when a Downgrade, or a Release whose context can end, needs
+//     one. The actor owns the renewal timer, the lease deadline and the
+//     Lock context; every command reaches it on its mailbox (endMsg,
+//     downgradeMsg) with a one-slot reply, and every Redis call it makes
+//     is a child whose answer comes back as a message, so its loop never
+//     waits on Redis and answers a command at once.
+//   - ending: the end's owner, for good. A caller that claimed the end may
+//     hand the tries of the final delete over to a new actor when its own
+//     wait is over (ending → actor).
+//   - retired: nobody, after a final loss. An actor whose renewal Redis
+//     refused (the lease is gone or someone else's: it can never come
+//     back) has nothing left to do: it exits, and the guard stays Lost
+//     until its end, which sends nothing (retired → ending).
+//
+// Whoever owns the guard changes its state through one function, apply,
+// which makes every transition and emits every event.
 
-// activate is the function of the guard's first-renewal timer. Unless the
-// guard's end has begun, it makes the goroutine it runs in the guard's
-// actor.
-func (g *Guard) activate() {
-	g.mu.Lock()
-	if g.how != 0 {
-		g.mu.Unlock()
-		return
-	}
-	end, stop := context.WithCancel(context.Background())
-	g.stopActor = stop
-	g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
-	g.mu.Unlock()
-	g.run(end)
+// guardActor is the actor of one guard, with the state of its loop.
+type guardActor struct {
+	g *Guard
+	a *actor.Actor[guardMsg]
+
+	renewAt  *time.Timer        // the next renewal
+	renewC   <-chan time.Time   // renewAt's channel while one is scheduled
+	deadAt   *time.Timer        // the lease deadline D, while Acquired
+	deadC    <-chan time.Time   // deadAt's channel while armed
+	renewing context.CancelFunc // the renewal in flight, if any
+	// The Downgrade in flight and the ones waiting behind it, in order;
+	// cancelDowngrade cancels the one in flight.
+	downgrades      []downgradeMsg
+	cancelDowngrade context.CancelFunc
+	deleting        bool // the final delete is in flight
+	retiring        bool // a renewal was refused: exit once nothing is in flight
+	exit            bool // the loop returns
 }
 
-// run is the actor's loop: renew, then sleep until the next renewal is due
-// (or, if that comes later, until the deadline), until end is cancelled.
-// Then it takes the end's last step.
-func (g *Guard) run(end context.Context) {
-	var t *time.Timer
-	for {
-		next := g.renew(end)
-		if end.Err() != nil {
-			break
-		}
-		if t == nil {
-			t = time.NewTimer(next)
-		} else {
-			t.Reset(next)
+// ending and retired are the owners of a guard that are not an actor (see
+// "Who owns a guard").
+var ending, retired = new(guardActor), new(guardActor)
+
+// The actor's messages: the commands, sent by callers with a one-slot
+// reply, and the answers of its children.
+type guardMsg interface{ isGuardMsg() }
+
+// endMsg begins the guard's end as how says (Release, Leave, the Lock
+// context's end), unless it has begun already. The reply comes once State
+// reports Released.
+type endMsg struct {
+	how   endHow
+	reply actor.Reply[struct{}]
+}
+
+// downgradeMsg asks for a Downgrade; the reply is its error.
+type downgradeMsg struct {
+	ctx   context.Context
+	reply actor.Reply[error]
+}
+
+// renewedMsg is the answer to a renewal sent at sent.
+type renewedMsg struct {
+	sent time.Time
+	r    lease.Renewal
+	err  error
+}
+
+// downgradedMsg is the answer to a Downgrade's script: whether it ran
+// (ok), the readers it granted, and the error of its last try.
+type downgradedMsg struct {
+	sent   time.Time
+	ok     bool
+	passes lease.Release
+	err    error
+}
+
+// deletedMsg says the tries of the final delete are over (their result is
+// in Guard.deleting).
+type deletedMsg struct{}
+
+func (endMsg) isGuardMsg()        {}
+func (downgradeMsg) isGuardMsg()  {}
+func (renewedMsg) isGuardMsg()    {}
+func (downgradedMsg) isGuardMsg() {}
+func (deletedMsg) isGuardMsg()    {}
+
+func newGuardActor(g *Guard) *guardActor {
+	return &guardActor{g: g, a: actor.New[guardMsg]()}
+}
+
+// takeOver makes a new actor the owner of g, if from owns it now, and
+// returns it for the caller to run; it returns nil if from does not own g.
+func (g *Guard) takeOver(from *guardActor) *guardActor {
+	act := newGuardActor(g)
+	if !g.owner.CompareAndSwap(from, act) {
+		return nil
+	}
+	return act
+}
+
+// activate is the function of the first-renewal timer: unless a call has
+// claimed the guard first, the timer's goroutine becomes its actor.
+func (g *Guard) activate() {
+	if act := g.takeOver(nil); act != nil {
+		act.a.Run(act.loop)
+	}
+}
+
+// loop is the actor's loop: renew every TTL/3 (and retry within the rules
+// of L1b and L4), turn the guard Lost at D, answer commands, and end the
+// guard when told to or when the Lock context ends. It returns when the
+// guard has ended, or when its loss is final (it retires).
+func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
+	g := l.g
+	// The actor owns the renewal timer and the Lock context from now on.
+	g.firstRenewal.Stop()
+	if g.unwatch != nil {
+		g.unwatch()
+	}
+	l.renewAt, l.deadAt = newStoppedTimer(), newStoppedTimer()
+	defer l.renewAt.Stop()
+	defer l.deadAt.Stop()
+	if g.how != 0 {
+		// Handed over by the owner of the end, to finish the final delete.
+		l.afterBegin()
+	} else {
+		g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
+		l.renewIn(time.Until(g.lastSent.Add(renewAfter(g.leaseTTL))))
+		l.armDeadline()
+	}
+	for !l.exit {
+		var lockDone <-chan struct{}
+		if g.how == 0 {
+			lockDone = g.lockCtx.Done()
 		}
 		select {
-		case <-t.C:
-		case <-end.Done():
+		case m := <-inbox:
+			l.handle(m)
+		case <-l.renewC:
+			l.renewC = nil
+			l.renew()
+		case <-l.deadC:
+			l.deadC = nil
+			g.checkDeadline()
+		case <-lockDone:
+			l.begin(endRelease)
+			g.warnLockDeadline()
 		}
-		if end.Err() != nil {
-			break
-		}
-		g.mu.Lock()
-		g.checkDeadlineLocked()
-		g.mu.Unlock()
 	}
-	if t != nil {
-		t.Stop()
-	}
-	g.mu.Lock()
-	leaving := g.how == endLeave
-	g.mu.Unlock()
-	if leaving {
-		g.finish(releaseResult{})
-		return
-	}
-	g.release(context.WithoutCancel(g.lockCtx), time.Time{})
 }
 
-// renew sends one renewal and applies its answer. It returns how long to
-// wait before the next one. The call's deadline is the lease deadline while
-// the lease is held (L1: no call for a held lock outlives D), and one
-// renewal period when it is Lost; the end of the guard cancels it.
-func (g *Guard) renew(end context.Context) time.Duration {
+// handle acts on one message.
+func (l *guardActor) handle(m guardMsg) {
+	g := l.g
+	switch m := m.(type) {
+	case endMsg:
+		if g.how == 0 {
+			l.begin(m.how)
+		}
+		m.reply.Send(struct{}{})
+	case downgradeMsg:
+		l.downgrades = append(l.downgrades, m)
+		if len(l.downgrades) == 1 {
+			l.downgrade()
+		}
+	case renewedMsg:
+		l.renewing()
+		l.renewing = nil
+		if g.how != 0 {
+			l.afterBegin()
+			return
+		}
+		next, final := g.renewed(m.sent, m.r, m.err)
+		if final || l.retiring {
+			l.retire()
+			return
+		}
+		l.renewIn(next)
+		l.armDeadline()
+	case downgradedMsg:
+		l.downgraded(m)
+	case deletedMsg:
+		l.deleting = false
+		g.finishDelete()
+		l.exit = true
+	}
+}
+
+// renewIn schedules the next renewal d from now.
+func (l *guardActor) renewIn(d time.Duration) {
+	l.renewAt.Reset(d)
+	l.renewC = l.renewAt.C
+}
+
+// armDeadline arms the deadline timer at D while the guard is Acquired, so
+// that it turns Lost at D even while a renewal is still in flight: not
+// every client ends a call at its deadline (go-redis waits out its
+// ReadTimeout, and retries), and a dial may not watch it.
+func (l *guardActor) armDeadline() {
+	if s := l.g.pub.st.Load(); s.state == Acquired {
+		l.deadAt.Reset(time.Until(s.deadline))
+		l.deadC = l.deadAt.C
+		return
+	}
+	l.deadAt.Stop()
+	l.deadC = nil
+}
+
+// renew sends one renewal, in a child. The call's deadline is the lease
+// deadline while the lease is held (L1: no call for a held lock outlives
+// D), and one renewal period when it is Lost; the end of the guard cancels
+// it.
+func (l *guardActor) renew() {
+	g := l.g
 	e := g.e
-	g.mu.Lock()
-	g.checkDeadlineLocked()
-	s := g.st.Load()
-	g.mu.Unlock()
+	g.checkDeadline()
+	s := g.pub.st.Load()
 	sent := time.Now()
 	dl := sent.Add(renewAfter(e.ttl))
 	if s.state == Acquired {
 		dl = s.deadline
 	}
-	ctx, cancel := context.WithDeadline(end, dl)
-	var atDeadline *time.Timer
-	var fired chan struct{}
-	if s.state == Acquired {
-		// Not every client returns when a call's deadline passes (go-redis
-		// waits for its ReadTimeout, and retries), and a dial may not
-		// watch it: the guard turns Lost at D whatever the call does.
-		fired = make(chan struct{})
-		atDeadline = time.AfterFunc(time.Until(dl), func() {
-			defer close(fired)
-			g.deadlinePassed()
-		})
-	}
-	r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
-	if atDeadline != nil && !atDeadline.Stop() {
-		<-fired // the timer's goroutine is the actor's: wait for it
-	}
-	cancel()
-	return g.renewed(sent, r, err)
+	ctx, cancel := context.WithDeadline(context.Background(), dl)
+	l.renewing = cancel
+	l.a.Go(func(actx context.Context) {
+		r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
+		_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
+	})
 }
 
-// deadlinePassed makes the guard Lost if its deadline has passed while a
-// renewal is in flight; once the guard's end has begun it does nothing.
-// It runs in the goroutine of a timer that renew starts and stops, and
-// waits for when it has fired; it holds nothing but g.mu, for as long as
-// the transition takes.
-func (g *Guard) deadlinePassed() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.how == 0 {
-		g.checkDeadlineLocked()
+// begin begins the guard's end: State reports Released, the context is
+// cancelled, and whatever is in flight is cancelled; the end's last step
+// comes once it has answered (afterBegin).
+func (l *guardActor) begin(how endHow) {
+	l.g.begin(how)
+	l.renewAt.Stop()
+	l.renewC = nil
+	l.deadAt.Stop()
+	l.deadC = nil
+	if l.renewing != nil {
+		l.renewing()
+	}
+	if l.cancelDowngrade != nil {
+		l.cancelDowngrade()
+	}
+	l.afterBegin()
+}
+
+// afterBegin takes the end's last step once nothing else is in flight
+// (after Release or Leave returns, no command of the guard reaches Redis
+// but the final delete): nothing to send for Leave, the final delete
+// otherwise.
+func (l *guardActor) afterBegin() {
+	g := l.g
+	if l.renewing != nil || l.cancelDowngrade != nil || l.deleting {
+		return
+	}
+	if g.how == endLeave {
+		g.finish(releaseResult{})
+		l.exit = true
+		return
+	}
+	l.deleting = true
+	ctx, dl := context.WithoutCancel(g.lockCtx), g.leaseEnd()
+	l.a.Go(func(actx context.Context) {
+		g.sendDelete(ctx, dl)
+		_ = l.a.Send(actx, deletedMsg{})
+	})
+}
+
+// retire ends the actor after a final loss, once nothing else is in
+// flight: the guard stays Lost, with no goroutine, until its end (see "Who
+// owns a guard"), and the Lock context is watched again without one.
+func (l *guardActor) retire() {
+	l.retiring = true
+	l.renewAt.Stop()
+	l.renewC = nil
+	if l.cancelDowngrade != nil {
+		l.cancelDowngrade()
+		return // retire when it has answered
+	}
+	g := l.g
+	if g.lockCtx.Done() != nil {
+		g.unwatch = context.AfterFunc(g.lockCtx, g.lockCtxEnded)
+	}
+	if g.e.debug() {
+		g.logger().Debug("distlock: the loss is final; the guard's actor exits")
+	}
+	g.owner.Store(retired)
+	l.exit = true
+}
+
+// downgrade sends the first waiting Downgrade's script, in a child, unless
+// the guard cannot be downgraded (then it answers at once and goes on with
+// the next).
+func (l *guardActor) downgrade() {
+	g := l.g
+	e := g.e
+	for len(l.downgrades) > 0 {
+		m := l.downgrades[0]
+		if err := g.downgradable(); err != nil {
+			m.reply.Send(err)
+			l.downgrades = l.downgrades[1:]
+			continue
+		}
+		d := e.store.(downgrader)      // Guard.Downgrade checked it
+		dl := g.pub.st.Load().deadline // L1: no call for a held lock outlives D
+		ctx, cancel := context.WithCancel(m.ctx)
+		l.cancelDowngrade = cancel
+		l.a.Go(func(actx context.Context) {
+			var msg downgradedMsg
+			var t tries
+			untilAnswered(ctx, dl, &t, func(ctx context.Context) error {
+				msg.sent = time.Now()
+				var err error
+				msg.ok, msg.passes, err = d.Downgrade(ctx, e.keys, g.value, e.ttl)
+				return err
+			})
+			msg.err = t.err
+			if !t.answered && t.err != nil && ctx.Err() == nil {
+				msg.err = fmt.Errorf("no reply before the lease deadline: %w", t.err)
+			}
+			_ = l.a.Send(actx, msg)
+		})
+		return
+	}
+}
+
+// downgraded applies the answer to a Downgrade's script and goes on with
+// the next Downgrade, if one waits.
+func (l *guardActor) downgraded(m downgradedMsg) {
+	g := l.g
+	e := g.e
+	l.cancelDowngrade()
+	l.cancelDowngrade = nil
+	req := l.downgrades[0]
+	l.downgrades = l.downgrades[1:]
+	var lost bool
+	switch {
+	case g.how != 0:
+		req.reply.Send(fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, ErrReleased))
+	case m.err == nil && m.ok:
+		g.downgraded.Store(true)
+		deliverPasses(e.roomKey(), m.passes, m.sent)
+		if e.debug() {
+			g.logger().Debug("distlock: downgraded to a read hold", "granted", len(m.passes.Passes()))
+		}
+		req.reply.Send(nil)
+	case m.err == nil:
+		cause := &LostError{Key: e.keys.Lease, Reason: LostRefused}
+		g.lose(cause)
+		lost = true
+		req.reply.Send(fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, cause))
+	default:
+		req.reply.Send(fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, m.err))
+	}
+	switch {
+	case g.how != 0:
+		for _, r := range l.downgrades {
+			r.reply.Send(fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, ErrReleased))
+		}
+		l.downgrades = nil
+		l.afterBegin()
+	case lost || l.retiring:
+		for _, r := range l.downgrades {
+			r.reply.Send(g.downgradable())
+		}
+		l.downgrades = nil
+		l.armDeadline()
+		if l.renewing == nil {
+			l.retire()
+		} else {
+			l.retiring = true // retire when the renewal has answered
+		}
+	default:
+		l.downgrade()
+	}
+}
+
+// downgradable returns the error of a Downgrade of a guard that cannot be
+// downgraded now: one downgraded already, one whose end has begun, one
+// whose lease is in doubt. It is called by the guard's owner.
+func (g *Guard) downgradable() error {
+	key := g.e.keys.Lease
+	g.checkDeadline()
+	switch s := g.pub.st.Load(); {
+	case g.how != 0:
+		return fmt.Errorf("distlock: downgrading %s: %w", key, ErrReleased)
+	case g.mode() != lease.Write:
+		return fmt.Errorf("%w: the guard of %s holds it for reading", ErrNotWriteLock, key)
+	case s.state != Acquired:
+		var lost *LostError
+		if errors.As(s.err, &lost) {
+			return fmt.Errorf("distlock: downgrading %s: %w", key, lost)
+		}
+		return fmt.Errorf("distlock: downgrading %s: %w", key, ErrLost)
+	}
+	return nil
+}
+
+// newStoppedTimer returns a timer that is not armed.
+func newStoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}
+
+// The guard's state machine. Every change of the guard's state is made by
+// its owner, through apply.
+
+// change is one change of a guard's state, for apply.
+type change struct {
+	next  *status // the new status; nil keeps it
+	cause error   // cancels the guard's context (only the first cause counts)
+	// ev is the event to emit, if emit is set. It is a transition,
+	// reported to the Observer too, when its state differs from from's.
+	ev    Event
+	emit  bool
+	from  State
+	held  time.Duration // for the final Released: how long the guard existed
+	final bool          // the guard has ended: close every subscription
+}
+
+// apply is the guard's one transition and its one emit. It tells everyone
+// who watches in a fixed order: State and Deadline, the context (whoever
+// sees it cancelled then reads the new state) and the subscribers at once
+// (see signals.publish); then the Observer, from the owner's goroutine.
+func (g *Guard) apply(c change) {
+	g.pub.publish(c.next, c.cause, c.ev, c.emit, c.final)
+	if c.emit && c.ev.State != c.from {
+		e := g.e
+		e.obs.ObserveTransition(TransitionInfo{Key: e.keys.Lease, Kind: e.kind, Mode: e.keys.Mode.String(), Token: g.token,
+			From: c.from, To: c.ev.State, Err: c.ev.Err, Held: c.held})
+	}
+}
+
+// begin begins the guard's end as how says: from now on State reports
+// Released and the guard's context is cancelled with ErrReleased. A lease
+// that lapsed before the end began, though no timer has said so yet, was
+// lost first.
+func (g *Guard) begin(how endHow) {
+	g.checkDeadline()
+	g.how, g.endFrom = how, g.pub.st.Load().state
+	g.apply(change{next: released, cause: ErrReleased})
+	if g.e.debug() {
+		g.logger().Debug("distlock: ending", "leave", how == endLeave)
+	}
+}
+
+// finish records how the guard ended, publishes Released and closes every
+// subscription and Done. After Leave, r is empty: nothing was sent, and
+// the lease stays until it expires.
+func (g *Guard) finish(r releaseResult) {
+	from, final := g.endFrom, Released
+	switch {
+	case g.how == endLeave || r.err != nil:
+		// Nothing new was learnt: the lease stays until it expires (after
+		// Leave the waiter first in line watches its TTL and takes it then;
+		// after a failed delete it expires on its own).
+	case !r.deleted && from == Acquired && !r.unanswered:
+		// The key no longer held our value: whatever we believed, the
+		// lease had slipped.
+		cause := &LostError{Key: g.e.keys.Lease, Reason: LostRefused}
+		g.apply(change{ev: Event{State: Lost, Time: time.Now(), Err: cause}, emit: true, from: Acquired})
+		g.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
+		from = Lost
+	}
+	if from != Acquired {
+		final = Lost
+	}
+	var err error
+	if r.err != nil {
+		err = fmt.Errorf("distlock: releasing %s: %w", g.e.keys.Lease, r.err)
+		g.logger().Warn("distlock: release failed; the lease will expire on its own", "err", err)
+	} else if g.e.debug() {
+		g.logger().Debug("distlock: released", "outcome", final.String(), "left", g.how == endLeave)
+	}
+	g.final = outcome{state: final, err: err}
+	now := time.Now()
+	g.apply(change{ev: Event{State: Released, Time: now, Err: err}, emit: true, from: from, held: now.Sub(g.acquired), final: true})
+	// Whoever owned the guard, its end owns it from now on: an actor
+	// that made the end is about to return.
+	g.owner.Store(ending)
+	close(g.done)
+}
+
+// confirm records a write of ttl, sent at sent, that Redis confirmed: the
+// deadline moves on, and a Lost guard is Acquired again.
+func (g *Guard) confirm(sent time.Time, ttl time.Duration) {
+	g.lastSent, g.leaseTTL = sent, ttl
+	g.renewErr = nil
+	g.retry.reset()
+	prev := g.pub.st.Load()
+	next := &status{state: Acquired, since: prev.since, deadline: leaseDeadline(sent, ttl)}
+	if prev.state != Lost {
+		g.apply(change{next: next})
+		return
+	}
+	next.since = time.Now()
+	g.apply(change{next: next, ev: Event{State: Acquired, Time: next.since}, emit: true, from: Lost})
+	g.logger().Info("distlock: lock regained")
+}
+
+// lose moves an Acquired guard to Lost for cause; the deadline it had is
+// kept. The first loss cancels the guard's context.
+func (g *Guard) lose(cause *LostError) {
+	prev := g.pub.st.Load()
+	if prev.state != Acquired {
+		return
+	}
+	now := time.Now()
+	g.apply(change{next: &status{state: Lost, since: now, deadline: prev.deadline, err: cause}, cause: cause,
+		ev: Event{State: Lost, Time: now, Err: cause}, emit: true, from: Acquired})
+	g.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
+}
+
+// checkDeadline marks the guard Lost if its deadline has passed: because
+// renewals failed up to it (the last failure says why), or because none
+// was confirmed in time.
+func (g *Guard) checkDeadline() {
+	if s := g.pub.st.Load(); s.state == Acquired && !time.Now().Before(s.deadline) {
+		cause := &LostError{Key: g.e.keys.Lease, Reason: LostDeadline}
+		if g.renewErr != nil {
+			cause.Reason, cause.Err = LostRenewFailed, g.renewErr
+		}
+		g.lose(cause)
 	}
 }
 
 // renewed applies the answer to a renewal sent at sent and returns how long
-// to wait before the next one. Once the guard's end has begun, an answer
-// changes nothing.
+// to wait before the next one, or final when there will be none.
 //
 // A renewal that Redis refused (the key no longer holds this acquisition's
-// value) makes the guard Lost at once. One that failed without confirming
+// value) makes the guard Lost for good: L4 allows no regain once another
+// value or nothing holds the key. One that failed without confirming
 // anything (no reply: a reset, a refused dial, a timeout; or an error
 // reply, or replicas that did not acknowledge it) proves nothing either
 // way: it can only have extended the lease, never shortened it (L1b). While
 // the guard is Acquired, such a failure is reported (to the Observer, to
 // the subscribers as an Acquired event with a [*RenewError], and in the
 // log at Warn) and the renewal is retried after a short pause that grows
-// with each failure; the guard turns Lost when its deadline comes first.
-func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) time.Duration {
+// with each failure; the guard turns Lost when its deadline comes first,
+// and a Lost guard keeps trying every TTL/9.
+func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.Duration, final bool) {
 	e := g.e
 	ttl := e.ttl
 	now := time.Now()
@@ -149,26 +575,21 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) time.Duratio
 		info.Err = &LostError{Key: e.keys.Lease, Reason: LostRefused, Holder: lease.Owner(r.Holder)}
 	}
 	e.obs.ObserveRenew(info)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.how != 0 {
-		return 0
-	}
-	s := g.st.Load()
+	s := g.pub.st.Load()
 	switch {
 	case err != nil && s.state == Acquired && now.Before(s.deadline):
 		g.renewErr = err
 		pause := g.retry.next()
 		if left := s.deadline.Sub(now); pause >= left {
 			// No retry can be sent before the deadline: the guard is
-			// Lost then (see run).
+			// Lost then (see armDeadline).
 			pause = left
 		}
 		rerr := &RenewError{Key: e.keys.Lease, Err: err, Deadline: s.deadline, Retry: pause}
-		g.subs.publish(Event{State: Acquired, Time: now, Err: rerr})
+		g.apply(change{ev: Event{State: Acquired, Time: now, Err: rerr}, emit: true, from: Acquired})
 		g.logger().Warn("distlock: renewal failed; the lease still holds, retrying",
 			"err", err, "deadline_in", s.deadline.Sub(now), "retry_in", pause)
-		return pause
+		return pause, false
 	case err != nil:
 		cause := &LostError{Key: e.keys.Lease, Reason: LostRenewFailed, Err: err}
 		if errors.Is(err, context.DeadlineExceeded) && s.state == Acquired {
@@ -183,25 +604,25 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) time.Duratio
 		if e.debug() {
 			g.logger().Debug("distlock: renewal failed", "err", err, "took", now.Sub(sent))
 		}
-		g.loseLocked(cause)
+		g.lose(cause)
 		// A Lost guard keeps trying: a renewal that finds the key still
 		// holding its value regains it.
-		return lostRetry(ttl)
+		return lostRetry(ttl), false
 	case !r.OK:
 		if e.debug() {
 			g.logger().Debug("distlock: renewal refused", "holder", r.Holder)
 		}
-		g.loseLocked(info.Err.(*LostError))
-		return renewAfter(ttl)
+		g.lose(info.Err.(*LostError))
+		return 0, true
 	case !now.Before(leaseDeadline(sent, ttl)):
 		// Confirmed, but too late to count: the lease may already be gone
 		// by the time we could act on it.
-		g.loseLocked(&LostError{Key: e.keys.Lease, Reason: LostDeadline})
-		return 0
+		g.lose(&LostError{Key: e.keys.Lease, Reason: LostDeadline})
+		return 0, false
 	}
-	g.confirmLocked(sent, ttl)
+	g.confirm(sent, ttl)
 	if e.debug() {
-		g.logger().Debug("distlock: renewed", "deadline_in", g.st.Load().deadline.Sub(now))
+		g.logger().Debug("distlock: renewed", "deadline_in", g.pub.st.Load().deadline.Sub(now))
 	}
-	return sent.Add(renewAfter(ttl)).Sub(now)
+	return sent.Add(renewAfter(ttl)).Sub(now), false
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -213,6 +215,10 @@ func TestFailingRenewalsLoseAtTheDeadlineThenRegain(t *testing.T) {
 	})
 }
 
+// A refused renewal is a final loss (L4: the key holds another value or
+// none, so the lease can never come back): the guard is Lost, its actor
+// exits and sends nothing more, and Release then returns Lost at once
+// without sending anything.
 func TestRefusedRenewal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewRefuse}
@@ -225,11 +231,17 @@ func TestRefusedRenewal(t *testing.T) {
 		require.ErrorAs(t, context.Cause(g.Context()), &le)
 		assert.Equal(t, LostRefused, le.Reason)
 		assert.Equal(t, "other#1", le.Holder, "not a distlock value, so shown whole")
-		// It keeps trying, once per period, until released.
-		time.Sleep(fakeTTL)
-		assert.Len(t, f.renewCalls(), 4)
-		_, err = g.Release(t.Context())
+		assert.False(t, g.hasActor(), "the actor exits after a final loss")
+		time.Sleep(10 * fakeTTL)
+		synctest.Wait()
+		assert.Len(t, f.renewCalls(), 1, "a guard whose renewal was refused renews no more")
+		assert.Equal(t, Lost, g.State())
+		st, err := g.Release(t.Context())
 		require.NoError(t, err)
+		assert.Equal(t, Lost, st)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.Empty(t, f.releases, "nothing is left in Redis to delete")
 	})
 }
 
@@ -275,21 +287,28 @@ func TestSlowSubscriberSeesNewestState(t *testing.T) {
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
 		slow := g.Subscribe(t.Context()) // read only at the end
-		// Flap five times: ten transitions, far more than the buffer.
+		// Flap five times: renewals fail until the deadline (each failure
+		// reported as an Acquired event with a RenewError), the guard is
+		// Lost, then a renewal finds the key still ours and regains it.
+		// That is far more events than the buffer holds.
 		for range 5 {
-			f.set(renewRefuse)
-			time.Sleep(fakeTTL / 3)
+			f.set(renewFail)
+			time.Sleep(fakeTTL)
 			synctest.Wait()
+			require.Equal(t, Lost, g.State())
 			f.set(renewOK)
-			time.Sleep(fakeTTL / 3) // a refused guard tries again a third of the TTL later
+			time.Sleep(fakeTTL / 9)
 			synctest.Wait()
+			require.Equal(t, Acquired, g.State())
 		}
 		_, err = g.Release(t.Context())
 		require.NoError(t, err)
 		got := drain(slow)
 		require.Len(t, got, subscriberBuffer)
 		assert.Equal(t, Released, got[len(got)-1], "Released is always delivered")
-		assert.Equal(t, []State{Lost, Acquired, Lost, Acquired, Released}[5-subscriberBuffer:], got)
+		// The newest four: the last failure's report, the loss, the regain
+		// and the end.
+		assert.Equal(t, []State{Acquired, Lost, Acquired, Released}, got)
 	})
 }
 
@@ -500,5 +519,80 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 		assert.True(t, f.voided[orphan])
 		_, err = g.Release(t.Context())
 		require.NoError(t, err)
+	})
+}
+
+// actorGoroutines counts the goroutines that run a guard's actor loop.
+func actorGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	return strings.Count(string(buf), "distlock.(*guardActor).loop(")
+}
+
+// Goroutines: a guard held past its first renewal has one goroutine, its
+// actor (a renewal in flight adds a child for its duration), and none once
+// it is released or its loss is final.
+func TestOneGoroutinePerHeldGuard(t *testing.T) {
+	const guards = 300
+	synctest.Test(t, func(t *testing.T) {
+		// A fake store holds one lease: each guard has one of its own.
+		stores := make([]*fakeStore, guards)
+		lockAll := func() []*Guard {
+			gs := make([]*Guard, guards)
+			for i := range gs {
+				stores[i] = &fakeStore{}
+				g, err := fakeMutex(t, stores[i]).Lock(t.Context())
+				require.NoError(t, err)
+				gs[i] = g
+			}
+			return gs
+		}
+		renewals := func() (n int) {
+			for _, f := range stores {
+				n += len(f.renewCalls())
+			}
+			return n
+		}
+		gs := lockAll()
+		synctest.Wait()
+		assert.Zero(t, actorGoroutines(), "before the first renewal")
+		time.Sleep(fakeTTL/3 + time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, guards, actorGoroutines(), "past the first renewal: one actor per guard")
+		for _, g := range gs {
+			_, err := g.Release(t.Context())
+			require.NoError(t, err)
+		}
+		synctest.Wait()
+		assert.Zero(t, actorGoroutines(), "after Release")
+
+		// A final loss ends the actor too, and the guards send nothing more.
+		gs = lockAll()
+		for _, f := range stores {
+			f.set(renewRefuse)
+		}
+		time.Sleep(fakeTTL/3 + time.Millisecond)
+		synctest.Wait()
+		for _, g := range gs {
+			require.Equal(t, Lost, g.State())
+		}
+		assert.Zero(t, actorGoroutines(), "after a final loss")
+		sent := renewals()
+		assert.Equal(t, guards, sent, "one refused renewal per guard")
+		time.Sleep(3 * fakeTTL)
+		synctest.Wait()
+		assert.Equal(t, sent, renewals(), "renewals sent by guards whose loss is final")
+		for _, g := range gs {
+			st, err := g.Release(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, Lost, st)
+		}
 	})
 }

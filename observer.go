@@ -7,10 +7,15 @@ import "time"
 // github.com/distkit-go/distlock/otelmetrics turns these calls into
 // OpenTelemetry instruments.
 //
-// Methods are called synchronously from the goroutine that did the work: the
-// caller of Lock for ObserveAcquire, the guard's actor for the others. They
-// must be safe for concurrent use and must return quickly: an Observer that
-// blocks delays renewals, and with them the lease.
+// Methods are called synchronously from the goroutine that did the work:
+// the caller of Lock for ObserveAcquire; for the others, whoever owns the
+// guard at that moment (see "How it works" in the package documentation):
+// its actor, or, for a guard that has none, the goroutine that ends it
+// (the caller of Release or Leave, or the watch on the Lock context). No
+// lock of the guard is held while they run, and the calls for one guard
+// never overlap and come in order. They must be safe for concurrent use
+// (different guards call them at once) and must return quickly: an
+// Observer that blocks delays renewals, and with them the lease.
 type Observer interface {
 	// ObserveAcquire is called once per Lock, TryLock or TryLockFor call
 	// that got as far as asking Redis, when it returns.

@@ -46,7 +46,7 @@ func newProcessID() string {
 }
 
 // roomsFor returns the shard that holds k's room.
-func (p *process) roomsFor(k queueKey) *roomSet {
+func (p *process) roomsFor(k roomKey) *roomSet {
 	return &p.rooms[maphash.String(p.seed, k.lease)%uint64(len(p.rooms))]
 }
 
@@ -54,10 +54,13 @@ func (p *process) roomsFor(k queueKey) *roomSet {
 // Settle. f must return in bounded time.
 func (p *process) goWork(f func()) {
 	p.work.add(1)
-	go func() {
-		defer p.work.add(-1)
-		f()
-	}()
+	go p.runWork(f)
+}
+
+// runWork runs f, counted (a go statement with arguments needs no closure).
+func (p *process) runWork(f func()) {
+	defer p.work.add(-1)
+	f()
 }
 
 // workCount counts goroutines and tells whoever waits when none is left.

@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/distkit-go/distlock/actor"
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -139,18 +138,10 @@ func (rw *RWMutex) TryLockFor(ctx context.Context, timeout, retryInterval time.D
 	return rw.w.tryFor(ctx, "RWMutex", timeout, retryInterval)
 }
 
-// rwHold is what a guard of an RWMutex keeps of its mode beyond its
-// engine's: whether a Downgrade made a write hold a read hold. mu
-// serializes Downgrade calls.
-type rwHold struct {
-	mu         sync.Mutex
-	downgraded atomic.Bool
-}
-
 // mode returns how g holds its lock: lease.Read or lease.Write for an
 // RWMutex's guard, 0 for the other kinds.
 func (g *Guard) mode() lease.Mode {
-	if m := g.e.keys.Mode; m != lease.Write || !g.rw.downgraded.Load() {
+	if m := g.e.keys.Mode; m != lease.Write || !g.downgraded.Load() {
 		return m
 	}
 	return lease.Read
@@ -178,82 +169,43 @@ type downgrader interface {
 // hold it has. When Redis finds that the guard no longer holds the lock,
 // the guard becomes Lost and the error matches [ErrLost].
 //
-// Downgrade blocks for one round trip; it is safe for concurrent use, and
-// a Downgrade that runs while the guard is released finds nothing to
-// change in Redis.
+// The guard's actor sends the script (Downgrade starts the actor if the
+// guard has none yet) and Downgrade waits for its answer: one round trip.
+// When ctx ends first, Downgrade returns ctx's error and the script, if it
+// was sent, is cancelled. It is safe for concurrent use: Downgrades of one
+// guard run one after the other, and a Release that comes meanwhile
+// cancels the one in flight.
 func (g *Guard) Downgrade(ctx context.Context) error {
 	e := g.e
 	if ctx == nil {
 		return badArgument("ctx", "is nil")
 	}
-	d, ok := e.store.(downgrader)
-	if e.kind != kindRWMutex || !ok {
+	if _, ok := e.store.(downgrader); e.kind != kindRWMutex || !ok {
 		return fmt.Errorf("%w: the guard of %s is a %s's", ErrNotWriteLock, e.keys.Lease, e.kind)
 	}
-	g.rw.mu.Lock()
-	defer g.rw.mu.Unlock()
 	if g.mode() != lease.Write {
 		return fmt.Errorf("%w: the guard of %s holds it for reading", ErrNotWriteLock, e.keys.Lease)
 	}
-	if err := g.heldForDowngrade(); err != nil {
-		return err
-	}
-	pause := backoff{first: firstRetry, most: maxReleaseRetry}
 	for {
-		dl := g.st.Load().deadline // L1: no call for a held lock outlives D
-		cctx, cancel := context.WithDeadline(ctx, dl)
-		sent := time.Now()
-		ok, passes, err := d.Downgrade(cctx, e.keys, g.value, e.ttl)
-		cancel()
-		switch {
-		case err == nil && ok:
-			g.rw.downgraded.Store(true)
-			deliverPasses(e.queueKey(), passes, sent)
-			if e.debug() {
-				g.logger().Debug("distlock: downgraded to a read hold", "granted", len(passes.Passes()))
+		switch a := g.owner.Load(); a {
+		case nil:
+			if act := g.takeOver(nil); act != nil {
+				go act.a.Run(act.loop)
 			}
-			return nil
-		case err == nil:
-			cause := &LostError{Key: e.keys.Lease, Reason: LostRefused}
-			g.mu.Lock()
-			g.loseLocked(cause)
-			g.mu.Unlock()
-			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, cause)
-		case lease.IsReply(err) || ctx.Err() != nil:
-			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, err)
-		}
-		wait := pause.next()
-		if !time.Now().Add(wait).Before(dl) {
-			return fmt.Errorf("distlock: downgrading %s: no reply before the lease deadline: %w", e.keys.Lease, err)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("distlock: downgrading %s: %w (the last try got no reply: %v)", e.keys.Lease, ctx.Err(), err)
-		}
-		if err := g.heldForDowngrade(); err != nil {
+			continue
+		case ending:
+			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, ErrReleased)
+		case retired:
+			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, g.pub.st.Load().err)
+		default:
+			err, cerr := actor.Call(ctx, a.a, func(r actor.Reply[error]) guardMsg { return downgradeMsg{ctx: ctx, reply: r} })
+			switch {
+			case errors.Is(cerr, actor.ErrStopped):
+				continue // it retired or ended meanwhile
+			case cerr != nil:
+				return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, cerr)
+			}
 			return err
 		}
 	}
-}
-
-// heldForDowngrade returns the error of a Downgrade of a guard whose end
-// has begun or whose lease is in doubt, and nil for a held one.
-func (g *Guard) heldForDowngrade() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.checkDeadlineLocked()
-	switch s := g.st.Load(); {
-	case g.how != 0:
-		return fmt.Errorf("distlock: downgrading %s: %w", g.e.keys.Lease, ErrReleased)
-	case s.state != Acquired:
-		var lost *LostError
-		if errors.As(s.err, &lost) {
-			return fmt.Errorf("distlock: downgrading %s: %w", g.e.keys.Lease, lost)
-		}
-		return fmt.Errorf("distlock: downgrading %s: %w", g.e.keys.Lease, ErrLost)
-	}
-	return nil
 }

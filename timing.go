@@ -1,8 +1,12 @@
 package distlock
 
 import (
+	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
+
+	"github.com/distkit-go/distlock/lease"
 )
 
 // The timing of a lease, in one place. Every figure derives from the TTL T
@@ -114,3 +118,69 @@ const (
 	minResubscribe = 20 * time.Millisecond
 	maxResubscribe = time.Second
 )
+
+// tries is what the tries of a call sent again until Redis answers it
+// have learnt (see untilAnswered).
+type tries struct {
+	answered   bool    // Redis answered the last try: a reply, or an error reply
+	unanswered bool    // some try got no reply, so it may have run
+	err        error   // the last try's error: nil or an error reply once answered
+	cause      error   // the last failure other than a try's own deadline
+	pause      backoff // the pause before the next try
+}
+
+// untilAnswered calls try until Redis answers it (a reply or an error
+// reply: the call ran, or did not run at all), until dl passes or until
+// ctx ends, and records what it learnt in t. A try that fails without a
+// reply (a reset connection, a refused dial, a timeout) may or may not
+// have run, so it is sent again after a pause that grows from firstRetry
+// to maxReleaseRetry; the call must be one that can be repeated (the
+// final delete, a Downgrade). Each try's context ends at dl. t may carry
+// the tries of an earlier call of the same request, which this one goes
+// on from.
+//
+// The lease client's Release sends its script again at once, a few times,
+// when a call fails on a broken pooled connection (lease.releaseTries):
+// rueidis finds such a connection dead only when a command fails on it,
+// although Redis is reachable, and that failure says nothing about Redis.
+// That loop stays below this one: a pause here means Redis itself did not
+// answer, and is worth its back-off.
+func untilAnswered(ctx context.Context, dl time.Time, t *tries, try func(ctx context.Context) error) {
+	if t.pause.first == 0 {
+		t.pause = backoff{first: firstRetry, most: maxReleaseRetry}
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		cctx, cancel := context.WithDeadline(ctx, dl)
+		err := try(cctx)
+		cancel()
+		t.err = err
+		if err == nil || lease.IsReply(err) {
+			t.answered = true
+			return
+		}
+		t.unanswered = true
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			t.cause = err
+		}
+		wait := t.pause.next()
+		if ctx.Err() != nil || !time.Now().Add(wait).Before(dl) {
+			return
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}

@@ -175,11 +175,71 @@ func (a *acquirer) queue() (*Guard, error) {
 	}
 }
 
+// wakeReason says what ended a wait.
+type wakeReason int
+
+const (
+	wokeByTimer wakeReason = iota
+	wokeByPoke
+	wokeByGrant
+)
+
+// wait waits for d to pass (d < 0: no timer), for a poke or a grant to w (w
+// may be nil), for the wait limit or for ctx. It returns an error when the
+// limit has passed or ctx is done, which ends the call. With d <= 0 it
+// only checks the limit, ctx, and a grant already there.
+func (a *acquirer) wait(d time.Duration, w *waiter) (wakeReason, grantNote, error) {
+	if !a.limit.IsZero() {
+		left := time.Until(a.limit)
+		if left <= 0 {
+			return wokeByTimer, grantNote{}, &TimeoutError{Key: a.e.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
+		}
+		if d < 0 || d > left {
+			d = left
+		}
+	}
+	var grant <-chan grantNote
+	var poke <-chan struct{}
+	if w != nil {
+		grant, poke = w.grant, w.poke
+	}
+	var timerC <-chan time.Time
+	switch {
+	case d == 0:
+		select {
+		case n := <-grant:
+			return wokeByGrant, n, nil
+		default:
+		}
+		if a.ctx.Err() != nil {
+			return wokeByTimer, grantNote{}, a.e.ctxError(a.ctx)
+		}
+		return wokeByTimer, grantNote{}, nil
+	case d > 0:
+		if a.timer == nil {
+			a.timer = time.NewTimer(d)
+		} else {
+			a.timer.Reset(d)
+		}
+		timerC = a.timer.C
+	}
+	select {
+	case n := <-grant:
+		return wokeByGrant, n, nil
+	case <-poke:
+		return wokeByPoke, grantNote{}, nil
+	case <-timerC:
+		return wokeByTimer, grantNote{}, nil
+	case <-a.ctx.Done():
+		return wokeByTimer, grantNote{}, a.e.ctxError(a.ctx)
+	}
+}
+
 // roomLinger is how long an idle room keeps its subscription.
 const roomLinger = 250 * time.Millisecond
 
-// queueKey identifies the room of one lock on one client.
-type queueKey struct {
+// roomKey identifies the room of one lock on one client.
+type roomKey struct {
 	client any // the rueidis client (or a test store)
 	lease  string
 }
@@ -187,13 +247,13 @@ type queueKey struct {
 // roomSet is one shard of the process's rooms.
 type roomSet struct {
 	mu sync.Mutex
-	m  map[queueKey]*room
+	m  map[roomKey]*room
 }
 
 // room is one lock's waiting room for one client in this process. Its
 // fields are guarded by mu, except those set at creation.
 type room struct {
-	key   queueKey
+	key   roomKey
 	set   *roomSet
 	store store
 	keys  lease.Keys
@@ -236,7 +296,7 @@ type grantNote struct {
 // exit when done. When there is no room, it creates one if create is set
 // (fresh reports that it did) and returns nil otherwise.
 func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
-	k := e.queueKey()
+	k := e.roomKey()
 	s := p.roomsFor(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -246,7 +306,7 @@ func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
 			return nil, false
 		}
 		if s.m == nil {
-			s.m = make(map[queueKey]*room)
+			s.m = make(map[roomKey]*room)
 		}
 		r = &room{key: k, set: s, store: e.store, keys: e.keys, waiters: make(map[string]*waiter)}
 		s.m[k] = r
@@ -263,7 +323,7 @@ func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
 }
 
 // lookupRoom returns k's room, if there is one.
-func (p *process) lookupRoom(k queueKey) *room {
+func (p *process) lookupRoom(k roomKey) *room {
 	s := p.roomsFor(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -448,7 +508,7 @@ func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub
 // deliverPasses tells the waiters of this process that a release sent at
 // sent passed the lease (or a semaphore's permits) to, if there are any:
 // they wake at once instead of waiting for the announcement.
-func deliverPasses(k queueKey, r lease.Release, sent time.Time) {
+func deliverPasses(k roomKey, r lease.Release, sent time.Time) {
 	if r.Passed.Value == "" {
 		return
 	}

@@ -1,23 +1,27 @@
-// Package actor is the small runtime behind every held distlock lock: a
-// goroutine that owns its state alone and is driven by messages.
+// Package actor is distlock's small actor runtime: a goroutine that owns
+// its state alone and is driven by messages. Every held distlock lock that
+// lives past its first renewal runs on it (one actor per guard), and so
+// does the watcher that serves an election's observers.
 //
-// An [Actor] has three parts:
+// An [Actor] has four parts:
 //
 //   - a mailbox: [Actor.Send] delivers a message to the running loop, or
 //     reports [ErrStopped] once the loop has returned;
 //   - request/reply: [Call] sends a message carrying a [Reply] slot of
 //     capacity one, so the actor can always answer without blocking, even when
 //     the caller has given up and gone away;
-//   - stop-and-wait: [Actor.Stop] asks the loop to finish (it is safe to call
-//     any number of times, from any goroutine), and [Actor.Done] and
-//     [Actor.Wait] report that it has returned.
+//   - children: [Actor.Go] runs work that may block (a network call) in a
+//     goroutine of its own, whose answer comes back to the loop as a message;
+//   - stop-and-wait: an actor stops by returning from its loop, when a
+//     message (or something it owns, such as a timer) tells it its work is
+//     over. Its children's context is then cancelled, and [Actor.Done] and
+//     [Actor.Wait] report when the loop and every child have returned, so
+//     nothing it started outlives it.
 //
-// The loop function is written as one for/select over the mailbox, the stop
-// channel and whatever timers and result channels the actor owns, in the style
-// of etcd's raft node. Work that may block (a network call) belongs in a child
-// goroutine started with [Actor.Go], whose result comes back to the loop on a
-// channel; the actor waits for every child before it reports done, so nothing
-// it started outlives it.
+// The loop function is written as one for/select over the mailbox and
+// whatever timers and channels the actor owns, in the style of etcd's raft
+// node. It must never block on anything but that select: a loop that waits
+// on the network cannot answer its mailbox.
 package actor
 
 import (
@@ -30,43 +34,59 @@ import (
 // already returned and can no longer receive messages.
 var ErrStopped = errors.New("actor: stopped")
 
-// An Actor runs one loop goroutine that receives messages of type M.
+// An Actor runs one loop that receives messages of type M.
 //
 // All methods are safe for concurrent use.
 type Actor[M any] struct {
 	inbox    chan M
-	stop     chan struct{}
-	stopOnce sync.Once
-	returned chan struct{} // closed when loop has returned; children may still run
-	done     chan struct{} // closed when loop and every child have returned
+	returned chan struct{} // closed when the loop has returned; children may still run
+	done     chan struct{} // closed when the loop and every child have returned
+	// ctx is the children's context, cancelled when the loop returns.
+	ctx      context.Context
+	cancel   context.CancelFunc
 	children sync.WaitGroup
 }
 
-// Loop is the body of an actor. It receives the actor itself (to start child
-// goroutines), the mailbox and the stop channel, and returns when its work is
-// finished. It should return soon after stop is closed; it may first finish
-// what it has in hand, such as a release in flight.
-type Loop[M any] func(a *Actor[M], inbox <-chan M, stop <-chan struct{})
+// Loop is the body of an actor. It receives the actor itself (to start
+// children and to give them its mailbox) and the mailbox, and returns when
+// its work is finished.
+type Loop[M any] func(a *Actor[M], inbox <-chan M)
 
-// Start starts loop in a new goroutine and returns its handle.
-//
-// The mailbox is unbuffered: a successful [Actor.Send] means the loop has
-// taken the message. When loop returns, the actor waits for every child
-// started with [Actor.Go] and then closes [Actor.Done].
-func Start[M any](loop Loop[M]) *Actor[M] {
-	a := &Actor[M]{
+// New returns an actor whose loop does not run yet: [Actor.Run] runs it. A
+// message sent before then waits until the loop takes it.
+func New[M any]() *Actor[M] {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Actor[M]{
 		inbox:    make(chan M),
-		stop:     make(chan struct{}),
 		returned: make(chan struct{}),
 		done:     make(chan struct{}),
+		ctx:      ctx,
+		cancel:   cancel,
 	}
-	go func() {
-		defer close(a.done)
-		defer a.children.Wait()
-		defer close(a.returned)
-		loop(a, a.inbox, a.stop)
-	}()
+}
+
+// Start starts loop in a new goroutine and returns its handle.
+func Start[M any](loop Loop[M]) *Actor[M] {
+	a := New[M]()
+	go a.Run(loop)
 	return a
+}
+
+// Run runs loop on the calling goroutine, which becomes the actor's, and
+// returns when the loop and every child have returned. A goroutine that
+// already exists (a timer's, say) can so become an actor without starting
+// another. Run must be called once.
+//
+// The mailbox is unbuffered: a successful [Actor.Send] means the loop has
+// taken the message. When loop returns, Run cancels the children's context,
+// waits for every child started with [Actor.Go], and then closes
+// [Actor.Done].
+func (a *Actor[M]) Run(loop Loop[M]) {
+	defer close(a.done)
+	defer a.children.Wait()
+	defer a.cancel()
+	defer close(a.returned)
+	loop(a, a.inbox)
 }
 
 // Send delivers m to the loop. It blocks until the loop takes the message,
@@ -84,13 +104,6 @@ func (a *Actor[M]) Send(ctx context.Context, m M) error {
 	}
 }
 
-// Stop asks the loop to finish by closing its stop channel. It does not wait;
-// use [Actor.Done] or [Actor.Wait] for that. Calling Stop more than once, or
-// after the loop has returned, does nothing.
-func (a *Actor[M]) Stop() {
-	a.stopOnce.Do(func() { close(a.stop) })
-}
-
 // Done returns a channel that is closed once the loop and all of its children
 // have returned.
 func (a *Actor[M]) Done() <-chan struct{} { return a.done }
@@ -106,12 +119,24 @@ func (a *Actor[M]) Wait(ctx context.Context) error {
 	}
 }
 
-// Go runs f in a child goroutine of the actor. The actor does not report done
-// until f has returned, so f must itself return in bounded time (give it a
-// context with a deadline, or a channel the loop closes on the way out).
-// Go must only be called from the loop goroutine or from another child.
-func (a *Actor[M]) Go(f func()) {
-	a.children.Go(f)
+// Go runs f in a child goroutine of the actor, with a context that is
+// cancelled when the loop returns. f sends its answer to the loop with
+// Send(ctx, ...), which gives up once the loop has returned. The actor does
+// not report done until f has returned, so f must return soon after ctx is
+// cancelled. Go must only be called from the loop goroutine or from another
+// child.
+func (a *Actor[M]) Go(f func(ctx context.Context)) {
+	a.children.Go(func() { f(a.ctx) })
+}
+
+// StopChildren cancels the children's context and waits until every child
+// has returned. A loop calls it on its way out when what it does last must
+// come after its children have ended (the loop's own return does the same,
+// but only after the loop's deferred calls have run). It must only be
+// called from the loop goroutine.
+func (a *Actor[M]) StopChildren() {
+	a.cancel()
+	a.children.Wait()
 }
 
 // Reply is a one-shot answer slot for a request. Its capacity of one means
@@ -134,7 +159,7 @@ func Call[M, R any](ctx context.Context, a *Actor[M], req func(Reply[R]) M) (R, 
 	select {
 	case v := <-reply:
 		return v, nil
-	case <-a.done:
+	case <-a.returned:
 		// The loop may have answered just before it returned.
 		select {
 		case v := <-reply:

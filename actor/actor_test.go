@@ -3,6 +3,9 @@ package actor_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -22,38 +25,42 @@ const waitTimeout = 10 * time.Second
 // inside a synctest bubble.
 const ctxTimeout = 5 * time.Second
 
-// request is a message that asks the actor for an answer.
+// request is a message that asks the actor for an answer, or, with stop
+// set, tells it to return from its loop.
 type request struct {
 	n     int
 	reply actor.Reply[int]
+	stop  bool
 }
 
+// stopMsg is the message that tells a loop its work is over.
+var stopMsg = request{stop: true}
+
 // recorder is a loop that appends every message it takes to got, answers
-// requests that carry a reply with their n, and returns when stop is closed.
+// requests that carry a reply with their n, and returns when it takes a stop
+// message (which it does not record).
 func recorder(got *[]int) actor.Loop[request] {
-	return func(_ *actor.Actor[request], inbox <-chan request, stop <-chan struct{}) {
-		for {
-			select {
-			case m := <-inbox:
-				*got = append(*got, m.n)
-				if m.reply != nil {
-					m.reply.Send(m.n)
-				}
-			case <-stop:
+	return func(_ *actor.Actor[request], inbox <-chan request) {
+		for m := range inbox {
+			if m.stop {
 				return
+			}
+			*got = append(*got, m.n)
+			if m.reply != nil {
+				m.reply.Send(m.n)
 			}
 		}
 	}
 }
 
-// idle is a loop that never reads its mailbox and returns when stop is
-// closed.
-func idle(_ *actor.Actor[request], _ <-chan request, stop <-chan struct{}) {
-	<-stop
+// deaf returns a loop that never reads its mailbox and returns when release
+// is closed.
+func deaf(release <-chan struct{}) actor.Loop[request] {
+	return func(*actor.Actor[request], <-chan request) { <-release }
 }
 
 // returnsAtOnce is a loop that returns without reading anything.
-func returnsAtOnce(*actor.Actor[request], <-chan request, <-chan struct{}) {}
+func returnsAtOnce(*actor.Actor[request], <-chan request) {}
 
 // isClosed reports whether ch is closed, without blocking.
 func isClosed(ch <-chan struct{}) bool {
@@ -65,14 +72,52 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// stopAndWait stops a and waits for it, failing the test if it does not
-// finish in time.
-func stopAndWait(t *testing.T, a *actor.Actor[request]) {
+// wait waits for a to be done, failing the test if it does not finish in
+// time.
+func wait(t *testing.T, a *actor.Actor[request]) {
 	t.Helper()
-	a.Stop()
 	ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
 	defer cancel()
-	require.NoError(t, a.Wait(ctx), "actor did not finish after Stop")
+	require.NoError(t, a.Wait(ctx), "actor did not finish")
+}
+
+// stopAndWait sends a a stop message and waits for it, failing the test if
+// the message is not taken or the actor does not finish in time.
+func stopAndWait(t *testing.T, a *actor.Actor[request]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
+	defer cancel()
+	require.NoError(t, a.Send(ctx, stopMsg), "Send(stop)")
+	require.NoError(t, a.Wait(ctx), "actor did not finish after the stop message")
+}
+
+// startDeaf starts an actor whose loop never reads its mailbox. The returned
+// function makes the loop return and waits for the actor.
+func startDeaf(t *testing.T) (*actor.Actor[request], func()) {
+	release := make(chan struct{})
+	a := actor.Start(deaf(release))
+	return a, func() {
+		t.Helper()
+		close(release)
+		wait(t, a)
+	}
+}
+
+// goroutineID returns the id of the calling goroutine, read from the first
+// line of its stack trace ("goroutine 18 [running]:"), or 0 if that line
+// cannot be parsed.
+func goroutineID() uint64 {
+	var buf [64]byte
+	n := runtime.Stack(buf[:], false)
+	fields := strings.Fields(strings.TrimPrefix(string(buf[:n]), "goroutine "))
+	if len(fields) == 0 {
+		return 0
+	}
+	id, err := strconv.ParseUint(fields[0], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return id
 }
 
 func TestSendDeliversInOrder(t *testing.T) {
@@ -97,7 +142,7 @@ func TestSendMeansTaken(t *testing.T) {
 	// message, so an actor that takes one message and returns has done so.
 	synctest.Test(t, func(t *testing.T) {
 		took := make(chan int, 1)
-		a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request, _ <-chan struct{}) {
+		a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
 			took <- (<-inbox).n
 		})
 		require.NoError(t, a.Send(t.Context(), request{n: 7}))
@@ -112,22 +157,130 @@ func TestSendMeansTaken(t *testing.T) {
 	})
 }
 
+func TestStopByMessage(t *testing.T) {
+	t.Run("loop returns on the message", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var got []int
+			a := actor.Start(recorder(&got))
+			require.NoError(t, a.Send(t.Context(), request{n: 1}))
+			require.NoError(t, a.Send(t.Context(), request{n: 2}))
+			synctest.Wait()
+			require.False(t, isClosed(a.Done()), "Done closed before the stop message")
+
+			require.NoError(t, a.Send(t.Context(), stopMsg), "Send(stop)")
+			synctest.Wait()
+			assert.True(t, isClosed(a.Done()), "Done not closed after the stop message was taken")
+			assert.Equal(t, []int{1, 2}, got, "messages taken before the stop message")
+		})
+	})
+
+	t.Run("stop from a Call is answered", func(t *testing.T) {
+		// A loop may answer the message that stops it; the caller gets the
+		// answer, not ErrStopped.
+		a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
+			m := <-inbox
+			m.reply.Send(m.n)
+		})
+		v, err := actor.Call(t.Context(), a, func(r actor.Reply[int]) request {
+			return request{n: 3, reply: r, stop: true}
+		})
+		require.NoError(t, err, "Call(stop)")
+		assert.Equal(t, 3, v, "answer to the stop request")
+		wait(t, a)
+	})
+
+	t.Run("concurrent stop messages", func(t *testing.T) {
+		// Many senders race to stop the actor: the loop takes exactly one
+		// stop message and every other Send reports ErrStopped instead of
+		// blocking.
+		const (
+			rounds  = 200
+			senders = 16
+		)
+		for round := range rounds {
+			stops := make(chan struct{}, senders) // one send per stop message the loop took
+			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
+				for m := range inbox {
+					if m.stop {
+						stops <- struct{}{}
+						return
+					}
+				}
+			})
+
+			start := make(chan struct{})
+			errs := make(chan error, senders)
+			var wg sync.WaitGroup
+			for range senders {
+				wg.Go(func() {
+					<-start
+					ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+					defer cancel()
+					errs <- a.Send(ctx, stopMsg)
+				})
+			}
+			close(start) // release every sender at once
+			wg.Wait()
+			close(errs)
+			wait(t, a)
+
+			var taken, stopped int
+			for err := range errs {
+				switch {
+				case err == nil:
+					taken++
+				case assert.ErrorIs(t, err, actor.ErrStopped, "round %d", round):
+					stopped++
+				}
+			}
+			require.Equal(t, 1, taken, "stop messages taken, round %d", round)
+			require.Equal(t, senders-1, stopped, "Sends that got ErrStopped, round %d", round)
+			require.Len(t, stops, 1, "times the loop saw stop, round %d", round)
+		}
+	})
+
+	t.Run("own timer", func(t *testing.T) {
+		// Something the actor owns may tell it to stop, too.
+		synctest.Test(t, func(t *testing.T) {
+			const lifetime = time.Minute
+			var got []int
+			start := time.Now()
+			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
+				timer := time.NewTimer(lifetime)
+				defer timer.Stop()
+				for {
+					select {
+					case m := <-inbox:
+						got = append(got, m.n)
+					case <-timer.C:
+						return
+					}
+				}
+			})
+			require.NoError(t, a.Send(t.Context(), request{n: 1}))
+			require.NoError(t, a.Wait(t.Context()))
+			assert.Equal(t, lifetime, time.Since(start), "time the actor lived (fake clock)")
+			assert.Equal(t, []int{1}, got)
+		})
+	})
+}
+
 func TestSendAfterLoopReturned(t *testing.T) {
 	t.Run("done", func(t *testing.T) {
 		a := actor.Start(returnsAtOnce)
-		ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
-		defer cancel()
-		require.NoError(t, a.Wait(ctx))
+		wait(t, a)
 
 		err := a.Send(t.Context(), request{n: 1})
 		assert.ErrorIs(t, err, actor.ErrStopped, "Send after the actor is done")
 	})
 
-	t.Run("after stop", func(t *testing.T) {
-		a := actor.Start(idle)
+	t.Run("after a stop message", func(t *testing.T) {
+		var got []int
+		a := actor.Start(recorder(&got))
 		stopAndWait(t, a)
 		err := a.Send(t.Context(), request{n: 1})
-		assert.ErrorIs(t, err, actor.ErrStopped, "Send after Stop and Wait")
+		assert.ErrorIs(t, err, actor.ErrStopped, "Send after the stop message and Wait")
+		assert.Empty(t, got, "messages the loop took")
 	})
 
 	t.Run("children still running", func(t *testing.T) {
@@ -136,8 +289,8 @@ func TestSendAfterLoopReturned(t *testing.T) {
 		// wait for the child.
 		synctest.Test(t, func(t *testing.T) {
 			release := make(chan struct{})
-			a := actor.Start(func(a *actor.Actor[request], _ <-chan request, _ <-chan struct{}) {
-				a.Go(func() { <-release })
+			a := actor.Start(func(a *actor.Actor[request], _ <-chan request) {
+				a.Go(func(context.Context) { <-release })
 			})
 			synctest.Wait() // the loop has returned; the child blocks
 			require.False(t, isClosed(a.Done()), "Done closed while a child runs")
@@ -155,12 +308,10 @@ func TestSendAfterLoopReturned(t *testing.T) {
 		// returned must get ErrStopped, not deadlock with the actor that
 		// waits for it.
 		synctest.Test(t, func(t *testing.T) {
-			loopReturned := make(chan struct{})
 			var childErr error
-			a := actor.Start(func(a *actor.Actor[request], _ <-chan request, _ <-chan struct{}) {
-				defer close(loopReturned)
-				a.Go(func() {
-					<-loopReturned
+			a := actor.Start(func(a *actor.Actor[request], _ <-chan request) {
+				a.Go(func(ctx context.Context) {
+					<-ctx.Done() // the loop has returned
 					childErr = a.Send(context.Background(), request{n: 1})
 				})
 			})
@@ -173,8 +324,8 @@ func TestSendAfterLoopReturned(t *testing.T) {
 func TestSendHonoursCtx(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			a := actor.Start(idle)
-			defer stopAndWait(t, a)
+			a, stop := startDeaf(t)
+			defer stop()
 
 			ctx, cancel := context.WithTimeout(t.Context(), ctxTimeout)
 			defer cancel()
@@ -187,8 +338,8 @@ func TestSendHonoursCtx(t *testing.T) {
 
 	t.Run("cancel", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			a := actor.Start(idle)
-			defer stopAndWait(t, a)
+			a, stop := startDeaf(t)
+			defer stop()
 
 			ctx, cancel := context.WithCancel(t.Context())
 			errc := make(chan error, 1)
@@ -205,47 +356,65 @@ func TestSendHonoursCtx(t *testing.T) {
 	})
 
 	t.Run("already cancelled", func(t *testing.T) {
-		a := actor.Start(idle)
-		defer stopAndWait(t, a)
+		a, stop := startDeaf(t)
+		defer stop()
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		assert.ErrorIs(t, a.Send(ctx, request{n: 1}), context.Canceled)
 	})
 }
 
-func TestStopIdempotentAndConcurrent(t *testing.T) {
-	// Many rounds of many callers racing, so that a Stop that is not
-	// idempotent under concurrency (check, then close) shows up as a
-	// "close of closed channel" panic.
-	const (
-		rounds  = 200
-		callers = 16
-	)
-	for round := range rounds {
-		stops := make(chan struct{}, callers) // one send per time the loop saw stop
-		a := actor.Start(func(_ *actor.Actor[request], _ <-chan request, stop <-chan struct{}) {
-			<-stop
-			stops <- struct{}{}
-		})
+func TestRun(t *testing.T) {
+	t.Run("on the calling goroutine", func(t *testing.T) {
+		// A message sent before Run waits; Run then runs the loop on the
+		// goroutine that called it, which takes the message, and returns
+		// only once the loop and its child have returned.
+		synctest.Test(t, func(t *testing.T) {
+			a := actor.New[request]()
+			errc := make(chan error, 1)
+			go func() { errc <- a.Send(t.Context(), request{n: 7}) }()
+			synctest.Wait()
+			select {
+			case err := <-errc:
+				t.Fatalf("Send before Run returned %v; want it to wait for the loop", err)
+			default:
+			}
+			require.False(t, isClosed(a.Done()), "Done closed before Run")
 
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for range callers {
-			wg.Go(func() {
-				<-start
-				a.Stop()
-				a.Stop()
+			var (
+				loopID uint64
+				took   int
+			)
+			childReturned := make(chan struct{})
+			a.Run(func(a *actor.Actor[request], inbox <-chan request) {
+				loopID = goroutineID()
+				took = (<-inbox).n
+				a.Go(func(ctx context.Context) {
+					defer close(childReturned)
+					<-ctx.Done()
+				})
 			})
-		}
-		close(start) // release every caller at once
-		wg.Wait()
 
-		ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
-		require.NoError(t, a.Wait(ctx), "round %d", round)
-		cancel()
-		require.NotPanics(t, a.Stop, "Stop after the actor is done, round %d", round)
-		require.Len(t, stops, 1, "times the loop saw stop, round %d", round)
-	}
+			want := goroutineID()
+			require.NotZero(t, want, "id of the goroutine that called Run")
+			assert.Equal(t, want, loopID, "goroutine the loop ran on")
+			assert.NoError(t, <-errc, "Send before Run")
+			assert.Equal(t, 7, took, "message sent before Run")
+			assert.True(t, isClosed(childReturned), "child still running after Run returned")
+			assert.True(t, isClosed(a.Done()), "Done not closed after Run returned")
+		})
+	})
+
+	t.Run("Start runs the loop on a new goroutine", func(t *testing.T) {
+		ids := make(chan uint64, 1)
+		a := actor.Start(func(*actor.Actor[request], <-chan request) { ids <- goroutineID() })
+		wait(t, a)
+		caller := goroutineID()
+		require.NotZero(t, caller, "id of the goroutine that called Start")
+		got := <-ids
+		assert.NotZero(t, got, "id of the loop's goroutine")
+		assert.NotEqual(t, caller, got, "goroutine the loop ran on")
+	})
 }
 
 func TestDoneWaitsForChildren(t *testing.T) {
@@ -253,22 +422,26 @@ func TestDoneWaitsForChildren(t *testing.T) {
 		release := make(chan struct{})
 		grandRelease := make(chan struct{})
 		loopReturned := make(chan struct{})
-		a := actor.Start(func(a *actor.Actor[request], _ <-chan request, stop <-chan struct{}) {
+		a := actor.Start(func(a *actor.Actor[request], inbox <-chan request) {
 			defer close(loopReturned)
-			a.Go(func() {
+			a.Go(func(context.Context) {
 				// A child may start children of its own.
-				a.Go(func() { <-grandRelease })
+				a.Go(func(context.Context) { <-grandRelease })
 				<-release
 			})
-			<-stop
+			for m := range inbox {
+				if m.stop {
+					return
+				}
+			}
 		})
 
 		synctest.Wait()
-		assert.False(t, isClosed(a.Done()), "Done closed before Stop")
+		assert.False(t, isClosed(a.Done()), "Done closed before the stop message")
 
-		a.Stop()
+		require.NoError(t, a.Send(t.Context(), stopMsg), "Send(stop)")
 		synctest.Wait()
-		require.True(t, isClosed(loopReturned), "loop has not returned after Stop")
+		require.True(t, isClosed(loopReturned), "loop has not returned after the stop message")
 		assert.False(t, isClosed(a.Done()), "Done closed while two children run")
 
 		close(release)
@@ -278,6 +451,93 @@ func TestDoneWaitsForChildren(t *testing.T) {
 		close(grandRelease)
 		synctest.Wait()
 		assert.True(t, isClosed(a.Done()), "Done not closed after every child returned")
+	})
+}
+
+func TestChildCtxCancelledWhenLoopReturns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sawCancel := make(chan struct{})
+		release := make(chan struct{})
+		var childErr error
+		a := actor.Start(func(a *actor.Actor[request], inbox <-chan request) {
+			a.Go(func(ctx context.Context) {
+				<-ctx.Done()
+				childErr = ctx.Err()
+				close(sawCancel)
+				<-release // some work still to finish after the cancel
+			})
+			for m := range inbox {
+				if m.stop {
+					return
+				}
+			}
+		})
+
+		synctest.Wait()
+		require.False(t, isClosed(sawCancel), "child's ctx cancelled while the loop runs")
+
+		require.NoError(t, a.Send(t.Context(), stopMsg), "Send(stop)")
+		synctest.Wait()
+		require.True(t, isClosed(sawCancel), "child's ctx not cancelled after the loop returned")
+		assert.ErrorIs(t, childErr, context.Canceled, "child's ctx.Err()")
+		assert.False(t, isClosed(a.Done()), "Done closed while the child runs")
+
+		close(release)
+		synctest.Wait()
+		assert.True(t, isClosed(a.Done()), "Done not closed after the child returned")
+	})
+}
+
+func TestStopChildren(t *testing.T) {
+	// On a stop message the loop starts a child that reports back with
+	// Send(ctx, ...); nobody reads the mailbox any more, so the child blocks
+	// there until StopChildren cancels its ctx. StopChildren then waits for
+	// the child to finish before the loop goes on.
+	synctest.Test(t, func(t *testing.T) {
+		proceed := make(chan struct{})       // lets the loop call StopChildren
+		childRelease := make(chan struct{})  // lets the child return after its Send
+		sendReturned := make(chan struct{})  // closed by the child after its Send
+		childReturned := make(chan struct{}) // closed by the child as it returns
+		stoppedChildren := make(chan struct{})
+		var (
+			childErr                error
+			childDoneAtStopChildren bool
+		)
+		a := actor.Start(func(a *actor.Actor[request], inbox <-chan request) {
+			for m := range inbox {
+				if !m.stop {
+					continue
+				}
+				a.Go(func(ctx context.Context) {
+					defer close(childReturned)
+					childErr = a.Send(ctx, request{n: 99})
+					close(sendReturned)
+					<-childRelease
+				})
+				<-proceed
+				a.StopChildren()
+				childDoneAtStopChildren = isClosed(childReturned)
+				close(stoppedChildren)
+				return
+			}
+		})
+
+		require.NoError(t, a.Send(t.Context(), stopMsg), "Send(stop)")
+		synctest.Wait()
+		require.False(t, isClosed(sendReturned), "child's Send returned before StopChildren")
+
+		close(proceed)
+		synctest.Wait()
+		require.True(t, isClosed(sendReturned), "child's Send still blocked after StopChildren cancelled its ctx")
+		assert.ErrorIs(t, childErr, context.Canceled, "child's Send after StopChildren")
+		assert.False(t, isClosed(stoppedChildren), "StopChildren returned while the child runs")
+		assert.False(t, isClosed(a.Done()), "Done closed while the loop runs")
+
+		close(childRelease)
+		synctest.Wait()
+		assert.True(t, isClosed(stoppedChildren), "StopChildren did not return after the child returned")
+		assert.True(t, childDoneAtStopChildren, "child still running when StopChildren returned")
+		assert.True(t, isClosed(a.Done()), "Done not closed after the loop returned")
 	})
 }
 
@@ -296,8 +556,8 @@ func TestWait(t *testing.T) {
 
 			// The actor keeps running after Wait gave up.
 			assert.NoError(t, a.Send(t.Context(), request{n: 1}), "Send after Wait timed out")
-			a.Stop()
-			assert.NoError(t, a.Wait(t.Context()), "Wait after Stop")
+			assert.NoError(t, a.Send(t.Context(), stopMsg), "Send(stop)")
+			assert.NoError(t, a.Wait(t.Context()), "Wait after the stop message")
 			assert.Equal(t, []int{1}, got)
 		})
 	})
@@ -348,7 +608,7 @@ func TestCallConcurrent(t *testing.T) {
 func TestCallErrStopped(t *testing.T) {
 	t.Run("actor already done", func(t *testing.T) {
 		a := actor.Start(returnsAtOnce)
-		require.NoError(t, a.Wait(t.Context()))
+		wait(t, a)
 		_, err := actor.Call(t.Context(), a, func(r actor.Reply[int]) request {
 			return request{n: 1, reply: r}
 		})
@@ -357,7 +617,7 @@ func TestCallErrStopped(t *testing.T) {
 
 	t.Run("loop exits without answering", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request, _ <-chan struct{}) {
+			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
 				<-inbox // take the request and drop it
 			})
 			v, err := actor.Call(t.Context(), a, func(r actor.Reply[int]) request {
@@ -369,10 +629,10 @@ func TestCallErrStopped(t *testing.T) {
 	})
 
 	t.Run("answer just before exit", func(t *testing.T) {
-		// The loop answers and returns at once, so reply and Done are both
-		// ready when Call looks; the answer must win.
+		// The loop answers and returns at once, so the reply and the loop's
+		// return are both ready when Call looks; the answer must win.
 		for i := range 200 {
-			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request, _ <-chan struct{}) {
+			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
 				m := <-inbox
 				m.reply.Send(m.n * 2)
 			})
@@ -381,25 +641,61 @@ func TestCallErrStopped(t *testing.T) {
 			})
 			require.NoError(t, err, "iteration %d", i)
 			require.Equal(t, i*2, v, "iteration %d", i)
+			wait(t, a)
 		}
 	})
 
-	t.Run("child answers after loop returned", func(t *testing.T) {
-		// The actor is not done until its children are, so a child that
-		// holds the reply slot still gets its answer to the caller.
+	t.Run("loop returns while a child holds the reply", func(t *testing.T) {
+		// The loop hands the request to a child and later returns. Call
+		// waits on the loop, not on its children: it reports ErrStopped as
+		// soon as the loop has returned, though the child still runs, and
+		// the child's late answer does not block it.
 		synctest.Test(t, func(t *testing.T) {
-			a := actor.Start(func(a *actor.Actor[request], inbox <-chan request, _ <-chan struct{}) {
-				m := <-inbox
-				a.Go(func() {
-					time.Sleep(time.Second) // fake clock: some slow work
-					m.reply.Send(m.n + 1)
+			release := make(chan struct{})
+			childReturned := make(chan struct{})
+			a := actor.Start(func(a *actor.Actor[request], inbox <-chan request) {
+				for m := range inbox {
+					if m.stop {
+						return
+					}
+					a.Go(func(context.Context) {
+						defer close(childReturned)
+						<-release // slow work that ignores ctx
+						m.reply.Send(m.n + 1)
+					})
+				}
+			})
+
+			type result struct {
+				v   int
+				err error
+			}
+			results := make(chan result, 1)
+			go func() {
+				v, err := actor.Call(t.Context(), a, func(r actor.Reply[int]) request {
+					return request{n: 41, reply: r}
 				})
-			})
-			v, err := actor.Call(t.Context(), a, func(r actor.Reply[int]) request {
-				return request{n: 41, reply: r}
-			})
-			require.NoError(t, err)
-			assert.Equal(t, 42, v)
+				results <- result{v, err}
+			}()
+			synctest.Wait()
+			select {
+			case r := <-results:
+				t.Fatalf("Call returned (%d, %v) while the loop runs; want it to wait", r.v, r.err)
+			default:
+			}
+
+			require.NoError(t, a.Send(t.Context(), stopMsg), "Send(stop)")
+			start := time.Now()
+			r := <-results
+			assert.ErrorIs(t, r.err, actor.ErrStopped, "Call after the loop returned, child running")
+			assert.Zero(t, r.v, "value returned with ErrStopped")
+			assert.Zero(t, time.Since(start), "time Call took to report ErrStopped (fake clock)")
+			assert.False(t, isClosed(childReturned), "child returned before Call reported")
+			assert.False(t, isClosed(a.Done()), "Done closed while the child runs")
+
+			close(release)
+			require.NoError(t, a.Wait(t.Context()))
+			assert.True(t, isClosed(childReturned), "child still running after Wait")
 		})
 	})
 }
@@ -407,8 +703,8 @@ func TestCallErrStopped(t *testing.T) {
 func TestCallCtx(t *testing.T) {
 	t.Run("loop never takes the request", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			a := actor.Start(idle)
-			defer stopAndWait(t, a)
+			a, stop := startDeaf(t)
+			defer stop()
 			ctx, cancel := context.WithTimeout(t.Context(), ctxTimeout)
 			defer cancel()
 			_, err := actor.Call(ctx, a, func(r actor.Reply[int]) request {
@@ -421,14 +717,12 @@ func TestCallCtx(t *testing.T) {
 	t.Run("loop takes but never answers", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			var held []request // owned by the loop
-			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request, stop <-chan struct{}) {
-				for {
-					select {
-					case m := <-inbox:
-						held = append(held, m)
-					case <-stop:
+			a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
+				for m := range inbox {
+					if m.stop {
 						return
 					}
+					held = append(held, m)
 				}
 			})
 			ctx, cancel := context.WithCancel(t.Context())
@@ -457,20 +751,18 @@ func TestLateReplyDoesNotBlockActor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		answerNow := make(chan struct{})
 		var capacity int
-		a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request, stop <-chan struct{}) {
-			for {
-				select {
-				case m := <-inbox:
-					if m.n == 0 {
-						// The slow request: answer only when told, after
-						// its caller has gone.
-						capacity = cap(m.reply)
-						<-answerNow
-					}
-					m.reply.Send(m.n) // must not block, caller or not
-				case <-stop:
+		a := actor.Start(func(_ *actor.Actor[request], inbox <-chan request) {
+			for m := range inbox {
+				if m.stop {
 					return
 				}
+				if m.n == 0 {
+					// The slow request: answer only when told, after
+					// its caller has gone.
+					capacity = cap(m.reply)
+					<-answerNow
+				}
+				m.reply.Send(m.n) // must not block, caller or not
 			}
 		})
 		defer stopAndWait(t, a)

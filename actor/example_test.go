@@ -8,30 +8,30 @@ import (
 )
 
 // counterMsg is the mailbox type of the counter: add n, then, if reply is
-// set, answer with the new total.
+// set, answer with the new total; with stop set, return from the loop.
 type counterMsg struct {
 	add   int
 	reply actor.Reply[int]
+	stop  bool
 }
 
-// counter owns the total alone; nothing outside the loop touches it.
-func counter(_ *actor.Actor[counterMsg], inbox <-chan counterMsg, stop <-chan struct{}) {
+// counter owns the total alone; nothing outside the loop touches it. It
+// stops when a message tells it to.
+func counter(_ *actor.Actor[counterMsg], inbox <-chan counterMsg) {
 	total := 0
-	for {
-		select {
-		case m := <-inbox:
-			total += m.add
-			if m.reply != nil {
-				m.reply.Send(total) // never blocks: the slot has capacity one
-			}
-		case <-stop:
+	for m := range inbox {
+		if m.stop {
 			return
+		}
+		total += m.add
+		if m.reply != nil {
+			m.reply.Send(total) // never blocks: the slot has capacity one
 		}
 	}
 }
 
 // A counter actor: Send adds without waiting for an answer, Call adds and
-// returns the new total.
+// returns the new total, and a stop message ends it.
 func Example() {
 	ctx := context.Background()
 	a := actor.Start(counter)
@@ -47,7 +47,9 @@ func Example() {
 	})
 	fmt.Println(total, err)
 
-	a.Stop()
+	if err := a.Send(ctx, counterMsg{stop: true}); err != nil {
+		fmt.Println("stop:", err)
+	}
 	if err := a.Wait(ctx); err != nil {
 		fmt.Println("wait:", err)
 	}
