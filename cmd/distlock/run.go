@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -110,6 +109,9 @@ outlives a distlock that is killed with SIGKILL (an OOM kill, say): the lock
 stays held until its lease ends, at most --ttl (10s by default) after the
 last renewal, and a -n run that starts meanwhile skips.
 
+Every time span (--ttl, -w, --grace) is a duration such as 10s, 500ms or
+1m30s, or a bare number of seconds: --ttl 10 is ten seconds.
+
 Exit status:
   the command's    the command exited on its own
   128+N            the command was killed by signal N, or distlock got
@@ -143,7 +145,8 @@ type runConfig struct {
 	common
 	key          string
 	argv         []string
-	wait         waitFlag
+	wait         time.Duration // -w: how long to wait for the lock
+	waitSet      bool          // whether -w was given: without it, wait as long as it takes
 	try          bool
 	conflictCode int
 	command      string
@@ -166,7 +169,7 @@ const runTTL = 10 * time.Second
 
 // singleAttempt reports whether the command line asks for one attempt at
 // the lock: -n, or -w 0.
-func (c *runConfig) singleAttempt() bool { return c.try || (c.wait.set && c.wait.d == 0) }
+func (c *runConfig) singleAttempt() bool { return c.try || (c.waitSet && c.wait == 0) }
 
 // runFlags returns the flag set of "distlock run", bound to c.
 func runFlags(c *runConfig) *flag.FlagSet {
@@ -174,13 +177,13 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	c.register(fs, "; run needs a real Redis", runTTL)
 	fs.BoolVar(&c.try, "n", false, "make a single attempt: if the lock is held, exit at once with the status of -E")
 	alias(fs, "n", "nonblock", "try")
-	fs.Var(&c.wait, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
+	fs.Var(&durationValue{d: &c.wait, set: &c.waitSet}, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
 	alias(fs, "w", "wait")
 	fs.IntVar(&c.conflictCode, "E", exitNotAcquired, "the exit status (`CODE`, 0 to 255) when the lock is not acquired (-n found it held, or -w ran out)")
 	alias(fs, "E", "conflict-exit-code")
 	fs.StringVar(&c.command, "c", "", "run `LINE` with sh -c, instead of COMMAND [ARGS...]")
 	alias(fs, "c", "command")
-	fs.DurationVar(&c.grace, "grace", defaultGrace, "after the lock is lost, how long (`DURATION`) the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
+	durationVar(fs, &c.grace, "grace", defaultGrace, "after the lock is lost, how long (`DURATION`) the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
 	fs.StringVar(&c.owner, "owner", "", "owner `ID` written into the lock, shown by \"distlock inspect\" (default HOST:PID, of distlock)")
 	fs.BoolVar(&c.shared, "s", false, "hold KEY shared, with every other -s run (a read hold of the read-write lock KEY), instead of exclusively")
 	alias(fs, "s", "shared")
@@ -226,12 +229,10 @@ func parseRun(args []string) (runConfig, error) {
 		return c, usagef("missing the command after \"--\"")
 	case !commandSet && len(c.argv) == 0:
 		return c, usagef("missing the command after KEY %q: distlock run [flags] KEY [--] COMMAND [ARGS...], or -c 'COMMAND LINE'", c.key)
-	case c.try && c.wait.set && c.wait.d > 0:
-		return c, usagef("-n and -w %v exclude each other (-w 0 is the same as -n)", c.wait.d)
+	case c.try && c.waitSet && c.wait > 0:
+		return c, usagef("-n and -w %v exclude each other (-w 0 is the same as -n)", c.wait)
 	case c.conflictCode < 0 || c.conflictCode > 255:
 		return c, usagef("-E %d: the exit status must be 0 to 255", c.conflictCode)
-	case c.grace < 0:
-		return c, usagef("--grace must not be negative")
 	case set["permits"] && c.permits < 1:
 		return c, usagef("--permits %d: a semaphore needs at least 1 permit", c.permits)
 	case c.shared && c.exclusive:
@@ -249,51 +250,6 @@ func parseRun(args []string) (runConfig, error) {
 		c.foreground = inForeground()
 	}
 	return c, nil
-}
-
-// waitFlag is the value of -w: how long to wait for the lock, and whether
-// -w was given at all (without it, distlock waits as long as it takes).
-type waitFlag struct {
-	d   time.Duration
-	set bool
-}
-
-func (w *waitFlag) String() string {
-	if w == nil || !w.set {
-		return ""
-	}
-	return w.d.String()
-}
-
-func (w *waitFlag) Set(s string) error {
-	d, err := parseSeconds(s)
-	if err != nil {
-		return err
-	}
-	w.d, w.set = d, true
-	return nil
-}
-
-// parseSeconds parses a time to wait as flock(1) takes it, in seconds with
-// an optional fraction ("5", "0.5"), or as a Go duration ("1m30s", "500ms").
-func parseSeconds(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		secs, ferr := strconv.ParseFloat(s, 64)
-		switch {
-		case ferr != nil || math.IsNaN(secs):
-			return 0, errors.New("want seconds (5, 0.5) or a duration (1m30s)")
-		case secs < 0:
-			return 0, errors.New("must not be negative")
-		case secs >= float64(math.MaxInt64)/float64(time.Second):
-			return 0, fmt.Errorf("%s seconds is too long", s)
-		}
-		d = time.Duration(secs * float64(time.Second))
-	}
-	if d < 0 {
-		return 0, errors.New("must not be negative")
-	}
-	return d, nil
 }
 
 // defaultOwner is "host:pid", which tells an operator where to look.
@@ -376,7 +332,7 @@ func (r *runner) run(ctx context.Context) error {
 		distlock.WithNamespace(cfg.namespace),
 		distlock.WithTTL(cfg.ttl),
 		distlock.WithOwner(cfg.owner),
-		distlock.WithMaxWait(cfg.wait.d),
+		distlock.WithMaxWait(cfg.wait),
 	}
 	if cfg.verbose {
 		opts = append(opts, distlock.WithObserver(&runObserver{r: r}))

@@ -276,7 +276,7 @@ func TestRunExitCodes(t *testing.T) {
 		{"command without --", runArgs(srv, "k8", "true"), 0, ""},
 		{"no command", cmdline(runArgs(srv, "k9")), exitUsage, "missing the command"},
 		{"--try and --wait", cmdline(runArgs(srv, "--try", "--wait", "1s", "k10"), "true"), exitUsage, "exclude each other"},
-		{"negative grace", cmdline(runArgs(srv, "--grace", "-1s", "k11"), "true"), exitUsage, "--grace"},
+		{"negative grace", cmdline(runArgs(srv, "--grace", "-1s", "k11"), "true"), exitUsage, "-grace: must not be negative"},
 		{"TTL too short", cmdline(runArgs(srv, "--ttl", "10ms", "k12"), "true"), exitUsage, "ttl"},
 		{"bad key", cmdline(runArgs(srv, "a{b}"), "true"), exitUsage, "braces"},
 		{"unknown flag", cmdline(runArgs(srv, "--nope", "k13"), "true"), exitUsage, "nope"},
