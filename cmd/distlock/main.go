@@ -89,7 +89,9 @@ Exit status:
   0      success; for inspect, the lock is held
   64     usage error: bad flags or arguments
   run exits with its command's status, or 75 (not acquired), 76 (lost),
-  125 (Redis failed), 126 or 127 (the command cannot run); inspect exits 1
+  78 (KEY is used by another kind: a semaphore's name without --permits,
+  or a lock's with it), 125 (Redis failed), 126 or 127 (the command
+  cannot run); inspect exits 1
   when the lock is free and 125 when Redis cannot be read. "distlock help
   COMMAND" tells each command's codes in full.
 `

@@ -26,6 +26,7 @@ import (
 const (
 	exitNotAcquired = 75  // EX_TEMPFAIL, the default of -E: -n found the lock held, or -w ran out
 	exitLost        = 76  // the lock was lost before the command finished
+	exitWrongKind   = 78  // KEY is used by another kind of lease (EX_CONFIG: fix the command line or the other users)
 	exitCannotExec  = 126 // the command was found but cannot be executed
 	exitNotFound    = 127 // the command was not found
 	exitSignalBase  = 128 // plus N: signal N killed the command, or ended distlock's wait
@@ -116,14 +117,15 @@ Exit status:
   the command's    the command exited on its own
   128+N            the command was killed by signal N, or distlock got
                    signal N while still waiting for the lock
-  64               usage error, or KEY is used by another kind (a lock's
-                   name given with --permits, a semaphore's without, or
-                   the name of a Mutex or Election of the Go library)
+  64               usage error: bad flags or arguments
   75               not acquired: -n found the lock held (or all the
                    permits of --permits), or -w ran out
                    (set another code with -E)
   76               the lock (or permit) was lost before the command finished (the
                    command's own status is printed on stderr)
+  78               KEY is used by another kind: a semaphore's name given
+                   without --permits, or a lock's name with it; the
+                   message names both kinds and what to change
   125              distlock failed: Redis unreachable or erroring
   126              the command cannot be executed
   127              the command was not found
@@ -468,12 +470,52 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	case errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, distlock.ErrTimeout):
 		return nil, &exitStatus{code: r.cfg.conflictCode, err: err}
 	case errors.Is(err, distlock.ErrWrongKind):
-		// Not a Redis failure: the command line names a key that another
-		// kind uses (a lock's name with --permits, or the other way round).
-		return nil, &exitStatus{code: exitUsage, err: err}
+		// Neither a Redis failure nor a bad command line as such: KEY is
+		// used by another kind (a semaphore's name without --permits, or a
+		// lock's with it), and only the user knows which one is wrong.
+		return nil, &exitStatus{code: exitWrongKind, err: wrongKind(r.cfg, err)}
 	default:
 		return nil, &exitStatus{code: exitFailed, err: err}
 	}
+}
+
+// kindNames says in words what each kind of lease that a WrongKindError
+// names is, and who uses it.
+var kindNames = map[string]string{
+	"semaphore": "a semaphore (distlock run --permits N, or a distlock.Semaphore)",
+	"rwmutex":   "a lock (distlock run without --permits, or a distlock.RWMutex)",
+	"lock":      "a lock of the Go library (a distlock.Mutex or Election)",
+}
+
+// wrongKind explains err, which matches distlock.ErrWrongKind: which kind
+// this run asked for, which kind holds KEY, and what to change.
+func wrongKind(cfg runConfig, err error) error {
+	var wk *distlock.WrongKindError
+	if !errors.As(err, &wk) {
+		return fmt.Errorf("%w; pick another KEY, or run as the other users of %q do", err, cfg.key)
+	}
+	want, ok := kindNames[wk.Want]
+	if !ok {
+		want = "a " + wk.Want
+	}
+	found, ok := kindNames[wk.Found]
+	if !ok {
+		return fmt.Errorf("KEY %q is used by something else: %s holds a Redis %s that distlock did not write, and this run asks for %s; pick another KEY or --namespace", cfg.key, wk.Key, wk.Found, want)
+	}
+	var fix string
+	switch {
+	case wk.Found == "semaphore":
+		inspect := "distlock inspect " + cfg.key
+		if cfg.namespace != distlock.DefaultNamespace {
+			inspect = "distlock inspect --namespace " + cfg.namespace + " " + cfg.key
+		}
+		fix = fmt.Sprintf("run it with --permits N as the semaphore's users do (%q shows its permits), or pick another KEY", inspect)
+	case cfg.permits > 0:
+		fix = "run it without --permits to take the lock, or pick another KEY for the semaphore"
+	default:
+		fix = "pick another KEY, or make the Go code use distlock.NewRWMutex for this name"
+	}
+	return fmt.Errorf("KEY %q is %s, and this run asks for %s: the two kinds refuse each other on one name (%s); %s", cfg.key, found, want, wk.Key, fix)
 }
 
 // startCommand starts the command with the lock's variables in its environment.
