@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"debug/buildinfo"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 	"testing"
@@ -45,8 +46,54 @@ func TestParseSeconds(t *testing.T) {
 	}
 	for _, in := range []string{"", "abc", "5x", "-1", "-0.5", "-1s", "NaN", "Inf", "-Inf", "1e300"} {
 		got, err := parseSeconds(in)
-		assert.Error(t, err, "%q gave %v", in, got)
+		if assert.Error(t, err, "%q gave %v", in, got) {
+			assert.Contains(t, err.Error(), "10s", "%q: the error should say what to write", in)
+		}
 	}
+}
+
+// Every flag that takes a time span, in every subcommand, is a
+// durationValue: a bare number is seconds, as -w takes it, and a bad value
+// is a usage error that says what to write.
+func TestEveryDurationFlagTakesSeconds(t *testing.T) {
+	found := 0
+	for name, sub := range subcommands {
+		sub.flags().VisitAll(func(f *flag.Flag) {
+			if g, ok := f.Value.(flag.Getter); ok {
+				_, isDuration := g.Get().(time.Duration)
+				assert.False(t, isDuration, "distlock %s --%s is a flag.Duration, which refuses a bare number: use durationVar", name, f.Name)
+			}
+			v, ok := f.Value.(*durationValue)
+			if !ok {
+				return
+			}
+			found++
+			if assert.NoError(t, v.Set("10"), "distlock %s --%s 10", name, f.Name) {
+				assert.Equal(t, 10*time.Second, *v.d, "distlock %s --%s 10", name, f.Name)
+			}
+			if assert.NoError(t, v.Set("1.5"), "distlock %s --%s 1.5", name, f.Name) {
+				assert.Equal(t, 1500*time.Millisecond, *v.d, "distlock %s --%s 1.5", name, f.Name)
+			}
+			err := v.Set("ten")
+			if assert.Error(t, err, "distlock %s --%s ten", name, f.Name) {
+				assert.Contains(t, err.Error(), "10s", "distlock %s --%s ten", name, f.Name)
+			}
+		})
+	}
+	// run's --ttl, -w, --wait (-w by another name) and --grace; inspect's
+	// --interval; the demo's --ttl, --duration, --hold and --rest.
+	assert.Equal(t, 9, found, "duration flags found")
+
+	cfg, err := parseRun([]string{"--ttl", "10", "-w", "0.5", "--grace", "3", "k", "true"})
+	require.NoError(t, err)
+	assert.Equal(t, 10*time.Second, cfg.ttl)
+	assert.Equal(t, 500*time.Millisecond, cfg.wait)
+	assert.True(t, cfg.waitSet)
+	assert.Equal(t, 3*time.Second, cfg.grace)
+
+	var out, errOut bytes.Buffer
+	assert.Equal(t, exitUsage, run(t.Context(), []string{"run", "--ttl", "ten", "k", "true"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), `invalid value "ten" for flag -ttl: want a duration such as 10s`)
 }
 
 // The flags of flock(1) on a lock that someone else holds: -n and -w 0
@@ -154,7 +201,7 @@ func TestUsageErrorIsShort(t *testing.T) {
 		{[]string{"run", "k", "--nope", "--", "true"}, "distlock run: flag provided but not defined: -nope", runHint},
 		{[]string{"run", "k"}, `distlock run: missing the command after KEY "k"`, runHint},
 		{[]string{"run", "k", "--"}, `distlock run: missing the command after "--"`, runHint},
-		{[]string{"run", "-w", "abc", "k", "true"}, `distlock run: invalid value "abc" for flag -w: want seconds`, runHint},
+		{[]string{"run", "-w", "abc", "k", "true"}, `distlock run: invalid value "abc" for flag -w: want a duration such as 10s`, runHint},
 		{[]string{"run", "-w", "-1", "k", "true"}, `distlock run: invalid value "-1" for flag -w: must not be negative`, runHint},
 		{[]string{"run", "-n", "-w", "5", "k", "true"}, "distlock run: -n and -w 5s exclude each other", runHint},
 		{[]string{"run", "-E", "256", "k", "true"}, "distlock run: -E 256: the exit status must be 0 to 255", runHint},

@@ -112,7 +112,7 @@ func inspectFlags(c *inspectConfig) *flag.FlagSet {
 	fs := newFlagSet("inspect")
 	c.register(fs, "; inspect needs a real Redis", 0)
 	fs.BoolVar(&c.watch, "watch", false, "print each change until interrupted")
-	fs.DurationVar(&c.interval, "interval", defaultWatchInterval, "how often (`DURATION`) --watch looks")
+	durationVar(fs, &c.interval, "interval", defaultWatchInterval, "how often (`DURATION`) --watch looks")
 	fs.BoolVar(&c.json, "json", false, "print JSON objects, one per line")
 	return fs
 }

@@ -16,11 +16,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Exit codes shared by the subcommands. "distlock run" adds its own (see
@@ -78,11 +81,17 @@ Redis comes from --redis, else $REDIS_URL, as a URL: redis://[user:pass@]host:po
 rediss:// for TLS, unix:///path/to/redis.sock, and several ?addr=host:port
 parameters for a cluster. Only the demo falls back to an embedded Redis.
 
+Every flag that takes a time span (--ttl, -w, --grace, --interval, the
+demo's) takes a duration such as 10s, 500ms or 1m30s, or a bare number of
+seconds: --ttl 10 is ten seconds, -w 0.5 half a second.
+
 Exit status:
   0      success; for inspect, the lock is held
   64     usage error: bad flags or arguments
   run exits with its command's status, or 75 (not acquired), 76 (lost),
-  125 (Redis failed), 126 or 127 (the command cannot run); inspect exits 1
+  78 (KEY is used by another kind: a semaphore's name without --permits,
+  or a lock's with it), 125 (Redis failed), 126 or 127 (the command
+  cannot run); inspect exits 1
   when the lock is free and 125 when Redis cannot be read. "distlock help
   COMMAND" tells each command's codes in full.
 `
@@ -270,6 +279,64 @@ func takesValue(fs *flag.FlagSet, arg string) bool {
 	}
 	b, ok := f.Value.(interface{ IsBoolFlag() bool })
 	return !ok || !b.IsBoolFlag()
+}
+
+// durationValue is the value of every flag that takes a time span (--ttl,
+// -w, --grace, --interval, the demo's): a Go duration ("1m30s", "500ms")
+// or, as flock(1) takes -w, a bare number of seconds ("10", "0.5"). A
+// negative span is refused.
+type durationValue struct {
+	d   *time.Duration
+	set *bool // if not nil, set to true when the flag is given
+}
+
+// durationVar defines a flag of fs that parses as durationValue does, with
+// the default value, into p.
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var(&durationValue{d: p}, name, usage)
+}
+
+func (v *durationValue) String() string {
+	if v == nil || v.d == nil || (*v.d == 0 && (v.set == nil || !*v.set)) {
+		return ""
+	}
+	return v.d.String()
+}
+
+func (v *durationValue) Set(s string) error {
+	d, err := parseSeconds(s)
+	if err != nil {
+		return err
+	}
+	*v.d = d
+	if v.set != nil {
+		*v.set = true
+	}
+	return nil
+}
+
+// parseSeconds parses a time span as a Go duration ("1m30s", "500ms") or as
+// a bare number of seconds with an optional fraction ("10", "0.5"). Its
+// errors say what to write instead.
+func parseSeconds(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		secs, ferr := strconv.ParseFloat(s, 64)
+		switch {
+		case ferr != nil || math.IsNaN(secs):
+			return 0, errors.New("want a duration such as 10s, 500ms or 1m30s, or a number of seconds such as 10 or 0.5")
+		case secs < 0:
+			return 0, errors.New("must not be negative: want a duration such as 10s, or a number of seconds such as 10")
+		case secs >= float64(math.MaxInt64)/float64(time.Second):
+			return 0, fmt.Errorf("%s seconds is too long: want a duration such as 10s or 24h", s)
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d < 0 {
+		return 0, errors.New("must not be negative: want a duration such as 10s, or a number of seconds such as 10")
+	}
+	return d, nil
 }
 
 // aliasOf starts the usage string of a flag that is another name for a

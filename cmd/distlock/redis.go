@@ -28,7 +28,7 @@ func (c *common) register(fs *flag.FlagSet, redisHelp string, ttl time.Duration)
 	fs.StringVar(&c.redis, "redis", "", "Redis `URL`: redis://, rediss:// or unix://, several ?addr= for a cluster (default $REDIS_URL"+redisHelp+")")
 	fs.StringVar(&c.namespace, "namespace", distlock.DefaultNamespace, "key `NAMESPACE`: the lock KEY lives at NAMESPACE:{KEY}")
 	if ttl > 0 {
-		fs.DurationVar(&c.ttl, "ttl", ttl, fmt.Sprintf("lease `TTL`, renewed every TTL/3 (%v to %v)", distlock.MinTTL, distlock.MaxTTL))
+		durationVar(fs, &c.ttl, "ttl", ttl, fmt.Sprintf("lease `TTL`, renewed every TTL/3 (%v to %v)", distlock.MinTTL, distlock.MaxTTL))
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -27,6 +26,7 @@ import (
 const (
 	exitNotAcquired = 75  // EX_TEMPFAIL, the default of -E: -n found the lock held, or -w ran out
 	exitLost        = 76  // the lock was lost before the command finished
+	exitWrongKind   = 78  // KEY is used by another kind of lease (EX_CONFIG: fix the command line or the other users)
 	exitCannotExec  = 126 // the command was found but cannot be executed
 	exitNotFound    = 127 // the command was not found
 	exitSignalBase  = 128 // plus N: signal N killed the command, or ended distlock's wait
@@ -110,18 +110,22 @@ outlives a distlock that is killed with SIGKILL (an OOM kill, say): the lock
 stays held until its lease ends, at most --ttl (10s by default) after the
 last renewal, and a -n run that starts meanwhile skips.
 
+Every time span (--ttl, -w, --grace) is a duration such as 10s, 500ms or
+1m30s, or a bare number of seconds: --ttl 10 is ten seconds.
+
 Exit status:
   the command's    the command exited on its own
   128+N            the command was killed by signal N, or distlock got
                    signal N while still waiting for the lock
-  64               usage error, or KEY is used by another kind (a lock's
-                   name given with --permits, a semaphore's without, or
-                   the name of a Mutex or Election of the Go library)
+  64               usage error: bad flags or arguments
   75               not acquired: -n found the lock held (or all the
                    permits of --permits), or -w ran out
                    (set another code with -E)
   76               the lock (or permit) was lost before the command finished (the
                    command's own status is printed on stderr)
+  78               KEY is used by another kind: a semaphore's name given
+                   without --permits, or a lock's name with it; the
+                   message names both kinds and what to change
   125              distlock failed: Redis unreachable or erroring
   126              the command cannot be executed
   127              the command was not found
@@ -143,7 +147,8 @@ type runConfig struct {
 	common
 	key          string
 	argv         []string
-	wait         waitFlag
+	wait         time.Duration // -w: how long to wait for the lock
+	waitSet      bool          // whether -w was given: without it, wait as long as it takes
 	try          bool
 	conflictCode int
 	command      string
@@ -166,7 +171,7 @@ const runTTL = 10 * time.Second
 
 // singleAttempt reports whether the command line asks for one attempt at
 // the lock: -n, or -w 0.
-func (c *runConfig) singleAttempt() bool { return c.try || (c.wait.set && c.wait.d == 0) }
+func (c *runConfig) singleAttempt() bool { return c.try || (c.waitSet && c.wait == 0) }
 
 // runFlags returns the flag set of "distlock run", bound to c.
 func runFlags(c *runConfig) *flag.FlagSet {
@@ -174,13 +179,13 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	c.register(fs, "; run needs a real Redis", runTTL)
 	fs.BoolVar(&c.try, "n", false, "make a single attempt: if the lock is held, exit at once with the status of -E")
 	alias(fs, "n", "nonblock", "try")
-	fs.Var(&c.wait, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
+	fs.Var(&durationValue{d: &c.wait, set: &c.waitSet}, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
 	alias(fs, "w", "wait")
 	fs.IntVar(&c.conflictCode, "E", exitNotAcquired, "the exit status (`CODE`, 0 to 255) when the lock is not acquired (-n found it held, or -w ran out)")
 	alias(fs, "E", "conflict-exit-code")
 	fs.StringVar(&c.command, "c", "", "run `LINE` with sh -c, instead of COMMAND [ARGS...]")
 	alias(fs, "c", "command")
-	fs.DurationVar(&c.grace, "grace", defaultGrace, "after the lock is lost, how long (`DURATION`) the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
+	durationVar(fs, &c.grace, "grace", defaultGrace, "after the lock is lost, how long (`DURATION`) the command gets between SIGTERM and SIGKILL (0: SIGKILL at once)")
 	fs.StringVar(&c.owner, "owner", "", "owner `ID` written into the lock, shown by \"distlock inspect\" (default HOST:PID, of distlock)")
 	fs.BoolVar(&c.shared, "s", false, "hold KEY shared, with every other -s run (a read hold of the read-write lock KEY), instead of exclusively")
 	alias(fs, "s", "shared")
@@ -226,12 +231,10 @@ func parseRun(args []string) (runConfig, error) {
 		return c, usagef("missing the command after \"--\"")
 	case !commandSet && len(c.argv) == 0:
 		return c, usagef("missing the command after KEY %q: distlock run [flags] KEY [--] COMMAND [ARGS...], or -c 'COMMAND LINE'", c.key)
-	case c.try && c.wait.set && c.wait.d > 0:
-		return c, usagef("-n and -w %v exclude each other (-w 0 is the same as -n)", c.wait.d)
+	case c.try && c.waitSet && c.wait > 0:
+		return c, usagef("-n and -w %v exclude each other (-w 0 is the same as -n)", c.wait)
 	case c.conflictCode < 0 || c.conflictCode > 255:
 		return c, usagef("-E %d: the exit status must be 0 to 255", c.conflictCode)
-	case c.grace < 0:
-		return c, usagef("--grace must not be negative")
 	case set["permits"] && c.permits < 1:
 		return c, usagef("--permits %d: a semaphore needs at least 1 permit", c.permits)
 	case c.shared && c.exclusive:
@@ -249,51 +252,6 @@ func parseRun(args []string) (runConfig, error) {
 		c.foreground = inForeground()
 	}
 	return c, nil
-}
-
-// waitFlag is the value of -w: how long to wait for the lock, and whether
-// -w was given at all (without it, distlock waits as long as it takes).
-type waitFlag struct {
-	d   time.Duration
-	set bool
-}
-
-func (w *waitFlag) String() string {
-	if w == nil || !w.set {
-		return ""
-	}
-	return w.d.String()
-}
-
-func (w *waitFlag) Set(s string) error {
-	d, err := parseSeconds(s)
-	if err != nil {
-		return err
-	}
-	w.d, w.set = d, true
-	return nil
-}
-
-// parseSeconds parses a time to wait as flock(1) takes it, in seconds with
-// an optional fraction ("5", "0.5"), or as a Go duration ("1m30s", "500ms").
-func parseSeconds(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		secs, ferr := strconv.ParseFloat(s, 64)
-		switch {
-		case ferr != nil || math.IsNaN(secs):
-			return 0, errors.New("want seconds (5, 0.5) or a duration (1m30s)")
-		case secs < 0:
-			return 0, errors.New("must not be negative")
-		case secs >= float64(math.MaxInt64)/float64(time.Second):
-			return 0, fmt.Errorf("%s seconds is too long", s)
-		}
-		d = time.Duration(secs * float64(time.Second))
-	}
-	if d < 0 {
-		return 0, errors.New("must not be negative")
-	}
-	return d, nil
 }
 
 // defaultOwner is "host:pid", which tells an operator where to look.
@@ -376,7 +334,7 @@ func (r *runner) run(ctx context.Context) error {
 		distlock.WithNamespace(cfg.namespace),
 		distlock.WithTTL(cfg.ttl),
 		distlock.WithOwner(cfg.owner),
-		distlock.WithMaxWait(cfg.wait.d),
+		distlock.WithMaxWait(cfg.wait),
 	}
 	if cfg.verbose {
 		opts = append(opts, distlock.WithObserver(&runObserver{r: r}))
@@ -512,12 +470,52 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	case errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, distlock.ErrTimeout):
 		return nil, &exitStatus{code: r.cfg.conflictCode, err: err}
 	case errors.Is(err, distlock.ErrWrongKind):
-		// Not a Redis failure: the command line names a key that another
-		// kind uses (a lock's name with --permits, or the other way round).
-		return nil, &exitStatus{code: exitUsage, err: err}
+		// Neither a Redis failure nor a bad command line as such: KEY is
+		// used by another kind (a semaphore's name without --permits, or a
+		// lock's with it), and only the user knows which one is wrong.
+		return nil, &exitStatus{code: exitWrongKind, err: wrongKind(r.cfg, err)}
 	default:
 		return nil, &exitStatus{code: exitFailed, err: err}
 	}
+}
+
+// kindNames says in words what each kind of lease that a WrongKindError
+// names is, and who uses it.
+var kindNames = map[string]string{
+	"semaphore": "a semaphore (distlock run --permits N, or a distlock.Semaphore)",
+	"rwmutex":   "a lock (distlock run without --permits, or a distlock.RWMutex)",
+	"lock":      "a lock of the Go library (a distlock.Mutex or Election)",
+}
+
+// wrongKind explains err, which matches distlock.ErrWrongKind: which kind
+// this run asked for, which kind holds KEY, and what to change.
+func wrongKind(cfg runConfig, err error) error {
+	var wk *distlock.WrongKindError
+	if !errors.As(err, &wk) {
+		return fmt.Errorf("%w; pick another KEY, or run as the other users of %q do", err, cfg.key)
+	}
+	want, ok := kindNames[wk.Want]
+	if !ok {
+		want = "a " + wk.Want
+	}
+	found, ok := kindNames[wk.Found]
+	if !ok {
+		return fmt.Errorf("KEY %q is used by something else: %s holds a Redis %s that distlock did not write, and this run asks for %s; pick another KEY or --namespace", cfg.key, wk.Key, wk.Found, want)
+	}
+	var fix string
+	switch {
+	case wk.Found == "semaphore":
+		inspect := "distlock inspect " + cfg.key
+		if cfg.namespace != distlock.DefaultNamespace {
+			inspect = "distlock inspect --namespace " + cfg.namespace + " " + cfg.key
+		}
+		fix = fmt.Sprintf("run it with --permits N as the semaphore's users do (%q shows its permits), or pick another KEY", inspect)
+	case cfg.permits > 0:
+		fix = "run it without --permits to take the lock, or pick another KEY for the semaphore"
+	default:
+		fix = "pick another KEY, or make the Go code use distlock.NewRWMutex for this name"
+	}
+	return fmt.Errorf("KEY %q is %s, and this run asks for %s: the two kinds refuse each other on one name (%s); %s", cfg.key, found, want, wk.Key, fix)
 }
 
 // startCommand starts the command with the lock's variables in its environment.

@@ -276,7 +276,7 @@ func TestRunExitCodes(t *testing.T) {
 		{"command without --", runArgs(srv, "k8", "true"), 0, ""},
 		{"no command", cmdline(runArgs(srv, "k9")), exitUsage, "missing the command"},
 		{"--try and --wait", cmdline(runArgs(srv, "--try", "--wait", "1s", "k10"), "true"), exitUsage, "exclude each other"},
-		{"negative grace", cmdline(runArgs(srv, "--grace", "-1s", "k11"), "true"), exitUsage, "--grace"},
+		{"negative grace", cmdline(runArgs(srv, "--grace", "-1s", "k11"), "true"), exitUsage, "-grace: must not be negative"},
 		{"TTL too short", cmdline(runArgs(srv, "--ttl", "10ms", "k12"), "true"), exitUsage, "ttl"},
 		{"bad key", cmdline(runArgs(srv, "a{b}"), "true"), exitUsage, "braces"},
 		{"unknown flag", cmdline(runArgs(srv, "--nope", "k13"), "true"), exitUsage, "nope"},
@@ -406,23 +406,30 @@ func TestRunPermitsUsage(t *testing.T) {
 	assert.Empty(t, keys, "a refused run touched Redis")
 }
 
-// A key that another kind uses (a lock's name given with --permits, or a
-// semaphore's without) is refused as a usage error, not as a Redis
-// failure, and the holder of the other kind is not disturbed.
+// A key that another kind uses (a semaphore's name given without
+// --permits, or a lock's with it) exits with exitWrongKind, neither a
+// usage error nor a Redis failure, with a message that names both kinds
+// and the fix; the holder of the other kind is not disturbed.
 func TestRunRefusesAKeyOfAnotherKind(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := t.TempDir()
+	sem := start(t, nil, cmdline(runArgs(srv, "--permits", "2", "semname"), childArgs(t, dir, "sem")...)...)
+	waitReport(t, dir, "sem")
+	for _, args := range [][]string{{"-n", "semname"}, {"-s", "-n", "semname"}, {"semname"}} {
+		code, _, errOut := runDistlock(t, cmdline(runArgs(srv, args...), "true")...)
+		assert.Equal(t, exitWrongKind, code, "%q: stderr: %s", args, errOut)
+		for _, want := range []string{`KEY "semname" is a semaphore`, "asks for a lock", "--permits N", "distlock inspect semname", "pick another KEY"} {
+			assert.Contains(t, errOut, want, "%q", args)
+		}
+	}
+
 	holder := start(t, nil, cmdline(runArgs(srv, "lockname"), childArgs(t, dir, "lock")...)...)
 	waitReport(t, dir, "lock")
 	code, _, errOut := runDistlock(t, cmdline(runArgs(srv, "--permits", "2", "-n", "lockname"), "true")...)
-	assert.Equal(t, exitUsage, code, "stderr: %s", errOut)
-	assert.Contains(t, errOut, "is a rwmutex, not a semaphore")
-
-	sem := start(t, nil, cmdline(runArgs(srv, "--permits", "2", "semname"), childArgs(t, dir, "sem")...)...)
-	waitReport(t, dir, "sem")
-	code, _, errOut = runDistlock(t, cmdline(runArgs(srv, "-n", "semname"), "true")...)
-	assert.Equal(t, exitUsage, code, "stderr: %s", errOut)
-	assert.Contains(t, errOut, "is a semaphore, not a rwmutex")
+	assert.Equal(t, exitWrongKind, code, "stderr: %s", errOut)
+	for _, want := range []string{`KEY "lockname" is a lock`, "asks for a semaphore", "without --permits"} {
+		assert.Contains(t, errOut, want)
+	}
 
 	for name, p := range map[string]*proc{"lock": holder, "sem": sem} {
 		assert.Empty(t, signalsOf(dir, name), "the %s holder was disturbed", name)
