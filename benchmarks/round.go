@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -79,14 +76,21 @@ type localResult struct {
 	Stuck  int `json:"stuck"`
 	// Late counts jobs that held the lock only after the round's end
 	// (released, not counted).
-	Late     int      `json:"late"`
-	Overlaps int      `json:"overlaps"`
-	Errs     []string `json:"errs,omitempty"`
+	Late int `json:"late"`
+	// StuckKeys are the keys of the stuck workers' jobs.
+	StuckKeys []string `json:"stuck_keys,omitempty"`
+	Overlaps  int      `json:"overlaps"`
+	Errs      []string `json:"errs,omitempty"`
 }
 
 // runLocal runs spec's workers in this process with lib and measures them.
-// A worker still in a job spec.Drain after the round's end is counted as
-// stuck and left behind (its ctx cancelled, if it has a cancellable one).
+// It waits at most spec.Drain after the round's end for the workers to
+// finish their jobs. A worker still in a job then is counted as stuck and
+// abandoned: its Lock ctx is cancelled, if it has a cancellable one, and
+// whatever the job does afterwards is not recorded (see worker.run). Its
+// goroutine may outlive the round (a Lock on context.Background() that
+// never returns cannot be ended from outside); the round's keys are its
+// own, so it cannot disturb another round.
 func runLocal(lib *library, spec roundSpec) localResult {
 	start, end := localTime(spec.Start), localTime(spec.End)
 	var holders *atomic.Int32 // the number holding the one key, when all share it
@@ -122,14 +126,16 @@ func runLocal(lib *library, spec roundSpec) localResult {
 	select {
 	case <-drained:
 	case <-time.After(spec.Drain):
-		fmt.Fprintf(os.Stderr, "benchmarks: pid %d: %s: a job still busy %v after the round's end:\n%s\n",
-			os.Getpid(), lib.name, spec.Drain, workerStacks())
 	}
 	for _, w := range workers {
 		w.mu.Lock()
+		w.abandoned = !w.done
 		res.Acq = append(res.Acq, len(w.waits))
 		res.Waits = append(res.Waits, w.waits...)
 		res.Spans = append(res.Spans, w.spans...)
+		if !w.done {
+			res.StuckKeys = append(res.StuckKeys, w.key)
+		}
 		switch {
 		case !w.done && !w.asked.IsZero():
 			res.Stuck++
@@ -170,12 +176,16 @@ type worker struct {
 	overlaps   int
 	errs       []string
 	done       bool
+	// abandoned is set when runLocal has read the results of a worker
+	// whose job had not ended: the job then releases what it holds, if it
+	// ever gets the lock, and ends without recording anything.
+	abandoned bool
 }
 
 func (w *worker) fail(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.errs) < maxErrors {
+	if !w.abandoned && len(w.errs) < maxErrors {
 		w.errs = append(w.errs, err.Error())
 	}
 }
@@ -194,6 +204,14 @@ func (w *worker) run() {
 	for time.Now().Before(w.end) {
 		release, cancel, asked, ok := w.lock()
 		if !ok {
+			return
+		}
+		w.mu.Lock()
+		abandoned := w.abandoned
+		w.mu.Unlock()
+		if abandoned {
+			_ = release()
+			cancel()
 			return
 		}
 		held := time.Now()
@@ -269,20 +287,6 @@ func (w *worker) lock() (release func() error, cancel context.CancelFunc, asked 
 			return nil, nil, asked, false
 		}
 	}
-}
-
-// workerStacks returns the stacks of the goroutines in a worker's job,
-// which say where a stuck one waits.
-func workerStacks() string {
-	buf := make([]byte, 4<<20)
-	all := string(buf[:runtime.Stack(buf, true)])
-	var out []string
-	for g := range strings.SplitSeq(all, "\n\n") {
-		if strings.Contains(g, ".(*worker).") {
-			out = append(out, g)
-		}
-	}
-	return strings.Join(out, "\n\n")
 }
 
 // busy keeps the CPU busy for d. A hold never sleeps: here a sleep shorter
