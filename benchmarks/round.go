@@ -307,9 +307,13 @@ func processCPU() time.Duration {
 }
 
 // localTime turns a Unix time in ns, perhaps from another process, into a
-// local time with a monotonic reading.
+// local time with a monotonic reading. It reads the clock once: with two
+// readings, a process preempted between them would shift the time by the
+// preemption, and the helpers' holds, compared across processes, are tens
+// of µs apart.
 func localTime(unixNano int64) time.Time {
-	return time.Now().Add(time.Until(time.Unix(0, unixNano)))
+	now := time.Now()
+	return now.Add(time.Unix(0, unixNano).Sub(now))
 }
 
 func allSame(keys []string) bool {
