@@ -169,6 +169,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"-rounds", "0"},
+		{"-runs", "0"},
 		{"-round", "-1s"},
 		{"-scenarios", "serial,nope"},
 		{"-libs", ""},
@@ -187,6 +188,17 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("scenarios: got %q, want %q (the tables' order)", got, want)
 	}
 	if got, want := commandLine(cfg), "cd benchmarks && go run . -scenarios serial,keys64 -libs distlock,distlock-goredis -commandstats"; got != want {
+		t.Errorf("commandLine: got %q, want %q", got, want)
+	}
+	// A user's report leaves issue 17's targets out unless asked for them.
+	if cfg.targets || cfg.runs != 1 {
+		t.Errorf("defaults: got targets %v, runs %d; want false, 1", cfg.targets, cfg.runs)
+	}
+	cfg, err = parseFlags([]string{"-runs", "3", "-targets"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := commandLine(cfg), "cd benchmarks && go run . -runs 3 -targets"; got != want {
 		t.Errorf("commandLine: got %q, want %q", got, want)
 	}
 }

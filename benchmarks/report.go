@@ -284,10 +284,11 @@ type column struct {
 	// format shows a number of the figure; nil for a duration in
 	// nanoseconds, shown in the unit that suits it.
 	format func(float64) string
-	// higherIsBetter tells which of several runs' medians is the least
-	// favourable (the lowest when it is true), for the summary of a
-	// -runs run; summary columns are the ones it shows.
-	higherIsBetter, summary bool
+	// higherIsBetter says which of several runs' medians is the least
+	// favourable: the lowest when it is true, else the highest.
+	higherIsBetter bool
+	// summary columns are the ones the summary across runs shows.
+	summary bool
 	// of returns the figure of each round of v; nothing for a figure v
 	// does not have.
 	of func(res scenarioResult, figs map[variant][]figures, v variant) []float64
@@ -301,9 +302,9 @@ func (c column) cell(s spread) string {
 	return s.cell(c.format)
 }
 
-// roundly is a column's of for a figure of every round that cond accepts
+// perRound makes a column's of from a figure of every round that cond accepts
 // (nil: the rounds with an acquisition).
-func roundly(get func(figures) float64, cond func(figures) bool) func(scenarioResult, map[variant][]figures, variant) []float64 {
+func perRound(get func(figures) float64, cond func(figures) bool) func(scenarioResult, map[variant][]figures, variant) []float64 {
 	return func(_ scenarioResult, figs map[variant][]figures, v variant) []float64 {
 		return valuesOf(figs[v], get, cond)
 	}
@@ -320,7 +321,7 @@ func (r scenarioResult) ownBare(v variant) string {
 // columns are the figures of a scenario's table, in its order.
 var columns = []column{
 	{head: "ops/s", format: thousands, higherIsBetter: true,
-		of: roundly(func(f figures) float64 { return f.ops }, func(figures) bool { return true })},
+		of: perRound(func(f figures) float64 { return f.ops }, func(figures) bool { return true })},
 	{head: "× bare", format: fixed(2), higherIsBetter: true, summary: true,
 		of: func(_ scenarioResult, figs map[variant][]figures, v variant) []float64 {
 			return ratiosOver(figs, v, libBare)
@@ -329,12 +330,12 @@ var columns = []column{
 		of: func(r scenarioResult, figs map[variant][]figures, v variant) []float64 {
 			return ratiosOver(figs, v, r.ownBare(v))
 		}},
-	{head: "wait p50", of: roundly(func(f figures) float64 { return float64(f.p50) }, nil)},
-	{head: "wait p99", summary: true, of: roundly(func(f figures) float64 { return float64(f.p99) }, nil)},
-	{head: "worst wait", of: roundly(func(f figures) float64 { return float64(f.worst) }, func(f figures) bool { return f.worst > 0 })},
+	{head: "wait p50", of: perRound(func(f figures) float64 { return float64(f.p50) }, nil)},
+	{head: "wait p99", summary: true, of: perRound(func(f figures) float64 { return float64(f.p99) }, nil)},
+	{head: "worst wait", of: perRound(func(f figures) float64 { return float64(f.worst) }, func(f figures) bool { return f.worst > 0 })},
 	{head: "fairness", shared: true, format: fixed(2), higherIsBetter: true, summary: true,
-		of: roundly(func(f figures) float64 { return f.fairness }, nil)},
-	{head: "cmds/op", format: fixed(2), of: roundly(func(f figures) float64 { return f.cmds }, nil)},
+		of: perRound(func(f figures) float64 { return f.fairness }, nil)},
+	{head: "cmds/op", format: fixed(2), of: perRound(func(f figures) float64 { return f.cmds }, nil)},
 	{head: "hook cmds/op", format: fixed(2), // "–" for a rueidis client, which has no hook
 		of: func(r scenarioResult, figs map[variant][]figures, v variant) []float64 {
 			if r.libs[v.lib].client != clientGoRedis {
@@ -343,8 +344,8 @@ var columns = []column{
 			return valuesOf(figs[v], func(f figures) float64 { return f.hookCmds }, nil)
 		}},
 	{head: "Redis CPU/op", summary: true,
-		of: roundly(func(f figures) float64 { return float64(f.redis) }, func(f figures) bool { return f.redisKnown })},
-	{head: "client CPU/op", of: roundly(func(f figures) float64 { return float64(f.client) }, nil)},
+		of: perRound(func(f figures) float64 { return float64(f.redis) }, func(f figures) bool { return f.redisKnown })},
+	{head: "client CPU/op", of: perRound(func(f figures) float64 { return float64(f.client) }, nil)},
 }
 
 // columnsOf returns the columns of sc's table (with summary, only those of
