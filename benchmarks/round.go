@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -307,13 +309,26 @@ func processCPU() time.Duration {
 }
 
 // localTime turns a Unix time in ns, perhaps from another process, into a
-// local time with a monotonic reading. It reads the clock once: with two
-// readings, a process preempted between them would shift the time by the
-// preemption, and the helpers' holds, compared across processes, are tens
-// of µs apart.
+// local time with a monotonic reading. Each reading of the clock reads the
+// wall clock and the monotonic clock one after the other, and a process
+// preempted between the two pairs them wrongly by the length of the
+// preemption, which would shift all its holds of the round against the
+// other processes' (compared to the tens of µs between two holds). So it
+// reads the clock several times and converts with the reading whose
+// pairing is the median of theirs.
 func localTime(unixNano int64) time.Time {
-	now := time.Now()
-	return now.Add(time.Unix(0, unixNano).Sub(now))
+	var rs [5]time.Time
+	for i := range rs {
+		rs[i] = time.Now()
+	}
+	// skew is how much later, against its wall reading, the monotonic
+	// reading of rs[i] was taken than that of rs[0] (Round(0) drops the
+	// monotonic reading, so that Sub compares the wall readings).
+	skew := func(i int) time.Duration { return rs[i].Sub(rs[0]) - rs[i].Round(0).Sub(rs[0].Round(0)) }
+	idx := []int{0, 1, 2, 3, 4}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(skew(a), skew(b)) })
+	r := rs[idx[len(idx)/2]]
+	return r.Add(time.Unix(0, unixNano).Sub(r))
 }
 
 func allSame(keys []string) bool {
