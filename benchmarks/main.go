@@ -3,6 +3,8 @@
 // markdown table per scenario, ready to paste into BENCHMARKS.md:
 //
 //	cd benchmarks && go run .                     # every scenario, 5 rounds of 500ms (about 3 minutes)
+//	go run . -runs 3                              # three full runs and the least favourable median of each figure:
+//	                                              # what BENCHMARKS.md's headline takes (about 10 minutes)
 //	go run . -scenarios serial,keys64 -rounds 9   # some scenarios, more rounds
 //	go run . -libs bare,distlock -round 1s        # some libraries, longer rounds
 //	go run . -libs distlock-goredis -scenarios serial -commandstats -cpuprofile /tmp/cpu.pprof
@@ -43,7 +45,12 @@
 // variant uses keys of its own. Before its first round each variant runs one
 // unmeasured warm-up round (connections dialled, scripts loaded). Each figure
 // is computed per round, and the table shows its median over the rounds with
-// the spread (min–max) in brackets:
+// the spread (min–max) in brackets. Above each table stands the bare pair's
+// own rate (pairs/s), since a loaded machine squeezes every ratio toward 1
+// (the round trip and the waits for a CPU, which every library pays alike,
+// grow; each library's own work does not); a round whose bare rate is
+// below 0.7 of the best bare round of the scenario with the same ctx is
+// named there as loaded (loadedBelow, runs.go). The figures:
 //
 //   - ops/s: acquisitions (each followed by its release) per second;
 //   - × bare: ops/s over that of the bare SET NX PX + DEL on rueidis in the
@@ -68,10 +75,28 @@
 // The go-redis rows (bare-goredis, distlock-goredis through the adapter
 // module github.com/distkit-go/distlock/goredis, redislock, redsync) each
 // have a client of their own with one configuration, goRedisOptions:
-// go-redis's defaults, written out. After the tables, the report checks
-// the targets of issue 17 for distlock on go-redis (targets.go): ratios to
-// redsync, to distlock on rueidis and to spinning on go-redis, fairness and
-// commands per acquisition, each as its median (min–max) over the rounds.
+// go-redis's defaults, written out.
+//
+// A job that is still in a library's Lock 3 s after its round's end (a
+// peer's lost wake-up, say) is counted as stuck, reported in one line under
+// its table and abandoned: its ctx is cancelled if it can be, and what it
+// does afterwards is not recorded.
+//
+// # Figures that hold
+//
+// One run's medians move with the machine. -runs n repeats the whole run n
+// times, one after the other, and ends with a summary per scenario: for
+// each variant, the least favourable of the runs' medians of × bare,
+// fairness, wait p99 and Redis CPU/op (the lowest ratio and fairness, the
+// highest wait and CPU), with each run's median beside it, and each run's
+// bare rate with its loaded rounds against the best bare round of all the
+// runs. BENCHMARKS.md's headline is that summary of `go run . -runs 3` on
+// a quiet machine.
+//
+// -targets ends each run's report with the targets of issue 17 for
+// distlock on go-redis (targets.go): ratios to redsync, to distlock on
+// rueidis and to spinning on go-redis, fairness and commands per
+// acquisition, each as its median (min–max) over the rounds.
 //
 // Two flags help find where a library's time goes: -commandstats follows
 // each table with what Redis ran per acquisition (INFO commandstats, by
@@ -150,12 +175,14 @@ func startCPUProfile(path string) (stop func(), err error) {
 // parseFlags reads the command line, with defaults from the environment.
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("benchmarks", flag.ContinueOnError)
+	runs := fs.Int("runs", 1, "full runs, one after the other, then the least favourable median of each figure across them (BENCHMARKS.md's headline: -runs 3)")
 	rounds := fs.Int("rounds", defaultRounds, "measured rounds per variant (the tables show the median and min–max)")
 	round := fs.Duration("round", defaultRound, "length of one round")
 	scenarios := fs.String("scenarios", strings.Join(scenarioNames(), ","), "comma-separated scenarios to run")
 	libs := fs.String("libs", strings.Join(libraryNames(), ","), "comma-separated libraries to run")
 	ctxs := fs.String("ctx", strings.Join(ctxKinds, ","), "comma-separated Lock contexts: "+strings.Join(ctxKinds, ", "))
 	commandstats := fs.Bool("commandstats", false, "after each table, what Redis ran per acquisition (INFO commandstats)")
+	targets := fs.Bool("targets", false, "end each run's report with the targets of issue 17 for distlock on go-redis")
 	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile to `file`, and each helper's to file.<scenario>.<n>")
 	for _, e := range envFlags {
 		if v := os.Getenv(e.env); v != "" {
@@ -170,9 +197,12 @@ func parseFlags(args []string) (config, error) {
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	cfg := config{rounds: *rounds, round: *round, drain: drainTimeout, commandstats: *commandstats, cpuprofile: *cpuprofile}
-	if cfg.rounds < 1 || cfg.round <= 0 {
-		return config{}, fmt.Errorf("-rounds %d -round %v: want at least one round of some length", cfg.rounds, cfg.round)
+	cfg := config{
+		runs: *runs, rounds: *rounds, round: *round, drain: drainTimeout,
+		commandstats: *commandstats, cpuprofile: *cpuprofile, targets: *targets,
+	}
+	if cfg.runs < 1 || cfg.rounds < 1 || cfg.round <= 0 {
+		return config{}, fmt.Errorf("-runs %d -rounds %d -round %v: want at least one run of at least one round of some length", cfg.runs, cfg.rounds, cfg.round)
 	}
 	var err error
 	if cfg.scenarios, err = pick("scenario", *scenarios, scenarioNames()); err != nil {

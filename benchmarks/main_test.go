@@ -35,13 +35,14 @@ const (
 // longer than a round for the first Lock), distlock on either client and
 // the bare commands must never leave a job stuck (other libraries may: see
 // openRueidislock for rueidislock's lost wake-up), the go-redis rows'
-// hook must have counted their commands, and the report must end with
-// issue 17's targets.
+// hook must have counted their commands, every table must show the bare
+// pair's rate, and with -targets the report must end with issue 17's
+// targets.
 func TestSmoke(t *testing.T) {
 	for _, e := range envFlags {
 		t.Setenv(e.env, "") // the defaults, whatever the environment says
 	}
-	cfg, err := parseFlags([]string{"-rounds", "1", "-round", smokeRound.String()})
+	cfg, err := parseFlags([]string{"-rounds", "1", "-round", smokeRound.String(), "-targets"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +50,15 @@ func TestSmoke(t *testing.T) {
 	cfg.out, cfg.progress = &out, io.Discard
 	cfg.drain = smokeDrain
 	cfg.commandstats = true // its reads cost a round nothing that matters here
-	results, err := run(cfg)
+	runs, err := run(cfg)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got, want := len(runs), 1; got != want {
+		t.Fatalf("got %d runs, want %d", got, want)
+	}
+	results := runs[0]
 	if got, want := len(results), len(scenarios); got != want {
 		t.Fatalf("got %d scenarios, want %d", got, want)
 	}
@@ -79,8 +84,8 @@ func TestSmoke(t *testing.T) {
 				t.Errorf("%s %s %s: a rueidis row with %d commands counted by a go-redis hook", res.scenario.name, v.lib, v.ctx, s.hookCmds)
 			}
 		}
-		if !strings.Contains(out.String(), "### "+res.scenario.title) {
-			t.Errorf("no table for %s", res.scenario.name)
+		if !strings.Contains(out.String(), "### "+res.scenario.title+"\n\nBare pair: ") {
+			t.Errorf("no table for %s, or no bare rate above it", res.scenario.name)
 		}
 		if s := res.samples[variant{lib: libDistlockGoRedis, ctx: ctxBackground}]; len(s) == 1 && s[0].redisCmds["evalsha"].calls == 0 {
 			t.Errorf("%s: the commandstats of distlock-goredis's round have no EVALSHA: %v", res.scenario.name, s[0].redisCmds)
@@ -164,6 +169,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"-rounds", "0"},
+		{"-runs", "0"},
 		{"-round", "-1s"},
 		{"-scenarios", "serial,nope"},
 		{"-libs", ""},
@@ -182,6 +188,17 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("scenarios: got %q, want %q (the tables' order)", got, want)
 	}
 	if got, want := commandLine(cfg), "cd benchmarks && go run . -scenarios serial,keys64 -libs distlock,distlock-goredis -commandstats"; got != want {
+		t.Errorf("commandLine: got %q, want %q", got, want)
+	}
+	// A user's report leaves issue 17's targets out unless asked for them.
+	if cfg.targets || cfg.runs != 1 {
+		t.Errorf("defaults: got targets %v, runs %d; want false, 1", cfg.targets, cfg.runs)
+	}
+	cfg, err = parseFlags([]string{"-runs", "3", "-targets"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := commandLine(cfg), "cd benchmarks && go run . -runs 3 -targets"; got != want {
 		t.Errorf("commandLine: got %q, want %q", got, want)
 	}
 }

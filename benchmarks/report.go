@@ -146,16 +146,22 @@ func printHeader(cfg config, admin rueidis.Client) {
 	w := cfg.out
 	fmt.Fprintf(w, "## distlock and its peers\n\n")
 	fmt.Fprintf(w, "`%s`\n\n", commandLine(cfg))
+	runs := "Median"
+	if cfg.runs > 1 {
+		runs = fmt.Sprintf("%d full runs, one after the other, then a summary across them. Each run: the median", cfg.runs)
+	}
 	fmt.Fprintf(w, "%d CPUs (GOMAXPROCS %d), %s/%s, %s, redis-server %s%s, %s. "+
-		"Median of %d rounds of %v per variant, range (min–max) in brackets; "+
+		"%s of %d rounds of %v per variant, range (min–max) in brackets; "+
 		"rounds interleaved across libraries and contexts, keys of their own per round.\n\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version(),
-		redisVersion(admin), gitRevision(), time.Now().Format("2006-01-02 15:04 MST"), cfg.rounds, cfg.round)
+		redisVersion(admin), gitRevision(), time.Now().Format("2006-01-02 15:04 MST"), runs, cfg.rounds, cfg.round)
 	for _, name := range cfg.libs {
 		spec, _ := specOf(name)
 		fmt.Fprintf(w, "- **%s**: %s.\n", spec.name, spec.how)
 	}
 	fmt.Fprintf(w, "\n"+
+		"Above each table, the bare pair's own rate: on a loaded machine every ratio is squeezed toward 1, "+
+		"and a round whose bare rate is below %.1f × the best round's (same scenario and ctx) is named as loaded. "+
 		"ops/s: Lock + Release pairs per second; × bare: ops/s over bare's, same round and ctx; "+
 		"× own client: over the bare commands on the library's own client (bare or bare-goredis); "+
 		"wait: from calling Lock to holding (the worst includes a job still waiting at the round's end, counted to the end); fairness: fewest / most acquisitions of one contender; "+
@@ -163,13 +169,16 @@ func printHeader(cfg config, admin rueidis.Client) {
 		"hook cmds/op (go-redis rows): commands go-redis processed per acquisition, counted by a hook on the client (each command of a pipeline, a retried command once; no pub/sub or handshake commands); "+
 		"Redis CPU/op: the server's used_cpu_sys+used_cpu_user (INFO cpu) over the round; "+
 		"client CPU/op: getrusage of the process (of the 8 processes together in scenario 4) over the round, "+
-		"less the busy holds.\n")
+		"less the busy holds.\n", loadedBelow)
 }
 
 // commandLine returns the command that repeats this run, flags at their
 // defaults left out.
 func commandLine(cfg config) string {
 	args := []string{"cd benchmarks && go run ."}
+	if cfg.runs != 1 {
+		args = append(args, "-runs", strconv.Itoa(cfg.runs))
+	}
 	if cfg.rounds != defaultRounds {
 		args = append(args, "-rounds", strconv.Itoa(cfg.rounds))
 	}
@@ -190,6 +199,9 @@ func commandLine(cfg config) string {
 	}
 	if cfg.commandstats {
 		args = append(args, "-commandstats")
+	}
+	if cfg.targets {
+		args = append(args, "-targets")
 	}
 	if cfg.cpuprofile != "" {
 		args = append(args, "-cpuprofile", cfg.cpuprofile)
@@ -237,15 +249,10 @@ func (r scenarioResult) figures() map[variant][]figures {
 	return figs
 }
 
-// ratioOver returns, round by round, v's ops/s over that of the library
+// ratiosOver returns, round by round, v's ops/s over that of the library
 // base in the same round with the same ctx: both ran within moments of
 // each other (the rounds are interleaved). It is empty when base did not
 // run.
-func ratioOver(figs map[variant][]figures, v variant, base string) spread {
-	return spreadOf(ratiosOver(figs, v, base))
-}
-
-// ratiosOver is ratioOver's figure per round.
 func ratiosOver(figs map[variant][]figures, v variant, base string) []float64 {
 	b := figs[variant{lib: base, ctx: v.ctx}]
 	var xs []float64
@@ -257,92 +264,161 @@ func ratiosOver(figs map[variant][]figures, v variant, base string) []float64 {
 	return xs
 }
 
-// spreadOver returns the spread of get over the rounds fs that cond
-// accepts; a nil cond accepts the rounds with an acquisition.
-func spreadOver(fs []figures, get func(figures) float64, cond func(figures) bool) spread {
+// valuesOf returns get of the rounds fs that cond accepts; a nil cond
+// accepts the rounds with an acquisition.
+func valuesOf(fs []figures, get func(figures) float64, cond func(figures) bool) []float64 {
 	var xs []float64
 	for _, f := range fs {
 		if cond == nil && f.some || cond != nil && cond(f) {
 			xs = append(xs, get(f))
 		}
 	}
-	return spreadOf(xs)
+	return xs
 }
 
-// printTable prints a scenario's table and the notes under it.
-func printTable(w io.Writer, sc scenario, res scenarioResult) {
-	fmt.Fprintf(w, "\n### %s\n\n", sc.title)
-	head := []string{"ctx", "library", "ops/s", "× bare", "× own client", "wait p50", "wait p99", "worst wait"}
-	if sc.shared {
-		head = append(head, "fairness")
+// column is one figure of a scenario's table, computed per round.
+type column struct {
+	head string
+	// shared columns are shown only for the contended scenarios.
+	shared bool
+	// format shows a number of the figure; nil for a duration in
+	// nanoseconds, shown in the unit that suits it.
+	format func(float64) string
+	// higherIsBetter says which of several runs' medians is the least
+	// favourable: the lowest when it is true, else the highest.
+	higherIsBetter bool
+	// summary columns are the ones the summary across runs shows.
+	summary bool
+	// of returns the figure of each round of v; nothing for a figure v
+	// does not have.
+	of func(res scenarioResult, figs map[variant][]figures, v variant) []float64
+}
+
+// cell formats a spread of the column's figure.
+func (c column) cell(s spread) string {
+	if c.format == nil {
+		return s.durationCell()
 	}
-	head = append(head, "cmds/op", "hook cmds/op", "Redis CPU/op", "client CPU/op")
+	return s.cell(c.format)
+}
+
+// perRound makes a column's of from a figure of every round that cond accepts
+// (nil: the rounds with an acquisition).
+func perRound(get func(figures) float64, cond func(figures) bool) func(scenarioResult, map[variant][]figures, variant) []float64 {
+	return func(_ scenarioResult, figs map[variant][]figures, v variant) []float64 {
+		return valuesOf(figs[v], get, cond)
+	}
+}
+
+// ownBare is the bare row on v's own client.
+func (r scenarioResult) ownBare(v variant) string {
+	if r.libs[v.lib].client == clientGoRedis {
+		return libBareGoRedis
+	}
+	return libBare
+}
+
+// columns are the figures of a scenario's table, in its order.
+var columns = []column{
+	{head: "ops/s", format: thousands, higherIsBetter: true,
+		of: perRound(func(f figures) float64 { return f.ops }, func(figures) bool { return true })},
+	{head: "× bare", format: fixed(2), higherIsBetter: true, summary: true,
+		of: func(_ scenarioResult, figs map[variant][]figures, v variant) []float64 {
+			return ratiosOver(figs, v, libBare)
+		}},
+	{head: "× own client", format: fixed(2), higherIsBetter: true,
+		of: func(r scenarioResult, figs map[variant][]figures, v variant) []float64 {
+			return ratiosOver(figs, v, r.ownBare(v))
+		}},
+	{head: "wait p50", of: perRound(func(f figures) float64 { return float64(f.p50) }, nil)},
+	{head: "wait p99", summary: true, of: perRound(func(f figures) float64 { return float64(f.p99) }, nil)},
+	{head: "worst wait", of: perRound(func(f figures) float64 { return float64(f.worst) }, func(f figures) bool { return f.worst > 0 })},
+	{head: "fairness", shared: true, format: fixed(2), higherIsBetter: true, summary: true,
+		of: perRound(func(f figures) float64 { return f.fairness }, nil)},
+	{head: "cmds/op", format: fixed(2), of: perRound(func(f figures) float64 { return f.cmds }, nil)},
+	{head: "hook cmds/op", format: fixed(2), // "–" for a rueidis client, which has no hook
+		of: func(r scenarioResult, figs map[variant][]figures, v variant) []float64 {
+			if r.libs[v.lib].client != clientGoRedis {
+				return nil
+			}
+			return valuesOf(figs[v], func(f figures) float64 { return f.hookCmds }, nil)
+		}},
+	{head: "Redis CPU/op", summary: true,
+		of: perRound(func(f figures) float64 { return float64(f.redis) }, func(f figures) bool { return f.redisKnown })},
+	{head: "client CPU/op", of: perRound(func(f figures) float64 { return float64(f.client) }, nil)},
+}
+
+// columnsOf returns the columns of sc's table (with summary, only those of
+// the summary across runs).
+func columnsOf(sc scenario, summary bool) []column {
+	var cs []column
+	for _, c := range columns {
+		if (!c.shared || sc.shared) && (!summary || c.summary) {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// rowName is how a variant's library reads in a table: distlock's rows in
+// bold.
+func rowName(v variant) string {
+	if v.lib == libDistlock || v.lib == libDistlockGoRedis {
+		return "**" + v.lib + "**"
+	}
+	return v.lib
+}
+
+// tableHead prints the head of a markdown table.
+func tableHead(w io.Writer, head []string) {
 	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
+}
+
+// printTable prints a scenario's table, with the bare pair's rate above it
+// and the notes under it.
+func printTable(w io.Writer, res scenarioResult) {
+	sc := res.scenario
+	fmt.Fprintf(w, "\n### %s\n\n", sc.title)
+	if line := bareLine(res); line != "" {
+		fmt.Fprintf(w, "%s\n\n", line)
+	}
+	cols := columnsOf(sc, false)
+	head := []string{"ctx", "library"}
+	for _, c := range cols {
+		head = append(head, c.head)
+	}
+	tableHead(w, head)
 
 	figs := res.figures()
 	var notes []string
 	for _, v := range res.variants {
-		fs := figs[v]
-		pick := func(get func(figures) float64, cond func(figures) bool) spread { return spreadOver(fs, get, cond) }
-		var ops []float64
-		for _, f := range fs {
-			ops = append(ops, f.ops)
+		row := []string{ctxLabel(v.ctx), rowName(v)}
+		for _, c := range cols {
+			row = append(row, c.cell(spreadOf(c.of(res, figs, v))))
 		}
-		goRedis := res.libs[v.lib].client == clientGoRedis
-		own := libBare
-		if goRedis {
-			own = libBareGoRedis
-		}
-		name := v.lib
-		if name == libDistlock || name == libDistlockGoRedis {
-			name = "**" + name + "**"
-		}
-		hook := spread{} // "–" for a rueidis client, which has no hook
-		if goRedis {
-			hook = pick(func(f figures) float64 { return f.hookCmds }, nil)
-		}
-		row := []string{
-			ctxLabel(v.ctx), name,
-			spreadOf(ops).cell(thousands),
-			ratioOver(figs, v, libBare).cell(fixed(2)),
-			ratioOver(figs, v, own).cell(fixed(2)),
-			pick(func(f figures) float64 { return float64(f.p50) }, nil).durationCell(),
-			pick(func(f figures) float64 { return float64(f.p99) }, nil).durationCell(),
-			pick(func(f figures) float64 { return float64(f.worst) }, func(f figures) bool { return f.worst > 0 }).durationCell(),
-		}
-		if sc.shared {
-			row = append(row, pick(func(f figures) float64 { return f.fairness }, nil).cell(fixed(2)))
-		}
-		row = append(row,
-			pick(func(f figures) float64 { return f.cmds }, nil).cell(fixed(2)),
-			hook.cell(fixed(2)),
-			pick(func(f figures) float64 { return float64(f.redis) }, func(f figures) bool { return f.redisKnown }).durationCell(),
-			pick(func(f figures) float64 { return float64(f.client) }, nil).durationCell(),
-		)
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
 
-		gaveUp, empty, stuck := 0, 0, 0
-		var stuckKeys []string
+		gaveUp, empty := 0, 0
+		var stuck []string
 		for i, s := range res.samples[v] {
 			gaveUp += s.gaveUp
-			stuck += s.stuck
 			if s.stuck > 0 {
-				stuckKeys = append(stuckKeys, fmt.Sprintf("round %d: %s", i+1, s.keys))
+				stuck = append(stuck, fmt.Sprintf("round %d: %s (%s)", i+1, count(s.stuck, "job"), s.keys))
 			}
-			if !fs[i].some {
+			if !figs[v][i].some {
 				empty++
 			}
 		}
-		if stuck > 0 {
-			notes = append(notes, fmt.Sprintf("%s, %s: %s still in Lock %v after the round's end, left behind "+
-				"(the worst wait counts them to then; %s)", v.lib, ctxLabel(v.ctx), count(stuck, "job"), res.drain, strings.Join(stuckKeys, "; ")))
+		if len(stuck) > 0 {
+			notes = append(notes, fmt.Sprintf("%s, %s: stuck in Lock %v after the round's end, abandoned "+
+				"(the worst wait counts them to then): %s", v.lib, ctxLabel(v.ctx), res.drain, strings.Join(stuck, "; ")))
 		}
 		if gaveUp > 0 {
 			notes = append(notes, fmt.Sprintf("%s, %s: %s gave up waiting by the library's own rule and were called again "+
 				"(the job's wait counts from its first call)", v.lib, ctxLabel(v.ctx), count(gaveUp, "Lock call")))
 		}
 		if empty > 0 {
-			notes = append(notes, fmt.Sprintf("%s, %s: no acquisition in %d of %d rounds (left out of all but ops/s)", v.lib, ctxLabel(v.ctx), empty, len(fs)))
+			notes = append(notes, fmt.Sprintf("%s, %s: no acquisition in %d of %d rounds (left out of all but ops/s)", v.lib, ctxLabel(v.ctx), empty, len(figs[v])))
 		}
 	}
 	for _, err := range res.failures() {

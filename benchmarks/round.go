@@ -1,11 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"os"
-	"runtime"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -79,14 +78,21 @@ type localResult struct {
 	Stuck  int `json:"stuck"`
 	// Late counts jobs that held the lock only after the round's end
 	// (released, not counted).
-	Late     int      `json:"late"`
-	Overlaps int      `json:"overlaps"`
-	Errs     []string `json:"errs,omitempty"`
+	Late int `json:"late"`
+	// StuckKeys are the keys of the stuck workers' jobs.
+	StuckKeys []string `json:"stuck_keys,omitempty"`
+	Overlaps  int      `json:"overlaps"`
+	Errs      []string `json:"errs,omitempty"`
 }
 
 // runLocal runs spec's workers in this process with lib and measures them.
-// A worker still in a job spec.Drain after the round's end is counted as
-// stuck and left behind (its ctx cancelled, if it has a cancellable one).
+// It waits at most spec.Drain after the round's end for the workers to
+// finish their jobs. A worker still in a job then is counted as stuck and
+// abandoned: its Lock ctx is cancelled, if it has a cancellable one, and
+// whatever the job does afterwards is not recorded (see worker.run). Its
+// goroutine may outlive the round (a Lock on context.Background() that
+// never returns cannot be ended from outside); the round's keys are its
+// own, so it cannot disturb another round.
 func runLocal(lib *library, spec roundSpec) localResult {
 	start, end := localTime(spec.Start), localTime(spec.End)
 	var holders *atomic.Int32 // the number holding the one key, when all share it
@@ -122,14 +128,16 @@ func runLocal(lib *library, spec roundSpec) localResult {
 	select {
 	case <-drained:
 	case <-time.After(spec.Drain):
-		fmt.Fprintf(os.Stderr, "benchmarks: pid %d: %s: a job still busy %v after the round's end:\n%s\n",
-			os.Getpid(), lib.name, spec.Drain, workerStacks())
 	}
 	for _, w := range workers {
 		w.mu.Lock()
+		w.abandoned = !w.done
 		res.Acq = append(res.Acq, len(w.waits))
 		res.Waits = append(res.Waits, w.waits...)
 		res.Spans = append(res.Spans, w.spans...)
+		if !w.done {
+			res.StuckKeys = append(res.StuckKeys, w.key)
+		}
 		switch {
 		case !w.done && !w.asked.IsZero():
 			res.Stuck++
@@ -170,12 +178,16 @@ type worker struct {
 	overlaps   int
 	errs       []string
 	done       bool
+	// abandoned is set when runLocal has read the results of a worker
+	// whose job had not ended: the job then releases what it holds, if it
+	// ever gets the lock, and ends without recording anything.
+	abandoned bool
 }
 
 func (w *worker) fail(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.errs) < maxErrors {
+	if !w.abandoned && len(w.errs) < maxErrors {
 		w.errs = append(w.errs, err.Error())
 	}
 }
@@ -194,6 +206,14 @@ func (w *worker) run() {
 	for time.Now().Before(w.end) {
 		release, cancel, asked, ok := w.lock()
 		if !ok {
+			return
+		}
+		w.mu.Lock()
+		abandoned := w.abandoned
+		w.mu.Unlock()
+		if abandoned {
+			_ = release()
+			cancel()
 			return
 		}
 		held := time.Now()
@@ -271,20 +291,6 @@ func (w *worker) lock() (release func() error, cancel context.CancelFunc, asked 
 	}
 }
 
-// workerStacks returns the stacks of the goroutines in a worker's job,
-// which say where a stuck one waits.
-func workerStacks() string {
-	buf := make([]byte, 4<<20)
-	all := string(buf[:runtime.Stack(buf, true)])
-	var out []string
-	for g := range strings.SplitSeq(all, "\n\n") {
-		if strings.Contains(g, ".(*worker).") {
-			out = append(out, g)
-		}
-	}
-	return strings.Join(out, "\n\n")
-}
-
 // busy keeps the CPU busy for d. A hold never sleeps: here a sleep shorter
 // than a millisecond lasts a whole one.
 func busy(d time.Duration) {
@@ -303,9 +309,26 @@ func processCPU() time.Duration {
 }
 
 // localTime turns a Unix time in ns, perhaps from another process, into a
-// local time with a monotonic reading.
+// local time with a monotonic reading. Each reading of the clock reads the
+// wall clock and the monotonic clock one after the other, and a process
+// preempted between the two pairs them wrongly by the length of the
+// preemption, which would shift all its holds of the round against the
+// other processes' (compared to the tens of µs between two holds). So it
+// reads the clock several times and converts with the reading whose
+// pairing is the median of theirs.
 func localTime(unixNano int64) time.Time {
-	return time.Now().Add(time.Until(time.Unix(0, unixNano)))
+	var rs [5]time.Time
+	for i := range rs {
+		rs[i] = time.Now()
+	}
+	// skew is how much later, against its wall reading, the monotonic
+	// reading of rs[i] was taken than that of rs[0] (Round(0) drops the
+	// monotonic reading, so that Sub compares the wall readings).
+	skew := func(i int) time.Duration { return rs[i].Sub(rs[0]) - rs[i].Round(0).Sub(rs[0].Round(0)) }
+	idx := []int{0, 1, 2, 3, 4}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(skew(a), skew(b)) })
+	r := rs[idx[len(idx)/2]]
+	return r.Add(time.Unix(0, unixNano).Sub(r))
 }
 
 func allSame(keys []string) bool {

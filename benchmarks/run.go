@@ -29,6 +29,10 @@ const maxWarmUp = 200 * time.Millisecond
 
 // config is what to run, from the flags.
 type config struct {
+	// runs is the number of full runs (every scenario, cfg.rounds rounds
+	// each), one after the other; with more than one, the report ends with
+	// the summary across them (printAcrossRuns).
+	runs      int
 	rounds    int
 	round     time.Duration
 	scenarios []string
@@ -41,9 +45,11 @@ type config struct {
 	// cpuprofile, if not empty, is the file of this process's CPU profile;
 	// the helper processes of a scenario write theirs beside it.
 	cpuprofile string
+	// targets has each run's report end with the targets of issue 17.
+	targets bool
 
 	out      io.Writer // the tables
-	progress io.Writer // a line per scenario and round
+	progress io.Writer // a line per scenario, a word per round
 }
 
 // scenario is one way of calling the locks.
@@ -119,8 +125,10 @@ type sample struct {
 	late       int // jobs that held the lock only after the end
 	overlaps   int
 	errs       []string
+	stuckKeys  []string
 	// keys describes the round's keys in Redis, after a round with an
-	// error or a stuck job.
+	// error or a stuck job: those of the first stuck job's key, or of the
+	// round's first key.
 	keys string
 }
 
@@ -137,12 +145,15 @@ func (s *sample) add(r localResult) {
 	s.late += r.Late
 	s.overlaps += r.Overlaps
 	s.errs = append(s.errs, r.Errs...)
+	s.stuckKeys = append(s.stuckKeys, r.StuckKeys...)
 }
 
-// run runs the configured scenarios and prints their tables. It fails if a
-// worker saw an error (a stuck job is reported in the table, not as an
-// error: the smoke test checks distlock's own).
-func run(cfg config) ([]scenarioResult, error) {
+// run runs the configured scenarios cfg.runs times and prints their
+// tables, and with more than one run the summary across the runs. It
+// returns the results by run, then by scenario. It fails if a worker saw
+// an error (a stuck job is reported in the table, not as an error: the
+// smoke test checks distlock's own).
+func run(cfg config) ([][]scenarioResult, error) {
 	srv, err := startServer()
 	if err != nil {
 		return nil, err
@@ -163,28 +174,41 @@ func run(cfg config) ([]scenarioResult, error) {
 
 	printHeader(cfg, admin)
 	var (
-		all      []scenarioResult
+		runs     [][]scenarioResult
 		failures []error
 	)
-	for _, name := range cfg.scenarios {
-		sc := scenarioOf(name)
-		res, err := runScenario(cfg, sc, libs, admin)
-		if err != nil {
-			return all, fmt.Errorf("%s: %w", sc.name, err)
+	for n := range cfg.runs {
+		if cfg.runs > 1 {
+			fmt.Fprintf(cfg.out, "\n## Run %d of %d\n", n+1, cfg.runs)
 		}
-		printTable(cfg.out, sc, res)
-		printCommandStats(cfg.out, res)
-		all = append(all, res)
-		failures = append(failures, res.failures()...)
+		var results []scenarioResult
+		for _, name := range cfg.scenarios {
+			sc := scenarioOf(name)
+			res, err := runScenario(cfg, sc, libs, admin, n)
+			if err != nil {
+				return append(runs, results), fmt.Errorf("%s: %w", sc.name, err)
+			}
+			printTable(cfg.out, res)
+			printCommandStats(cfg.out, res)
+			results = append(results, res)
+			failures = append(failures, res.failures()...)
+		}
+		if cfg.targets {
+			printTargets(cfg.out, results, cfg.ctxs)
+		}
+		runs = append(runs, results)
 	}
-	printTargets(cfg.out, all, cfg.ctxs)
-	return all, errors.Join(failures...)
+	if cfg.runs > 1 {
+		printAcrossRuns(cfg.out, runs)
+	}
+	return runs, errors.Join(failures...)
 }
 
 // scenarioResult holds a scenario's samples, per variant and round.
 type scenarioResult struct {
 	scenario scenario
 	drain    time.Duration
+	ctxs     []string // the Lock ctx kinds, in the tables' order
 	variants []variant
 	samples  map[variant][]sample
 	libs     map[string]*library
@@ -196,10 +220,10 @@ func (r scenarioResult) failures() []error {
 	for _, v := range r.variants {
 		for i, s := range r.samples[v] {
 			for _, e := range s.errs {
-				errs = append(errs, fmt.Errorf("%s %s round %d: %s (%s)", v.lib, v.ctx, i+1, e, s.keys))
+				errs = append(errs, fmt.Errorf("%s: %s %s round %d: %s (%s)", r.scenario.name, v.lib, v.ctx, i+1, e, s.keys))
 			}
 			if s.overlaps > 0 {
-				errs = append(errs, fmt.Errorf("%s %s round %d: %d acquisitions while another worker held the key", v.lib, v.ctx, i+1, s.overlaps))
+				errs = append(errs, fmt.Errorf("%s: %s %s round %d: %d acquisitions while another worker held the key", r.scenario.name, v.lib, v.ctx, i+1, s.overlaps))
 			}
 		}
 	}
@@ -208,9 +232,10 @@ func (r scenarioResult) failures() []error {
 
 // runScenario runs a warm-up round and cfg.rounds measured rounds of every
 // variant of sc, interleaved: round r of every variant, then round r+1 in
-// the reverse order, so that no variant always follows the same one.
-func runScenario(cfg config, sc scenario, libs map[string]*library, admin rueidis.Client) (scenarioResult, error) {
-	res := scenarioResult{scenario: sc, drain: cfg.drain, samples: map[variant][]sample{}, libs: libs}
+// the reverse order, so that no variant always follows the same one. run
+// is the number of the full run (from 0), which the keys' names include.
+func runScenario(cfg config, sc scenario, libs map[string]*library, admin rueidis.Client, run int) (scenarioResult, error) {
+	res := scenarioResult{scenario: sc, drain: cfg.drain, ctxs: cfg.ctxs, samples: map[variant][]sample{}, libs: libs}
 	for _, ctx := range cfg.ctxs {
 		for _, name := range cfg.libs {
 			spec, _ := specOf(name)
@@ -238,17 +263,22 @@ func runScenario(cfg config, sc scenario, libs map[string]*library, admin rueidi
 		}
 	}
 	warmUp := min(cfg.round, maxWarmUp)
-	fmt.Fprintf(cfg.progress, "%s: warm-up\n", sc.name)
+	prefix := "run" + strconv.Itoa(run+1) + ":"
+	if cfg.runs > 1 {
+		fmt.Fprintf(cfg.progress, "run %d of %d: ", run+1, cfg.runs)
+	}
+	fmt.Fprintf(cfg.progress, "%s: warm-up, rounds of %d:", sc.name, cfg.rounds)
+	defer fmt.Fprintln(cfg.progress)
 	for _, v := range res.variants {
-		if _, err := measure(v, "warm", warmUp); err != nil {
+		if _, err := measure(v, prefix+"warm", warmUp); err != nil {
 			return res, err
 		}
 	}
 	order := slices.Clone(res.variants)
 	for r := range cfg.rounds {
-		fmt.Fprintf(cfg.progress, "%s: round %d of %d\n", sc.name, r+1, cfg.rounds)
+		fmt.Fprintf(cfg.progress, " %d", r+1)
 		for _, v := range order {
-			s, err := measure(v, "r"+strconv.Itoa(r+1), cfg.round)
+			s, err := measure(v, prefix+"r"+strconv.Itoa(r+1), cfg.round)
 			if err != nil {
 				return res, err
 			}
@@ -279,10 +309,20 @@ func measureLocal(sc scenario, lib *library, v variant, tag string, d time.Durat
 	u := <-redis
 	s := sample{elapsed: d, redisCPU: u.cpu, redisCmds: u.cmds}
 	s.add(r)
-	if len(s.errs) > 0 || s.stuck > 0 {
-		s.keys = keysOf(admin, spec.Keys[0])
-	}
+	s.describeKeys(admin, spec.Keys[0])
 	return s
+}
+
+// describeKeys sets s.keys after a round with an error or a stuck job:
+// the keys of the first stuck job, else those of the round's key first.
+func (s *sample) describeKeys(admin rueidis.Client, first string) {
+	if len(s.errs) == 0 && s.stuck == 0 {
+		return
+	}
+	if len(s.stuckKeys) > 0 {
+		first = s.stuckKeys[0]
+	}
+	s.keys = keysOf(admin, first)
 }
 
 // keysOf describes the keys in Redis whose name contains key's: a lock's
@@ -338,9 +378,7 @@ func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d time.Dur
 	}
 	u := <-redis
 	s.redisCPU, s.redisCmds = u.cpu, u.cmds
-	if len(s.errs) > 0 || s.stuck > 0 {
-		s.keys = keysOf(admin, spec.Keys[0])
-	}
+	s.describeKeys(admin, spec.Keys[0])
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.Held, b.Held) })
 	for i := 1; i < len(spans); i++ {
 		if spans[i].Held < spans[i-1].Freed {
