@@ -182,6 +182,12 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 				return nil, grant, false, e.ctxError(a.ctx)
 			}
 			retry := !replied && !notAcked
+			if retry && errors.Is(err, context.DeadlineExceeded) {
+				// The call's own deadline, not the caller's: no reply in
+				// time. A waiting call tries again like after any failed
+				// attempt; TryLock reports it, as what it is.
+				return nil, grant, true, &NoReplyError{Key: e.keys.Lease, After: time.Since(sent)}
+			}
 			if retry && p != nil && !errors.Is(err, context.DeadlineExceeded) && broken < brokenConnTries {
 				// A pooled connection that broke while idle fails the first
 				// call sent on it although Redis is reachable. A waiter
@@ -339,9 +345,10 @@ func (a *acquirer) once() (*Guard, error) {
 func (a *acquirer) poll(interval time.Duration) (*Guard, error) {
 	for {
 		g, _, _, err := a.attempt(nil)
-		if g != nil || err != nil {
+		if g != nil || (err != nil && !errors.Is(err, ErrNoReply)) {
 			return g, err
 		}
+		// Held, or no reply in time: ask again after the interval.
 		if _, _, err := a.wait(interval, nil); err != nil {
 			return nil, err
 		}

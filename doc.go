@@ -245,7 +245,10 @@
 // trying every TTL/9, and if a renewal then proves the key still holds this
 // acquisition's value, the guard returns to [Acquired] (its context stays
 // cancelled: the time in between was not protected). A lease that really
-// expired cannot come back.
+// expired cannot come back: once Redis refuses a renewal, the loss is
+// final, the guard's actor exits and sends nothing more, and the guard
+// stays Lost until it is released ([Guard.Release] then returns Lost at
+// once, without calling Redis).
 //
 // # Waiting
 //

@@ -11,7 +11,8 @@ import (
 
 // Errors reported by distlock. Test for them with [errors.Is]; the concrete
 // errors returned wrap them and carry details ([*OptionError],
-// [*ArgumentError], [*TimeoutError], [*NotAcquiredError], [*LostError]).
+// [*ArgumentError], [*TimeoutError], [*NoReplyError], [*NotAcquiredError],
+// [*LostError]).
 var (
 	// ErrNotAcquired means a single attempt found the lock held by someone
 	// else.
@@ -55,6 +56,15 @@ var (
 	// is reported as a [*WrongKindError]; nothing was written, and the
 	// holder of the other kind is not disturbed.
 	ErrWrongKind = lease.ErrWrongKind
+	// ErrNoReply means a call to Redis got no reply before its own
+	// deadline, which distlock sets to the lease deadline counted from the
+	// call's send time (a later reply could not be trusted): a stopped or
+	// overloaded server, or a dead path. It is reported as a
+	// [*NoReplyError] by TryLock; a Lock retries such a call like any
+	// other failed attempt, while its context and its wait allow. It does
+	// not match [context.DeadlineExceeded]: no deadline of the caller's
+	// has passed.
+	ErrNoReply = errors.New("distlock: no reply from Redis in time")
 	// ErrNotWriteLock means [Guard.Downgrade] was called on a guard that
 	// does not hold an [RWMutex] for writing: a read guard (or one
 	// downgraded already), or a guard of another kind. Nothing was sent to
@@ -158,6 +168,21 @@ func (e *TimeoutError) Error() string {
 
 // Is reports whether target is [ErrTimeout].
 func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
+
+// NoReplyError reports a call to Redis that got no reply before the
+// deadline distlock gave it. It matches [ErrNoReply]; the outcome of the
+// call is unknown, and distlock cancels what it may have written.
+type NoReplyError struct {
+	Key   string        // the lease key
+	After time.Duration // how long the call waited
+}
+
+func (e *NoReplyError) Error() string {
+	return fmt.Sprintf("distlock: acquiring %s: no reply from Redis within %v", e.Key, e.After.Round(time.Millisecond))
+}
+
+// Is reports whether target is [ErrNoReply].
+func (e *NoReplyError) Is(target error) bool { return target == ErrNoReply }
 
 // NotAcquiredError reports that a single attempt found the lock held. It
 // matches [ErrNotAcquired].

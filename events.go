@@ -15,9 +15,12 @@ const (
 	// Acquired: the lease is held and its deadline has not passed.
 	Acquired State = iota + 1
 	// Lost: ownership is in doubt. A renewal was refused or failed, or the
-	// local deadline passed without a confirmed renewal. The guard keeps
-	// renewing and may return to Acquired if a renewal proves the key still
-	// holds this acquisition's value.
+	// local deadline passed without a confirmed renewal. When renewals only
+	// failed (no reply), the guard keeps renewing and returns to Acquired
+	// if one proves the key still holds this acquisition's value. When
+	// Redis refused a renewal (the key is gone or someone else's), the
+	// loss is final: the guard stops renewing and stays Lost until it is
+	// released.
 	Lost
 	// Released: the guard has ended, by [Guard.Release], by [Guard.Leave]
 	// or by the cancellation of the context given to Lock. It is final.

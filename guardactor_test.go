@@ -596,3 +596,43 @@ func TestOneGoroutinePerHeldGuard(t *testing.T) {
 		}
 	})
 }
+
+// A call that gets no reply before its own deadline is a failed attempt:
+// a Lock whose context cannot end asks again (and gets the lock once Redis
+// answers), while TryLock reports it as ErrNoReply, never as the caller's
+// context.DeadlineExceeded.
+func TestNoReplyIsAFailedAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		hangs := 2 // the first two calls hang until their deadline
+		f.acquireFn = func(ctx context.Context) error {
+			f.mu.Lock()
+			hang := hangs > 0
+			hangs--
+			f.mu.Unlock()
+			if hang {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return nil
+		}
+		start := time.Now()
+		g, err := fakeMutex(t, f).Lock(context.Background())
+		require.NoError(t, err, "Lock(context.Background()) returned an internal deadline")
+		assert.GreaterOrEqual(t, time.Since(start), 2*(fakeTTL-margin(fakeTTL)), "the two calls without a reply")
+		assert.Equal(t, 2, g.Attempt())
+		_, err = g.Release(context.Background())
+		require.NoError(t, err)
+
+		f.mu.Lock()
+		hangs = 1
+		f.mu.Unlock()
+		_, err = fakeMutex(t, f).TryLock(context.Background())
+		require.ErrorIs(t, err, ErrNoReply)
+		assert.NotErrorIs(t, err, context.DeadlineExceeded)
+		var nr *NoReplyError
+		require.ErrorAs(t, err, &nr)
+		assert.Equal(t, fakeTTL-margin(fakeTTL), nr.After)
+		Settle(context.Background())
+	})
+}

@@ -123,7 +123,11 @@ func (a *acquirer) queue() (*Guard, error) {
 		switch {
 		case g != nil:
 			return g, nil
-		case err != nil && (!retry || queued.IsZero()):
+		case err != nil && !retry, err != nil && queued.IsZero() && !errors.Is(err, ErrNoReply):
+			// An error Redis answered with ends the call, as does a failure
+			// before we stand in line, other than a call that got no reply
+			// in time: that one may well have put us in line, and a Lock
+			// that may wait asks again.
 			return nil, err
 		case err != nil:
 			// We stand in line already: keep the place and ask again soon.
