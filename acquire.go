@@ -82,7 +82,10 @@ func (e *engine) acquire(ctx context.Context, owner string, mode acquireMode, wa
 		// did not see. Cancel it in the background: the caller does not
 		// wait on the network to give up.
 		value := a.value
-		proc.goWork(func() { e.cleanup(context.Background(), value, true) })
+		proc.goWork(func() {
+			defer proc.work.done()
+			e.cleanup(context.Background(), value, true)
+		})
 	}
 	info := AcquireInfo{Key: e.keys.Lease, Kind: e.kind, Mode: e.keys.Mode.String(), Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
@@ -274,6 +277,7 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		ctx = a.callCtx
 	}
 	proc.goWork(func() {
+		defer proc.work.done()
 		ctx, cancel := context.WithDeadline(ctx, dl)
 		defer cancel()
 		var r result

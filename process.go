@@ -50,17 +50,18 @@ func (p *process) roomsFor(k roomKey) *roomSet {
 	return &p.rooms[maphash.String(p.seed, k.lease)%uint64(len(p.rooms))]
 }
 
-// goWork runs f in a goroutine of its own, counted until it returns, for
-// Settle. f must return in bounded time.
+// goWork runs f in a goroutine of its own as the process's background
+// work, which Settle waits for. f must return in bounded time, and must
+// begin with
+//
+//	defer proc.work.done()
+//
+// which gives back the count goWork takes: f runs as it is, with no
+// wrapper around it, which would cost the hot path of a cancellable Lock
+// an allocation.
 func (p *process) goWork(f func()) {
 	p.work.add(1)
-	go p.runWork(f)
-}
-
-// runWork runs f, counted (a go statement with arguments needs no closure).
-func (p *process) runWork(f func()) {
-	defer p.work.add(-1)
-	f()
+	go f()
 }
 
 // workCount counts goroutines and tells whoever waits when none is left.
@@ -71,6 +72,9 @@ type workCount struct {
 	n       int
 	waiters []chan struct{} // closed when n drops to 0
 }
+
+// done counts one goroutine out.
+func (w *workCount) done() { w.add(-1) }
 
 func (w *workCount) add(d int) {
 	w.mu.Lock()
