@@ -277,3 +277,70 @@ func TestLockContextDeadlineIsLoggedAtWarn(t *testing.T) {
 		assert.Len(t, log.at(slog.LevelWarn, "deadline of the context given to Lock"), 1, "a cancellation is not a deadline")
 	})
 }
+
+// The calls that end a guard race its first-renewal timer, which would make
+// it an actor: whichever claims the guard first owns it, the other finds it
+// taken, and every guard ends exactly once, with one delete, leaving no
+// goroutine. Run under -race, this also checks that no two goroutines ever
+// touch the guard's state at once.
+func TestEndRacesTheFirstRenewal(t *testing.T) {
+	const ttl = 150 * time.Millisecond // first renewal at 50 ms
+	const guards = 200
+	type held struct {
+		g *Guard
+		f *fakeStore
+	}
+	hs := make([]held, guards)
+	for i := range hs {
+		f := &fakeStore{}
+		m, err := newMutex("job", []Option{WithTTL(ttl)})
+		require.NoError(t, err)
+		m.e.client, m.e.store = f, f
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		g, err := m.Lock(ctx)
+		require.NoError(t, err)
+		hs[i] = held{g, f}
+		if i%4 == 3 {
+			// Some end by their Lock context, from the watch's goroutine.
+			time.AfterFunc(renewAfter(ttl)-time.Duration(i%7)*time.Millisecond, cancel)
+		}
+	}
+	// The others end by Release and Leave, from around the first renewal
+	// on, while their timers fire.
+	var wg sync.WaitGroup
+	for i, h := range hs {
+		wg.Go(func() {
+			time.Sleep(renewAfter(ttl) - 3*time.Millisecond + time.Duration(i%7)*time.Millisecond)
+			end := h.g.Release
+			if i%4 == 1 {
+				end = h.g.Leave
+			}
+			ctx := context.Background()
+			if i%2 == 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Minute) // a context that can end
+				defer cancel()
+			}
+			_, err := end(ctx)
+			assert.NoError(t, err)
+			_, err = h.g.Release(context.Background()) // a second end waits for the first
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	for i, h := range hs {
+		<-h.g.Done()
+		assert.Equal(t, Released, h.g.State(), "guard %d", i)
+		h.f.mu.Lock()
+		deletes := len(h.f.releases)
+		h.f.mu.Unlock()
+		if i%4 == 1 {
+			assert.LessOrEqual(t, deletes, 1, "guard %d: left, or released by its context first", i)
+		} else {
+			assert.Equal(t, 1, deletes, "guard %d: deletes", i)
+		}
+	}
+	assert.Eventually(t, func() bool { return actorGoroutines() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"actors left after every guard ended")
+}
