@@ -324,6 +324,14 @@
 // (a loss that can never be undone). State, Deadline, Context, Done and
 // Subscribe read what the guard has published and never wait for it.
 //
+// While any of a client's guards has an actor, the client also keeps one
+// subscription, to a channel nobody publishes on: it breaks when the
+// client's connection does, and when it is confirmed again every such
+// guard renews at once. So a holder whose lease was lost with a Redis
+// restarted without persistence is Lost within a round trip of the server
+// answering again, not a third of a TTL later (SAFETY.md, "What the
+// contract rests on", states the window that remains).
+//
 // # Goroutines
 //
 // An uncontended Lock and Release with a context that cannot be cancelled
@@ -344,6 +352,8 @@
 //	clean-up after a call gives up   the process     one TTL at most               Settle
 //	a room's subscription (a lock    the process     a linger of 250 ms after      the room's close
 //	  with waiters in this process)                    its last waiter leaves
+//	a client's keeper (while any of  the process     its last guard's actor        that actor's exit
+//	  its guards has an actor)                         exits
 //	an election's watcher, and its   the Election    its last observer leaves      the observers' channels
 //	  subscription and reads                                                         close after it
 //

@@ -57,8 +57,15 @@ type guardActor struct {
 	downgrades      []downgradeMsg
 	cancelDowngrade context.CancelFunc
 	deleting        bool // the final delete is in flight
-	retiring        bool // a renewal was refused: exit once nothing is in flight
-	exit            bool // the loop returns
+	// keeper watches the client's connection for the actor from its first
+	// renewal on (an actor that only ends a young guard needs none), and
+	// sends on renewNow, without blocking, when the connection came back
+	// after it dropped: the server may have forgotten the lease (see
+	// keeper.go).
+	keeper   *keeper
+	renewNow chan struct{}
+	retiring bool // a renewal was refused: exit once nothing is in flight
+	exit     bool // the loop returns
 }
 
 // ending and retired are the owners of a guard that are not an actor (see
@@ -153,6 +160,11 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		l.renewIn(time.Until(g.lastSent.Add(renewAfter(g.leaseTTL))))
 		l.armDeadline()
 	}
+	defer func() {
+		if l.keeper != nil {
+			l.keeper.leave(l)
+		}
+	}()
 	for !l.exit {
 		var lockDone <-chan struct{}
 		if g.how == 0 {
@@ -167,6 +179,12 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		case <-l.deadC:
 			l.deadC = nil
 			g.checkDeadline()
+		case <-l.renewNow:
+			if g.how == 0 && l.renewing == nil && !l.retiring {
+				l.renewAt.Stop()
+				l.renewC = nil
+				l.renew()
+			}
 		case <-lockDone:
 			l.begin(endRelease)
 			g.warnLockDeadline()
@@ -247,6 +265,10 @@ func (l *guardActor) renew() {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), dl)
 	l.renewing = cancel
+	if l.keeper == nil {
+		l.renewNow = make(chan struct{}, 1)
+		l.keeper = proc.keepers.watch(l)
+	}
 	l.a.Go(func(actx context.Context) {
 		r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
 		_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})

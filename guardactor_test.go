@@ -523,7 +523,13 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 }
 
 // actorGoroutines counts the goroutines that run a guard's actor loop.
-func actorGoroutines() int {
+func actorGoroutines() int { return goroutinesIn("distlock.(*guardActor).loop(") }
+
+// keeperGoroutines counts the goroutines of the clients' keepers.
+func keeperGoroutines() int { return goroutinesIn("distlock.(*keeper).run(") }
+
+// goroutinesIn counts the goroutines whose stack has fn.
+func goroutinesIn(fn string) int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -533,7 +539,7 @@ func actorGoroutines() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	return strings.Count(string(buf), "distlock.(*guardActor).loop(")
+	return strings.Count(string(buf), fn)
 }
 
 // Goroutines: a guard held past its first renewal has one goroutine, its
@@ -542,13 +548,18 @@ func actorGoroutines() int {
 func TestOneGoroutinePerHeldGuard(t *testing.T) {
 	const guards = 300
 	synctest.Test(t, func(t *testing.T) {
-		// A fake store holds one lease: each guard has one of its own.
+		// A fake store holds one lease: each guard has one of its own, all
+		// on one client, as a process's locks usually are (so they share
+		// one keeper: one goroutine more in all).
 		stores := make([]*fakeStore, guards)
+		client := &fakeStore{}
 		lockAll := func() []*Guard {
 			gs := make([]*Guard, guards)
 			for i := range gs {
 				stores[i] = &fakeStore{}
-				g, err := fakeMutex(t, stores[i]).Lock(t.Context())
+				m := fakeMutex(t, stores[i])
+				m.e.client = client
+				g, err := m.Lock(t.Context())
 				require.NoError(t, err)
 				gs[i] = g
 			}
@@ -566,12 +577,14 @@ func TestOneGoroutinePerHeldGuard(t *testing.T) {
 		time.Sleep(fakeTTL/3 + time.Millisecond)
 		synctest.Wait()
 		assert.Equal(t, guards, actorGoroutines(), "past the first renewal: one actor per guard")
+		assert.Equal(t, 1, keeperGoroutines(), "one keeper for the client")
 		for _, g := range gs {
 			_, err := g.Release(t.Context())
 			require.NoError(t, err)
 		}
 		synctest.Wait()
 		assert.Zero(t, actorGoroutines(), "after Release")
+		assert.Zero(t, keeperGoroutines(), "the keeper after Release")
 
 		// A final loss ends the actor too, and the guards send nothing more.
 		gs = lockAll()
@@ -584,6 +597,7 @@ func TestOneGoroutinePerHeldGuard(t *testing.T) {
 			require.Equal(t, Lost, g.State())
 		}
 		assert.Zero(t, actorGoroutines(), "after a final loss")
+		assert.Zero(t, keeperGoroutines(), "the keeper after a final loss")
 		sent := renewals()
 		assert.Equal(t, guards, sent, "one refused renewal per guard")
 		time.Sleep(3 * fakeTTL)

@@ -33,6 +33,10 @@ type process struct {
 	seed  maphash.Seed
 
 	work workCount
+
+	// keepers watch the clients' connections for the guards that have an
+	// actor (keeper.go).
+	keepers keeperSet
 }
 
 // proc is the process's state.

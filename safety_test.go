@@ -609,10 +609,11 @@ func requireSafeExceptOverlap(t *testing.T, r history.Report) {
 }
 
 // TestSafety08RedisRestarted: Redis is killed (SIGKILL) and restarted
-// without persistence, so the lease is gone. The holder reports Lost at its
-// next renewal, and tokens still increase, since they come from the server
-// clock. Restarted at once, the server lets another client acquire while
-// the old holder still reports Acquired until that renewal (the documented
+// without persistence, so the lease is gone. The holder reports Lost once
+// the server answers again (its client's connection comes back and the
+// guard renews at once), and tokens still increase, since they come from
+// the server clock. Restarted at once, the server lets another client
+// acquire while the old holder still reports Acquired until then (the documented
 // reason for persistence or a delayed restart), and fencing refuses the old
 // holder's write; restarted after a TTL, nothing overlaps.
 func TestSafety08RedisRestarted(t *testing.T) {

@@ -43,6 +43,7 @@ func Faults(t *testing.T, lib Library) {
 	t.Run("RedisStopped", func(t *testing.T) { faultRedisStopped(t, lib) })
 	t.Run("TokensIncreaseAcrossRestart", func(t *testing.T) { faultTokensIncreaseAcrossRestart(t, lib) })
 	t.Run("WaitersSurviveARestart", func(t *testing.T) { faultWaitersSurviveARestart(t, lib) })
+	t.Run("HolderNoticesARestart", func(t *testing.T) { faultHolderNoticesARestart(t, lib) })
 }
 
 // faultTTL is the holder's TTL in the fault scenarios, as in the fault
@@ -446,4 +447,48 @@ func faultWaitersSurviveARestart(t *testing.T, lib Library) {
 	release(t, o.g)
 	assert.Equal(t, distlock.Lost, release(t, g), "the holder's lease died with the restart")
 	requireNothingLeft(t, lib, srv, g.Key())
+}
+
+// noticeRestart bounds how long after a restarted Redis answers again a
+// holder whose lease the server forgot turns Lost.
+const noticeRestart = 500 * time.Millisecond
+
+// Scenario 8 (the holder's side): Redis is restarted empty while a guard
+// holds. Nothing a client does can keep a lease the server forgot, but the
+// holder learns it within a round trip of the server answering again, not
+// at its next renewal: its client's connection comes back, every guard
+// with an actor renews at once, is refused, and is Lost.
+func faultHolderNoticesARestart(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	// Renewals every 2 s: the restart comes right after the first one, so
+	// the next scheduled renewal is far beyond the bound.
+	const ttl = 6 * time.Second
+	g, err := newMutex(t, connect(t, lib, srv), "res", distlock.WithTTL(ttl)).Lock(t.Context())
+	require.NoError(t, err)
+	events := g.Subscribe(t.Context())
+	require.Equal(t, distlock.Acquired, (<-events).State)
+	time.Sleep(ttl/3 + 100*time.Millisecond) // past the first renewal: the guard has its actor
+	require.Equal(t, distlock.Acquired, g.State())
+	srv.Restart()
+	answering := time.Now()
+	for {
+		select {
+		case ev := <-events:
+			if ev.State == distlock.Acquired {
+				continue // a failed renewal's report
+			}
+			require.Equal(t, distlock.Lost, ev.State, "event %v", ev)
+			took := ev.Time.Sub(answering)
+			t.Logf("Lost %v after the restarted server answered", took)
+			assert.Less(t, took, noticeRestart+slack, "the holder learnt of the restart late")
+			var le *distlock.LostError
+			require.ErrorAs(t, ev.Err, &le)
+			assert.Equal(t, distlock.LostRefused, le.Reason)
+			assert.Equal(t, distlock.Lost, release(t, g))
+			requireNothingLeft(t, lib, srv, g.Key())
+			return
+		case <-time.After(ttl):
+			t.Fatalf("no Lost within %v of the restart; state %v", ttl, g.State())
+		}
+	}
 }

@@ -1,0 +1,179 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// Noticing a restart: a keeper watches one client's connection for the
+// guards of this process that renew through it, and has them renew at once
+// when the connection comes back after it dropped.
+//
+// A Redis restarted without persistence has forgotten every lease, and
+// nothing a client does can keep one. What a holder can do is learn it
+// within a round trip of the server answering again, rather than at its
+// next renewal (up to a third of the TTL later, while another client may
+// already hold the lock). A keeper keeps one subscription on the client,
+// to a channel nobody publishes on: it breaks when the connection does,
+// and when the keeper's subscription is confirmed again, the server
+// answers again, and every guard the keeper watches renews at once. A
+// guard whose lease the server forgot is refused, and Lost.
+//
+// Only guards that have an actor are watched (a guard younger than its
+// first renewal has no goroutine to tell, and learns at that renewal, a
+// third of the TTL in at most). On a Redis Cluster the subscription lives
+// on one node, the one of the lock that started the keeper: a restart of
+// another node is noticed at each guard's next renewal, as before.
+//
+// The keepers belong to the process (proc.keepers): one per client while
+// any of its guards has an actor. The last actor to leave a keeper ends
+// its subscription and waits for its goroutine (a guard lives for a third
+// of its TTL at least before it has an actor, so subscribing again for the
+// next one costs little).
+
+// Bounds of the keeper's pause between two tries to subscribe again: short,
+// so that a server that is back is noticed soon, and one try a tenth of a
+// second at most while it is down.
+const (
+	keeperFirstRetry = 10 * time.Millisecond
+	keeperMaxRetry   = 100 * time.Millisecond
+)
+
+// keeperSet is the process's keepers, by client.
+type keeperSet struct {
+	mu sync.Mutex
+	m  map[any]*keeper
+}
+
+// keeper is one client's watch; see above.
+type keeper struct {
+	set    *keeperSet
+	client any
+	store  store
+	keys   lease.Keys // whose channel it subscribes to
+
+	mu     sync.Mutex
+	guards map[*guardActor]struct{}
+	cancel context.CancelFunc
+	// confirmed is closed when the server first confirms the subscription;
+	// done when the subscription goroutine has ended.
+	confirmed chan struct{}
+	done      chan struct{}
+}
+
+// keeperSettle bounds how long the last guard to leave a keeper waits for
+// its subscription's first confirmation before ending it: a subscription
+// ended while the server has yet to confirm it may be confirmed after its
+// end, and stay on the connection.
+const keeperSettle = time.Second
+
+// watch adds the actor of a guard to its client's keeper, starting one if
+// there is none, and returns the keeper; the actor leaves it when it
+// exits.
+func (s *keeperSet) watch(l *guardActor) *keeper {
+	e := l.g.e
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.m[e.client]
+	if k == nil {
+		if s.m == nil {
+			s.m = make(map[any]*keeper)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		k = &keeper{set: s, client: e.client, store: e.store, keys: e.keys,
+			guards: make(map[*guardActor]struct{}), cancel: cancel,
+			confirmed: make(chan struct{}), done: make(chan struct{})}
+		s.m[e.client] = k
+		go k.run(ctx)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.guards[l] = struct{}{}
+	return k
+}
+
+// leave removes an actor that exits. The last one out removes the keeper,
+// ends its subscription (once the server has confirmed it, or after
+// keeperSettle) and waits for its goroutine to end (the unsubscribe is
+// bounded by the lease package's unsubscribe timeout).
+func (k *keeper) leave(l *guardActor) {
+	k.set.mu.Lock()
+	k.mu.Lock()
+	delete(k.guards, l)
+	last := len(k.guards) == 0
+	if last {
+		delete(k.set.m, k.client)
+		if len(k.set.m) == 0 {
+			k.set.m = nil
+		}
+	}
+	k.mu.Unlock()
+	k.set.mu.Unlock()
+	if !last {
+		return
+	}
+	t := time.NewTimer(keeperSettle)
+	select {
+	case <-k.confirmed:
+	case <-k.done:
+	case <-t.C:
+	}
+	t.Stop()
+	k.cancel()
+	<-k.done
+}
+
+// run keeps the keeper subscribed until ctx ends, and has the guards
+// renew each time the subscription is confirmed again after it broke.
+// The ready callback runs in the goroutine that calls Subscribe, or in
+// the client's own; confirmed is only used by one of them at a time.
+// Where the server refuses pub/sub it stops: the guards renew on their
+// schedule.
+func (k *keeper) run(ctx context.Context) {
+	defer close(k.done)
+	pause := backoff{first: keeperFirstRetry, most: keeperMaxRetry}
+	confirmed := false
+	for {
+		// Every confirmation after the first follows a break: rueidis
+		// subscribes again on a new connection within the same call
+		// (calling ready again), go-redis's adapter returns and the loop
+		// subscribes again.
+		err := k.store.Subscribe(ctx, k.keys, "keeper:"+proc.roomID, func() {
+			pause.reset()
+			if confirmed {
+				k.renewAll()
+				return
+			}
+			confirmed = true
+			close(k.confirmed)
+		}, func(string, int64) {})
+		if ctx.Err() != nil || errors.Is(err, lease.ErrNoPubSub) {
+			return
+		}
+		t := time.NewTimer(pause.next())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// renewAll asks every guard the keeper watches to renew now. It runs in
+// the subscription's ready callback, so it never blocks: each actor has a
+// one-slot channel for it, which its loop reads.
+func (k *keeper) renewAll() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for l := range k.guards {
+		select {
+		case l.renewNow <- struct{}{}:
+		default: // asked already
+		}
+	}
+}
