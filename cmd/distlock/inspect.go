@@ -152,11 +152,15 @@ func parseInspect(args []string) (inspectConfig, error) {
 // queueScript reads a lock's line of waiters, and the raw fencing key so
 // that inspect can tell a token from something else written there.
 //
+// It and rwScript write nothing, but run with EVALSHA, not EVALSHA_RO
+// (rueidis.NewLuaScriptReadOnly): Redis 6.2 has no EVALSHA_RO, and inspect
+// sends its scripts to the primary anyway.
+//
 // KEYS[1] the line of waiters, KEYS[2] the fencing key, KEYS[3] the
 // waiters' entries. ARGV[1] how many waiters to name.
 // Reply: {waiters in line, the first ARGV[1] of their values, the fencing
 // key's value or nil, their entries (a read-write lock's say the mode)}.
-var queueScript = rueidis.NewLuaScriptReadOnly(`
+var queueScript = rueidis.NewLuaScript(`
 local n = redis.call('ZCARD', KEYS[1])
 local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 local entries = {}
@@ -170,7 +174,7 @@ return {n, first, redis.call('GET', KEYS[2]), entries}
 // (see lease.Keys.RW). Reply: {the mark ('rw' for distlock's hash, ” for
 // a foreign one), writer value or ”, value, ms left, value, ms left, ...}
 // for the holders whose lease has not ended, the first to end first.
-var rwScript = rueidis.NewLuaScriptReadOnly(`
+var rwScript = rueidis.NewLuaScript(`
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local all = redis.call('HGETALL', KEYS[1])
