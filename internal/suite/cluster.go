@@ -94,9 +94,12 @@ func clusterLocksSpread(t *testing.T, cl *redistest.Cluster, c Client) {
 
 // A waiter in another process (another client) subscribes to its room's
 // wake channel with SSUBSCRIBE, on the primary that serves the lock's
-// slot, and the release script publishes the grant there. While
-// subscribed, the waiter does not poll: besides its first call, it only
-// refreshes its place every half claim window.
+// slot, and the release script publishes the grant there. (On a Cluster
+// without sharded pub/sub, Redis 6.2, it subscribes with SUBSCRIBE on
+// whichever node its client picks, and the script's PUBLISH reaches it
+// there: see clusterSubscribed.) While subscribed, the waiter does not
+// poll: besides its first call, it only refreshes its place every half
+// claim window.
 func clusterWaiterHearsRelease(t *testing.T, lib Library, cl *redistest.Cluster) {
 	target := Target{Cluster: cl.Addrs()}
 	obs := &acquireWatch{}
@@ -108,10 +111,8 @@ func clusterWaiterHearsRelease(t *testing.T, lib Library, cl *redistest.Cluster)
 	k, err := lease.NewKeys(distlock.DefaultNamespace, "notify")
 	require.NoError(t, err)
 	owner := cl.PrimaryOf(k.Lease)
-	require.Eventually(t, func() bool {
-		chans, err := owner.MustDo("PUBSUB", "SHARDCHANNELS", k.Wake+":*").AsStrSlice()
-		return err == nil && len(chans) == 1
-	}, eventually, pollEvery, "the waiter never subscribed on the lock's primary")
+	require.Eventually(t, func() bool { return len(clusterSubscribed(t, cl, owner, k.Wake+":*")) == 1 },
+		eventually, pollEvery, "the waiter never subscribed on the lock's primary")
 
 	const hold = 300 * time.Millisecond // six polls' worth at the default interval
 	// The first call, one after the subscription is confirmed, the
@@ -166,6 +167,27 @@ func clusterReplicaAck(t *testing.T, cl *redistest.Cluster, c Client) {
 
 // clusterWaitLine waits until the line at key, on the primary n, has want
 // waiters.
+// clusterSubscribed returns the channels matching pattern that distlock's
+// subscribers listen on where they must. On a Cluster with sharded pub/sub
+// that is owner, the primary of the channels' slot: a sharded publish
+// reaches the nodes of that slot alone. Without it (Redis 6.2), distlock
+// falls back to plain pub/sub, and a plain PUBLISH is sent over the
+// cluster bus to every node, replicas included, so a subscription on any
+// node hears it: the channels are those subscribed on any node. That
+// broadcast is what the fallback costs: every grant and every change of
+// leader is a message to every node of the cluster.
+func clusterSubscribed(t *testing.T, cl *redistest.Cluster, owner *redistest.Server, pattern string) []string {
+	t.Helper()
+	if owner.Has(redistest.ShardedPubSub) {
+		return subscribedChannels(t, owner, pattern)
+	}
+	var chans []string
+	for _, n := range cl.Nodes() {
+		chans = append(chans, subscribedChannels(t, n, pattern)...)
+	}
+	return chans
+}
+
 func clusterWaitLine(t *testing.T, n *redistest.Server, key string, want int64) {
 	t.Helper()
 	require.Eventually(t, func() bool {
@@ -320,11 +342,9 @@ func clusterElection(t *testing.T, lib Library, cl *redistest.Cluster) {
 	obs := watcher.Observe(octx)
 	assert.True(t, nextLeader(t, obs, eventually, func(distlock.Leader) bool { return true }).IsZero(), "nobody leads yet")
 	// The observer listens on the slot's primary, where the scripts
-	// publish.
-	require.Eventually(t, func() bool {
-		chans, err := owner.MustDo("PUBSUB", "SHARDCHANNELS", k.Leader).AsStrSlice()
-		return err == nil && len(chans) == 1
-	}, eventually, pollEvery, "the observer never subscribed on the election's primary")
+	// publish (or anywhere, without sharded pub/sub).
+	require.Eventually(t, func() bool { return len(clusterSubscribed(t, cl, owner, k.Leader)) == 1 },
+		eventually, pollEvery, "the observer never subscribed on the election's primary")
 
 	ga, err := a.Campaign(t.Context(), "a:1")
 	require.NoError(t, err)
