@@ -520,16 +520,26 @@ func (s *lockState) semaphore(snap lease.Snapshot) {
 
 // observers returns how many subscriptions follow the leader channel of an
 // election of this name: the sharded channel that the library subscribes
-// to, or the plain one on a server without sharded pub/sub, where the
-// library falls back to it.
+// to, or the plain one on a server without sharded pub/sub (Redis 6.2),
+// where the library falls back to it. A plain subscription is on whichever
+// node its client picked (a plain publish reaches every node of a
+// Cluster), so those are counted on every node the client knows.
 func (in *inspector) observers(ctx context.Context) (int, error) {
 	ch := in.keys.Leader
 	n, err := numsub(in.rc.Do(ctx, in.rc.B().PubsubShardnumsub().Channel(ch).Build()), ch)
 	var re *rueidis.RedisError
-	if errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown") {
-		n, err = numsub(in.rc.Do(ctx, in.rc.B().PubsubNumsub().Channel(ch).Build()), ch)
+	if !errors.As(err, &re) || !strings.Contains(strings.ToLower(re.Error()), "unknown") {
+		return n, err
 	}
-	return n, err
+	n = 0
+	for _, node := range in.rc.Nodes() {
+		m, err := numsub(node.Do(ctx, node.B().PubsubNumsub().Channel(ch).Build()), ch)
+		if err != nil {
+			return 0, err
+		}
+		n += m
+	}
+	return n, nil
 }
 
 // numsub reads the reply of PUBSUB NUMSUB or SHARDNUMSUB for ch: a flat
