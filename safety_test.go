@@ -841,9 +841,7 @@ func lostReplySetUp(t *testing.T) (w *world, a, b *client, ha *holding, bw *wait
 	require.NoError(t, err)
 	bw = b.lockInBackground(t.Context())
 	w.waitFor(t, eventually, "b in line and listening", func() bool {
-		rooms, err := w.srv.MustDo("PUBSUB", "SHARDCHANNELS", w.key+":wake:*").AsStrSlice()
-		require.NoError(t, err)
-		return queued(t, w) == 1 && len(rooms) == 1
+		return queued(t, w) == 1 && len(wakeChannels(t, w.srv, w.key)) == 1
 	})
 	return w, a, b, ha, bw
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/distkit-go/distlock/internal/loopback"
+	"github.com/distkit-go/distlock/internal/redisbin"
 )
 
 // serverStartTimeout bounds how long startServer waits for PONG.
@@ -22,17 +23,23 @@ const serverStartTimeout = 10 * time.Second
 // has none of: a free loopback port, nothing kept on disk, killed with the
 // process that started it.
 type server struct {
+	bin  string // the server program (internal/redisbin: DISTLOCK_REDIS_SERVER, else PATH)
 	addr string
 	dir  string
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
 }
 
-// startServer starts redis-server on a free loopback port and waits until
-// it answers PING.
+// startServer starts redis-server (or the program DISTLOCK_REDIS_SERVER
+// names, as for the tests) on a free loopback port and waits until it
+// answers PING.
 func startServer() (*server, error) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
+	bin, err := redisbin.Server()
+	if errors.Is(err, redisbin.ErrNotFound) {
 		return nil, errors.New("redis-server is not on PATH; install it, e.g. `sudo apt-get install -y redis-server`")
+	}
+	if err != nil {
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "distlock-benchmarks-")
 	if err != nil {
@@ -43,7 +50,7 @@ func startServer() (*server, error) {
 		if port, err = loopback.FreePort(); err != nil {
 			continue
 		}
-		s := &server{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir}
+		s := &server{bin: bin, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir}
 		if err = s.start(port); err == nil {
 			return s, nil
 		}
@@ -53,7 +60,7 @@ func startServer() (*server, error) {
 }
 
 func (s *server) start(port int) error {
-	s.cmd = exec.Command("redis-server",
+	s.cmd = exec.Command(s.bin,
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",

@@ -118,6 +118,14 @@ type config struct {
 // is killed when the Server is closed (on Linux, also when the test binary
 // dies). If redis-server is not on PATH, [New] skips the test and [Start]
 // returns an error matching [ErrNoRedisServer].
+//
+// The program is redis-server on PATH, else valkey-server. The
+// environment variable DISTLOCK_REDIS_SERVER picks another: the path of a
+// redis-server or valkey-server, or of a directory that holds one (a build
+// tree's src, say), so that the same tests can run against several
+// versions. When it names no such program, [New] fails the test and
+// [Start] returns an error: a run that asked for one server never quietly
+// gets another.
 func WithRealRedis() Option {
 	return func(c *config) { c.real = true }
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/internal/redisbin"
 )
 
 // Timing of the tests. A busy 2-core machine adds tens of milliseconds to any
@@ -357,6 +358,7 @@ func assertStopped(t *testing.T, s *Server) {
 // it, saying why, and Start returns ErrNoRedisServer.
 func TestWithRealRedisWithoutRedisServer(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
+	t.Setenv(redisbin.Env, "")
 	_, err := exec.LookPath("redis-server")
 	require.Error(t, err, "redis-server is still found with an empty PATH")
 
@@ -377,9 +379,20 @@ func TestWithRealRedisWithoutRedisServer(t *testing.T) {
 	assert.False(t, s.Real(), "Real() of the default server")
 }
 
+// DISTLOCK_REDIS_SERVER naming no server program is an error, not a
+// skip: a run that asked for one server must not pass without it.
+func TestWithRealRedisServerNamedWrongly(t *testing.T) {
+	t.Setenv(redisbin.Env, t.TempDir()) // a directory without a server
+	_, err := Start(WithRealRedis())
+	require.Error(t, err, "Start")
+	assert.NotErrorIs(t, err, ErrNoRedisServer, "Start")
+	assert.Contains(t, err.Error(), redisbin.Env, "the error names the variable")
+}
+
 // The skip message says what is missing and what to do.
 func TestSkipMessage(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
+	t.Setenv(redisbin.Env, "")
 	rec := &recordingTB{TB: t}
 	func() {
 		defer func() {

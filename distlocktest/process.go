@@ -2,6 +2,7 @@ package distlocktest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/distkit-go/distlock/internal/loopback"
+	"github.com/distkit-go/distlock/internal/redisbin"
 )
 
 const (
@@ -32,13 +34,17 @@ type redisProcess struct {
 	ownDir bool          // dir was made here and is removed by kill
 }
 
-// startRedisServer starts redis-server on a free loopback port, with its log
-// in dir (a new temporary directory if dir is empty), and waits until it
-// answers PING.
+// startRedisServer starts redis-server (the program internal/redisbin
+// finds: see [WithRealRedis]) on a free loopback port, with its log in dir
+// (a new temporary directory if dir is empty), and waits until it answers
+// PING.
 func startRedisServer(dir string) (*redisProcess, error) {
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
+	path, err := redisbin.Server()
+	if errors.Is(err, redisbin.ErrNotFound) {
 		return nil, ErrNoRedisServer
+	}
+	if err != nil {
+		return nil, fmt.Errorf("distlocktest: %w", err)
 	}
 	ownDir := dir == ""
 	if ownDir {

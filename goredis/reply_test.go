@@ -60,7 +60,10 @@ func TestReplyConversion(t *testing.T) {
 	}{
 		{"error reply", "return redis.error_reply('ERR distlock: boom')", "ERR distlock: boom"},
 		{"own code", "return redis.error_reply('TRYAGAIN later')", "TRYAGAIN later"},
-		{"runtime error", "error('oops')", "ERR user_script:1: oops"},
+		// Redis 7 says "ERR user_script:1: oops", Redis 6.2 "ERR Error
+		// running script (call to f_<sha>): @user_script:1:
+		// user_script:1: oops".
+		{"runtime error", "error('oops')", "user_script:1: oops"},
 	}
 	for _, c := range errorReplies {
 		t.Run(c.name, func(t *testing.T) {

@@ -91,11 +91,12 @@ func publish(t *testing.T, s *redistest.Server, channel, msg string, sharded boo
 // messages on the channel and on another one, and checks that ready is
 // called once, that every message of the channel arrives once and in
 // order, that the other channel's do not, and that cancelling ctx ends the
-// call with ctx's error and the subscription on the server.
+// call with ctx's error and the subscription on the server. The sharded
+// case needs a server with sharded pub/sub.
 func TestSubscribeDeliversInOrder(t *testing.T) {
 	for _, sharded := range []bool{true, false} {
 		t.Run(kindName(sharded), func(t *testing.T) {
-			srv := redistest.Start(t)
+			srv := startFor(t, sharded)
 			rdb := newClient(t, srv.Addr())
 			const channel = "distlock:{job}:wake:room"
 			s := subscribe(t, goredis.NewRedis(rdb), channel, sharded)
@@ -144,6 +145,18 @@ func subscribers(t *testing.T, s *redistest.Server, channel string, sharded bool
 	return n
 }
 
+// startFor starts a server for a test of one kind of subscription, and
+// skips a sharded one, saying why, on a server without sharded pub/sub
+// (Redis 6.2).
+func startFor(t *testing.T, sharded bool) *redistest.Server {
+	t.Helper()
+	srv := redistest.Start(t)
+	if sharded {
+		srv.SkipUnless(t, redistest.ShardedPubSub)
+	}
+	return srv
+}
+
 func kindName(sharded bool) string {
 	if sharded {
 		return "sharded"
@@ -154,11 +167,12 @@ func kindName(sharded bool) string {
 // TestSubscribeEndsWhenServerEndsIt kills the subscription's connection on
 // the server (CLIENT KILL TYPE pubsub) and checks that Subscribe returns nil
 // at once, having called ready once: it does not let go-redis's PubSub
-// re-dial and subscribe again behind the caller's back.
+// re-dial and subscribe again behind the caller's back. The sharded case
+// needs a server with sharded pub/sub.
 func TestSubscribeEndsWhenServerEndsIt(t *testing.T) {
 	for _, sharded := range []bool{true, false} {
 		t.Run(kindName(sharded), func(t *testing.T) {
-			srv := redistest.Start(t)
+			srv := startFor(t, sharded)
 			rdb := newClient(t, srv.Addr())
 			const channel = "distlock:{job}:wake:room"
 			s := subscribe(t, goredis.NewRedis(rdb), channel, sharded)
@@ -182,8 +196,11 @@ func TestSubscribeEndsWhenServerEndsIt(t *testing.T) {
 // cluster, moves the channel's slot to another primary, and checks that
 // the subscription ends with nil (Redis sends sunsubscribe when the slot
 // leaves the node) and that subscribing again reaches the new owner, where
-// messages arrive.
+// messages arrive. It needs a server with sharded pub/sub: a plain
+// subscription, distlock's fallback, does not move with a slot (a plain
+// publish reaches every node).
 func TestSubscribeEndsWhenSlotMoves(t *testing.T) {
+	redistest.Start(t).SkipUnless(t, redistest.ShardedPubSub)
 	c := redistest.StartCluster(t, 3, 0)
 	cc := newClusterClient(t, c)
 	r := goredis.NewRedis(cc)
@@ -231,11 +248,15 @@ func TestSubscribeEndsWhenSlotMoves(t *testing.T) {
 
 // TestSubscribeRefused checks that a subscription that Redis refuses comes
 // back as a *lease.ReplyError, which lease's fallback recognises: an
-// unknown command (SSUBSCRIBE renamed away, as a proxy or an old server
-// would), and an ACL that allows no channel (NOPERM).
+// unknown command (a server without sharded pub/sub, such as Redis 6.2, or
+// one with SSUBSCRIBE renamed away, as a proxy would), and an ACL that
+// allows no channel (NOPERM).
 func TestSubscribeRefused(t *testing.T) {
 	t.Run("unknown command", func(t *testing.T) {
-		srv := redistest.Start(t, "--rename-command", "SSUBSCRIBE", "SSUBSCRIBE-OFF")
+		srv := redistest.Start(t)
+		if srv.Has(redistest.ShardedPubSub) {
+			srv = redistest.Start(t, "--rename-command", "SSUBSCRIBE", "SSUBSCRIBE-OFF")
+		}
 		rdb := newClient(t, srv.Addr())
 		s := subscribe(t, goredis.NewRedis(rdb), "distlock:{job}:wake:room", true)
 		err := s.wait(t, returnTimeout)
@@ -245,15 +266,17 @@ func TestSubscribeRefused(t *testing.T) {
 		assert.Zero(t, s.readies.Load())
 	})
 	t.Run("NOPERM", func(t *testing.T) {
-		srv := redistest.Start(t)
-		srv.MustDo("ACL", "SETUSER", "locker", "on", ">secret", "~*", "resetchannels", "+@all")
-		rdb := newClient(t, srv.Addr(), &redis.Options{Username: "locker", Password: "secret"})
 		for _, sharded := range []bool{true, false} {
-			s := subscribe(t, goredis.NewRedis(rdb), "distlock:{job}:wake:room", sharded)
-			err := s.wait(t, returnTimeout)
-			var re *lease.ReplyError
-			require.True(t, errors.As(err, &re), "%s: err = %#v, want a *lease.ReplyError", kindName(sharded), err)
-			assert.True(t, strings.HasPrefix(re.Message, "NOPERM"), "%s: %q", kindName(sharded), re.Message)
+			t.Run(kindName(sharded), func(t *testing.T) {
+				srv := startFor(t, sharded)
+				srv.MustDo("ACL", "SETUSER", "locker", "on", ">secret", "~*", "resetchannels", "+@all")
+				rdb := newClient(t, srv.Addr(), &redis.Options{Username: "locker", Password: "secret"})
+				s := subscribe(t, goredis.NewRedis(rdb), "distlock:{job}:wake:room", sharded)
+				err := s.wait(t, returnTimeout)
+				var re *lease.ReplyError
+				require.True(t, errors.As(err, &re), "err = %#v, want a *lease.ReplyError", err)
+				assert.True(t, strings.HasPrefix(re.Message, "NOPERM"), "%q", re.Message)
+			})
 		}
 	})
 }

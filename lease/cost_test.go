@@ -18,6 +18,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/distkit-go/distlock/internal/loopback"
+	"github.com/distkit-go/distlock/internal/redisbin"
 	"github.com/distkit-go/distlock/internal/redistest"
 	"github.com/distkit-go/distlock/lease"
 )
@@ -413,11 +414,16 @@ type callgrind struct {
 	dumps int
 }
 
-// startCallgrind starts redis-server under callgrind on a free port, killed
-// when the test ends. Its cron runs once a second (hz 1), the least Redis
-// allows, so that little of what is counted is not the calls.
+// startCallgrind starts redis-server (the one internal/redisbin finds, as
+// every test's) under callgrind on a free port, killed when the test ends.
+// Its cron runs once a second (hz 1), the least Redis allows, so that
+// little of what is counted is not the calls.
 func startCallgrind(t *testing.T) *callgrind {
 	t.Helper()
+	server, err := redisbin.Server()
+	if err != nil {
+		t.Fatal(err)
+	}
 	port, err := loopback.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -430,7 +436,7 @@ func startCallgrind(t *testing.T) *callgrind {
 	}
 	cg := &callgrind{dir: dir, addr: "127.0.0.1:" + strconv.Itoa(port)}
 	cg.cmd = exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+filepath.Join(dir, "callgrind.out"),
-		"redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		server, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"), "--hz", "1", "--dynamic-hz", "no")
 	cg.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cg.cmd.Stderr = &strings.Builder{}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/distkit-go/distlock/internal/redistest"
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -101,9 +102,12 @@ func (e *env) limit(t *testing.T, k lease.Keys) string {
 }
 
 // state returns every key of the name of k with its serialized value and
-// absolute expiry, to tell whether a call wrote anything.
+// absolute expiry, to tell whether a call wrote anything. A server without
+// PEXPIRETIME (Redis 6.2) cannot tell a key's expiry exactly, and a call
+// that only moved an expiry would go unseen: state skips the test there.
 func (e *env) state(t *testing.T, k lease.Keys) map[string]string {
 	t.Helper()
+	e.srv.SkipUnless(t, redistest.ExpireTime)
 	names, err := e.srv.MustDo("KEYS", k.Lease+"*").AsStrSlice()
 	require.NoError(t, err)
 	out := make(map[string]string, len(names))

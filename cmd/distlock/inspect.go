@@ -152,11 +152,15 @@ func parseInspect(args []string) (inspectConfig, error) {
 // queueScript reads a lock's line of waiters, and the raw fencing key so
 // that inspect can tell a token from something else written there.
 //
+// It and rwScript write nothing, but run with EVALSHA, not EVALSHA_RO
+// (rueidis.NewLuaScriptReadOnly): Redis 6.2 has no EVALSHA_RO, and inspect
+// sends its scripts to the primary anyway.
+//
 // KEYS[1] the line of waiters, KEYS[2] the fencing key, KEYS[3] the
 // waiters' entries. ARGV[1] how many waiters to name.
 // Reply: {waiters in line, the first ARGV[1] of their values, the fencing
 // key's value or nil, their entries (a read-write lock's say the mode)}.
-var queueScript = rueidis.NewLuaScriptReadOnly(`
+var queueScript = rueidis.NewLuaScript(`
 local n = redis.call('ZCARD', KEYS[1])
 local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 local entries = {}
@@ -170,7 +174,7 @@ return {n, first, redis.call('GET', KEYS[2]), entries}
 // (see lease.Keys.RW). Reply: {the mark ('rw' for distlock's hash, ” for
 // a foreign one), writer value or ”, value, ms left, value, ms left, ...}
 // for the holders whose lease has not ended, the first to end first.
-var rwScript = rueidis.NewLuaScriptReadOnly(`
+var rwScript = rueidis.NewLuaScript(`
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local all = redis.call('HGETALL', KEYS[1])
@@ -516,16 +520,26 @@ func (s *lockState) semaphore(snap lease.Snapshot) {
 
 // observers returns how many subscriptions follow the leader channel of an
 // election of this name: the sharded channel that the library subscribes
-// to, or the plain one on a server without sharded pub/sub, where the
-// library falls back to it.
+// to, or the plain one on a server without sharded pub/sub (Redis 6.2),
+// where the library falls back to it. A plain subscription is on whichever
+// node its client picked (a plain publish reaches every node of a
+// Cluster), so those are counted on every node the client knows.
 func (in *inspector) observers(ctx context.Context) (int, error) {
 	ch := in.keys.Leader
 	n, err := numsub(in.rc.Do(ctx, in.rc.B().PubsubShardnumsub().Channel(ch).Build()), ch)
 	var re *rueidis.RedisError
-	if errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown") {
-		n, err = numsub(in.rc.Do(ctx, in.rc.B().PubsubNumsub().Channel(ch).Build()), ch)
+	if !errors.As(err, &re) || !strings.Contains(strings.ToLower(re.Error()), "unknown") {
+		return n, err
 	}
-	return n, err
+	n = 0
+	for _, node := range in.rc.Nodes() {
+		m, err := numsub(node.Do(ctx, node.B().PubsubNumsub().Channel(ch).Build()), ch)
+		if err != nil {
+			return 0, err
+		}
+		n += m
+	}
+	return n, nil
 }
 
 // numsub reads the reply of PUBSUB NUMSUB or SHARDNUMSUB for ch: a flat

@@ -1,12 +1,13 @@
-// Package loopback has the two small network helpers that starting a
-// private redis-server needs, shared by the test harness (internal/redistest)
-// and the public test helper (distlocktest): a free loopback port, and a
-// check that a server answers there.
+// Package loopback has the small network helpers that starting a private
+// redis-server needs, shared by the test harness (internal/redistest) and
+// the public test helper (distlocktest): a free loopback port, whether a
+// given port is free, and a check that a server answers there.
 package loopback
 
 import (
 	"fmt"
 	"net"
+	"strconv"
 	"time"
 )
 
@@ -40,4 +41,14 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// IsFree reports whether port on 127.0.0.1 was free a moment ago.
+func IsFree(port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock/internal/redisbin"
 )
 
 // clusterTimeout bounds building a cluster and waiting for it to settle
@@ -32,15 +34,19 @@ type Cluster struct {
 // replicas) and waits until every node agrees on the layout, the cluster
 // state is ok and every replica is in sync with its primary.
 //
-// Each node has its own free port and cluster bus port (cluster-port), so
-// nothing depends on port+10000 being free. Replicas start their initial
-// sync at once (repl-diskless-sync-delay 0). extra arguments go to every
-// node.
+// Each node has its own free port and cluster bus port. A server with the
+// cluster-port setting (Redis 7.0 and later) is given any free port for its
+// bus, so nothing depends on port+10000 being free; one without it (Redis
+// 6.2) gets a port whose port+10000, where it puts its bus, is free too.
+// The program that builds the cluster is the redis-cli (or valkey-cli)
+// beside the server, else the one on PATH (see internal/redisbin). Replicas
+// start their initial sync at once (repl-diskless-sync-delay 0). extra
+// arguments go to every node.
 func StartCluster(tb testing.TB, primaries, replicas int, extra ...string) *Cluster {
 	tb.Helper()
-	cli, err := exec.LookPath("redis-cli")
+	cli, err := redisbin.CLI()
 	if err != nil {
-		tb.Fatal("redistest: redis-cli is not on PATH; it comes with redis-server (e.g. the redis-tools package)")
+		tb.Fatalf("redistest: %v; redis-cli comes with redis-server (e.g. the redis-tools package)", err)
 	}
 	c := &Cluster{tb: tb}
 	args := append([]string{
@@ -49,8 +55,16 @@ func StartCluster(tb testing.TB, primaries, replicas int, extra ...string) *Clus
 		"--cluster-node-timeout", "5000",
 		"--repl-diskless-sync-delay", "0",
 	}, extra...)
+	// Whether the nodes know cluster-port, asked of a server of their
+	// program that is not a node.
+	probe := Start(tb)
+	b := busOffset
+	if probe.Has(ClusterPort) {
+		b = busFlag
+	}
+	probe.Kill()
 	for range primaries * (1 + replicas) {
-		c.nodes = append(c.nodes, startServer(tb, &Server{busPort: -1, args: args}))
+		c.nodes = append(c.nodes, startServer(tb, &Server{bus: b, args: args}))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()

@@ -5,8 +5,19 @@
 // (SIGCONT), kill it (SIGKILL) and restart it on the same port, which is how
 // the distlock tests simulate a hung, crashed or restarted Redis.
 //
-// If redis-server is not on PATH, [Start] fails the test with a message
+// # Which server
+//
+// Every server, cluster node and sentinel runs the program that
+// internal/redisbin finds: the one the environment variable
+// DISTLOCK_REDIS_SERVER names (a redis-server or valkey-server, or a
+// directory that holds one), else redis-server on PATH, else
+// valkey-server. If there is none, [Start] fails the test with a message
 // saying how to install it.
+//
+// The servers differ: Redis 6.2 has no sharded pub/sub, for one.
+// [Server.Version] says what a server is, [Server.Has] whether it has a
+// [Feature], and [Server.SkipUnless] skips a test that needs one, saying
+// so. The helpers here pass a setting only to the servers that know it.
 package redistest
 
 import (
@@ -26,28 +37,50 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/distkit-go/distlock/internal/loopback"
+	"github.com/distkit-go/distlock/internal/redisbin"
 )
 
 // startTimeout bounds how long Start waits for a new server to answer PING.
 const startTimeout = 10 * time.Second
 
-// InstallHint tells how to get redis-server.
+// InstallHint tells how to get redis-server, or how to pick another.
 const InstallHint = "redis-server is not on PATH; install it, e.g. `sudo apt-get install -y redis-server` " +
-	"on Debian/Ubuntu or `brew install redis` on macOS (the tests start their own private servers)"
+	"on Debian/Ubuntu or `brew install redis` on macOS (the tests start their own private servers), " +
+	"or set " + redisbin.Env + " to a redis-server or valkey-server, or to a directory that holds one"
 
 // Server is a private redis-server process.
 type Server struct {
 	tb      testing.TB
+	bin     string // the server program (redisbin.Server)
 	port    int
+	bus     bus // how a cluster node's bus port is chosen; noBus if not one
 	busPort int // the cluster bus port of a cluster node, else 0
 	dir     string
 	pre     []string // arguments before the common ones: a sentinel's config file
 	args    []string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when cmd has exited
+	version *Version      // what the server said it is, once asked
 }
+
+// bus is how a cluster node's cluster bus port is chosen.
+type bus int
+
+const (
+	noBus bus = iota // not a cluster node
+	// busFlag: any free port, passed with --cluster-port (Redis 7.0 and
+	// later), so that nothing depends on port+10000 being free.
+	busFlag
+	// busOffset: port+10000, where a server without cluster-port (Redis
+	// 6.2) puts its bus; the port is chosen so that both are free.
+	busOffset
+)
+
+// busOffsetPorts is how far above a node's port a server without the
+// cluster-port setting puts its cluster bus.
+const busOffsetPorts = 10000
 
 // Start starts a redis-server for the test on a free loopback port, with
 // extra command-line arguments such as "--maxmemory", "1mb". It is killed
@@ -57,35 +90,62 @@ func Start(tb testing.TB, args ...string) *Server {
 	return startServer(tb, &Server{args: args})
 }
 
-// startServer fills in s and starts it. A cluster node (s.busPort -1) gets a
-// free port for its cluster bus as well.
+// startServer fills in s and starts it. A cluster node (s.bus not noBus)
+// gets a free port for its cluster bus as well.
 func startServer(tb testing.TB, s *Server) *Server {
 	tb.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
+	var err error
+	if s.bin, err = redisbin.Server(); errors.Is(err, redisbin.ErrNotFound) {
 		tb.Fatal(InstallHint)
+	} else if err != nil {
+		tb.Fatal(err)
 	}
 	s.tb = tb
 	if s.dir == "" {
 		s.dir = tb.TempDir()
 	}
 	tb.Cleanup(s.Kill)
-	cluster := s.busPort != 0
-	var err error
 	for range 5 { // another process may take the port between probe and bind
-		if s.port, err = loopback.FreePort(); err != nil {
+		if err = s.choosePorts(); err != nil {
 			continue
-		}
-		if cluster {
-			if s.busPort, err = loopback.FreePort(); err != nil || s.busPort == s.port {
-				continue
-			}
 		}
 		if err = s.start(); err == nil {
 			return s
 		}
 	}
-	tb.Fatalf("redistest: cannot start redis-server: %v", err)
+	tb.Fatalf("redistest: cannot start %s: %v", s.bin, err)
 	return nil
+}
+
+// choosePorts picks free ports for the server and, for a cluster node, its
+// cluster bus.
+func (s *Server) choosePorts() error {
+	var err error
+	switch s.bus {
+	case noBus:
+		s.port, err = loopback.FreePort()
+	case busFlag:
+		if s.port, err = loopback.FreePort(); err != nil {
+			return err
+		}
+		if s.busPort, err = loopback.FreePort(); err == nil && s.busPort == s.port {
+			err = errors.New("the same free port twice")
+		}
+	case busOffset:
+		// A free port below 65536-10000 whose bus port is free too; a few
+		// tries find one (the kernel hands out ports at random).
+		for range 50 {
+			if s.port, err = loopback.FreePort(); err != nil {
+				return err
+			}
+			s.busPort = s.port + busOffsetPorts
+			if s.busPort <= 65535 && loopback.IsFree(s.busPort) {
+				return nil
+			}
+		}
+		err = fmt.Errorf("no free port with a free port %d above it", busOffsetPorts)
+	}
+	return err
 }
 
 // Addr returns the server's "host:port".
@@ -127,7 +187,7 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	s.tb.Fatalf("redistest: cannot restart redis-server on port %d: %v", s.port, err)
+	s.tb.Fatalf("redistest: cannot restart %s on port %d: %v", s.bin, s.port, err)
 }
 
 // Pid returns the process id of the running server, or 0 if it is not
@@ -216,11 +276,11 @@ func (s *Server) start() error {
 		"--daemonize", "no",
 		"--protected-mode", "no",
 	)
-	if s.busPort != 0 {
+	if s.bus == busFlag {
 		args = append(args, "--cluster-port", strconv.Itoa(s.busPort))
 	}
 	args = append(args, s.args...)
-	cmd := exec.Command("redis-server", args...)
+	cmd := exec.Command(s.bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
 	if err := cmd.Start(); err != nil {
 		return err
@@ -239,7 +299,7 @@ func (s *Server) start() error {
 		select {
 		case <-done:
 			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			return fmt.Errorf("redis-server on port %d exited at start: %s", s.port, lastLines(log, 5))
+			return fmt.Errorf("%s on port %d exited at start: %s", s.bin, s.port, lastLines(log, 5))
 		default:
 		}
 		if err := loopback.Ping(s.Addr()); err == nil {
@@ -248,7 +308,7 @@ func (s *Server) start() error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	s.Kill()
-	return errors.New("redis-server did not answer PING in time")
+	return fmt.Errorf("%s did not answer PING in time", s.bin)
 }
 
 func (s *Server) killLocked() {

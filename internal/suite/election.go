@@ -181,26 +181,20 @@ func electionObserversShareOneSubscription(t *testing.T, lib Library) {
 	for _, o := range []<-chan distlock.Leader{o1, o2} {
 		nextLeader(t, o, promptly, distlock.Leader.IsZero)
 	}
-	subscribers := func() int64 {
-		arr, err := srv.MustDo("PUBSUB", "SHARDNUMSUB", "distlock:{lead}:leader").ToArray()
-		require.NoError(t, err)
-		n, err := arr[1].AsInt64()
-		require.NoError(t, err)
-		return n
-	}
-	require.Eventually(t, func() bool { return subscribers() == 1 }, eventually, pollEvery)
+	subscribed := func() int64 { return subscribers(t, srv, "distlock:{lead}:leader") }
+	require.Eventually(t, func() bool { return subscribed() == 1 }, eventually, pollEvery)
 	srv.MustDo("CLIENT", "KILL", "TYPE", "pubsub")
 	g, err := newElection(t, connect(t, lib, srv), "lead", distlock.WithTTL(longTTL)).Campaign(t.Context(), "x")
 	require.NoError(t, err)
 	for _, o := range []<-chan distlock.Leader{o1, o2} {
 		nextLeader(t, o, promptly, func(l distlock.Leader) bool { return l.Value == "x" })
 	}
-	require.Eventually(t, func() bool { return subscribers() == 1 }, eventually, pollEvery)
+	require.Eventually(t, func() bool { return subscribed() == 1 }, eventually, pollEvery)
 	release(t, g)
 	cancel()
 	drainLeaders(o1)
 	drainLeaders(o2)
 	// The last observer's channel closes only once the watcher has
 	// unsubscribed: nothing of it is left.
-	assert.Zero(t, subscribers(), "subscriptions once the last observer's channel closed")
+	assert.Zero(t, subscribed(), "subscriptions once the last observer's channel closed")
 }

@@ -149,6 +149,7 @@ func warm(t *testing.T, c Client) {
 // the new holder's key alone.
 func faultPartitionLongerThanTTL(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	srv.SkipUnless(t, redistest.ExpireTime) // measured against the lease's exact expiry
 	proxy, ca := throughProxy(t, lib, srv)
 	a := newMutex(t, ca, "res", distlock.WithTTL(faultTTL), distlock.WithOwner("a"))
 	b := newMutex(t, connect(t, lib, srv), "res", distlock.WithTTL(faultTTL), distlock.WithOwner("b"))
@@ -327,6 +328,7 @@ func faultRegainAfterRepliesHeld(t *testing.T, lib Library) {
 // holder stays Lost.
 func faultRedisStopped(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	srv.SkipUnless(t, redistest.ExpireTime) // measured against the lease's exact expiry
 	// Renewals every 500 ms: Redis is stopped long before the first.
 	const ttl = 1500 * time.Millisecond
 	obs := &renewWatch{}

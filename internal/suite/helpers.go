@@ -194,8 +194,14 @@ func get(t *testing.T, srv *redistest.Server, key string) (string, bool) {
 // exist). PEXPIRETIME is the absolute Unix time in milliseconds; Redis
 // deletes the key once its clock's milliseconds are past it, so the key
 // cannot expire before. Redis runs on this machine, on this wall clock.
+//
+// A server without PEXPIRETIME (Redis 6.2) cannot tell the moment exactly
+// (PTTL is counted from a moment of the server's that the test cannot
+// know to the millisecond), and the tests that measure against it compare
+// to the millisecond: leaseExpiry skips the test there, saying why.
 func leaseExpiry(t *testing.T, srv *redistest.Server, key string) (time.Time, bool) {
 	t.Helper()
+	srv.SkipUnless(t, redistest.ExpireTime)
 	ms, err := srv.MustDo("PEXPIRETIME", key).ToInt64()
 	require.NoError(t, err)
 	if ms < 0 {
@@ -299,12 +305,49 @@ func waitInLine(t *testing.T, srv *redistest.Server, key string, n int64) {
 }
 
 // wakeChannels returns the wake channels of the lock at key that have a
-// subscriber.
+// subscriber, of the kind that distlock subscribes to on srv (see
+// subscribedChannels).
 func wakeChannels(t *testing.T, srv *redistest.Server, key string) []string {
 	t.Helper()
-	chans, err := srv.MustDo("PUBSUB", "SHARDCHANNELS", key+":wake:*").AsStrSlice()
+	return subscribedChannels(t, srv, key+":wake:*")
+}
+
+// subscribedChannels returns the channels matching pattern that have a
+// subscriber on srv, of the kind distlock uses there: sharded channels
+// (PUBSUB SHARDCHANNELS) on a server with sharded pub/sub, plain ones
+// (PUBSUB CHANNELS) on one without (Redis 6.2), where distlock's waiters
+// fall back to SUBSCRIBE and its scripts to PUBLISH. So a test that waits
+// for a waiter's subscription checks, on each server, that distlock took
+// the kind it should.
+func subscribedChannels(t *testing.T, srv *redistest.Server, pattern string) []string {
+	t.Helper()
+	chans, err := srv.MustDo("PUBSUB", pubsubKind(srv, "CHANNELS"), pattern).AsStrSlice()
 	require.NoError(t, err)
 	return chans
+}
+
+// pubsubKind returns the PUBSUB subcommand sub (CHANNELS, NUMSUB) of the
+// kind of channel distlock uses on srv: its SHARD form where srv has
+// sharded pub/sub.
+func pubsubKind(srv *redistest.Server, sub string) string {
+	if srv.Has(redistest.ShardedPubSub) {
+		return "SHARD" + sub
+	}
+	return sub
+}
+
+// subscribers returns how many subscriptions srv has to channel, of the
+// kind distlock uses there (PUBSUB SHARDNUMSUB, or NUMSUB on a server
+// without sharded pub/sub; see subscribedChannels).
+func subscribers(t *testing.T, srv *redistest.Server, channel string) int64 {
+	t.Helper()
+	sub := pubsubKind(srv, "NUMSUB")
+	arr, err := srv.MustDo("PUBSUB", sub, channel).ToArray()
+	require.NoError(t, err)
+	require.Len(t, arr, 2, "PUBSUB %s %s", sub, channel)
+	n, err := arr[1].AsInt64()
+	require.NoError(t, err)
+	return n
 }
 
 // waitSubscribed waits until the lock at key has n wake channels with a
