@@ -59,10 +59,11 @@ type keeper struct {
 	mu     sync.Mutex
 	guards map[*guardActor]struct{}
 	cancel context.CancelFunc
-	// confirmed is closed when the server first confirms the subscription;
-	// done when the subscription goroutine has ended.
-	confirmed chan struct{}
-	done      chan struct{}
+	// asking is closed when the server confirms the subscription that run
+	// is asking for, or when that call returns; nil while run is not
+	// asking (it is confirmed, or pausing before it asks again).
+	asking chan struct{}
+	done   chan struct{} // closed when the subscription goroutine has ended
 }
 
 // keeperSettle bounds how long the last guard to leave a keeper waits for
@@ -85,8 +86,7 @@ func (s *keeperSet) watch(l *guardActor) *keeper {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		k = &keeper{set: s, client: e.client, store: e.store, keys: e.keys,
-			guards: make(map[*guardActor]struct{}), cancel: cancel,
-			confirmed: make(chan struct{}), done: make(chan struct{})}
+			guards: make(map[*guardActor]struct{}), cancel: cancel, done: make(chan struct{})}
 		s.m[e.client] = k
 		go k.run(ctx)
 	}
@@ -97,9 +97,10 @@ func (s *keeperSet) watch(l *guardActor) *keeper {
 }
 
 // leave removes an actor that exits. The last one out removes the keeper,
-// ends its subscription (once the server has confirmed it, or after
-// keeperSettle) and waits for its goroutine to end (the unsubscribe is
-// bounded by the lease package's unsubscribe timeout).
+// ends its subscription (if a subscription is being asked for, once the
+// server has answered it, or after keeperSettle) and waits for its
+// goroutine to end (the unsubscribe is bounded by the lease package's
+// unsubscribe timeout).
 func (k *keeper) leave(l *guardActor) {
 	k.set.mu.Lock()
 	k.mu.Lock()
@@ -111,20 +112,43 @@ func (k *keeper) leave(l *guardActor) {
 			k.set.m = nil
 		}
 	}
+	asking := k.asking
 	k.mu.Unlock()
 	k.set.mu.Unlock()
 	if !last {
 		return
 	}
-	t := time.NewTimer(keeperSettle)
-	select {
-	case <-k.confirmed:
-	case <-k.done:
-	case <-t.C:
+	if asking != nil {
+		t := time.NewTimer(keeperSettle)
+		select {
+		case <-asking:
+		case <-t.C:
+		}
+		t.Stop()
 	}
-	t.Stop()
 	k.cancel()
 	<-k.done
+}
+
+// ask records that run asks for the subscription, and returns the
+// function that records its answer (the confirmation, or the call's
+// return), which may be called more than once.
+func (k *keeper) ask() (answered func()) {
+	ch := make(chan struct{})
+	k.mu.Lock()
+	k.asking = ch
+	k.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			k.mu.Lock()
+			if k.asking == ch {
+				k.asking = nil
+			}
+			k.mu.Unlock()
+			close(ch)
+		})
+	}
 }
 
 // run keeps the keeper subscribed until ctx ends, and has the guards
@@ -142,15 +166,16 @@ func (k *keeper) run(ctx context.Context) {
 		// subscribes again on a new connection within the same call
 		// (calling ready again), go-redis's adapter returns and the loop
 		// subscribes again.
+		answered := k.ask()
 		err := k.store.Subscribe(ctx, k.keys, "keeper:"+proc.roomID, func() {
+			answered()
 			pause.reset()
 			if confirmed {
 				k.renewAll()
-				return
 			}
 			confirmed = true
-			close(k.confirmed)
 		}, func(string, int64) {})
+		answered()
 		if ctx.Err() != nil || errors.Is(err, lease.ErrNoPubSub) {
 			return
 		}
