@@ -30,9 +30,10 @@ var ErrProtocol = errors.New("unexpected reply")
 // ErrWrongKind is matched by a [*WrongKindError].
 var ErrWrongKind = errors.New("distlock: name used by another kind of lease")
 
-// WrongKindError reports a call of one kind (a lock's, a semaphore's)
-// refused because the lease key holds another kind, or a key that distlock
-// did not write. Nothing was written.
+// WrongKindError reports a call of one kind (a lock's in any face, a
+// semaphore's) refused because the lease key holds another kind, or a key
+// that distlock did not write. Nothing was written. A lock's and a
+// read-write lock's calls are one kind: they never refuse each other.
 type WrongKindError struct {
 	Key   string // the lease key
 	Want  string // "lock", "semaphore" or "rwmutex"
@@ -65,7 +66,7 @@ func IsReply(err error) bool {
 }
 
 // wrongKindReply matches the error reply of a script that found the lease
-// key of another kind (see acquireScript and semAcquireScript).
+// key of another kind (see lineLua's scan and semLua's notSemaphore).
 var wrongKindReply = regexp.MustCompile(`^(?:ERR )?distlock: .* holds a (\w+), not a (lock|semaphore|rwmutex);`)
 
 // kindError turns the error reply of a script that found the lease key of
@@ -103,11 +104,21 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // The common case of a script comes first and defines no function: Lua
 // makes a closure each time a "local function" statement runs, and making
 // the dozen helpers of lockLua and protocolLua costs about 10,000
-// instructions (callgrind), more than two calls. These two pieces of it are
-// shared by several scripts, as text.
+// instructions (callgrind), more than two calls. The two lean pieces below
+// are shared by several scripts' common cases, as text, and cancelLua by
+// the full paths of the releases.
 //
 // leanClockLua sets t to the server's clock (TIME's seconds and µs, as
 // text) and us to its µs as six digits; the includer declares both.
+//
+// cancelLua is where the full path of a release starts for Cancel
+// (KEYS[6], the void key, given): it takes value out of line (only Cancel
+// can find its value there: a holder's value left the line when it was
+// granted) and marks it void for ARGV[3] ms, after the delete (at
+// maxmemory Redis refuses a script's first write unless it frees memory,
+// and the delete must not depend on the marker). It declares out, the
+// reply {deleted}, and returns it when the line's keys are of the wrong
+// type; the includer declares value and deleted, and protocolLua's leave.
 //
 // leanTokenLua reads the fencing key and the clock, and makes the token as
 // nextToken (in protocolLua) does, and its text: the clock's seconds and µs
@@ -117,6 +128,17 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // that can be followed (fence's rule) or the next token would pass
 // 2^53-1, and the full path is left to say so.
 var (
+	cancelLua = `
+local err
+if KEYS[6] then
+  err = leave(value)
+  redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+end
+local out = {deleted}
+if err then
+  return out
+end
+`
 	leanClockLua = `
 t = redis.call('TIME')
 us = t[2]
@@ -143,8 +165,27 @@ end
 `
 )
 
+// voidLua is the text of the full path of an acquire that refuses a voided
+// value (see [Client.Cancel]): it takes the value out of line and returns
+// reply, a Lua expression (the reply of a caller that is not granted). The
+// includer declares value and err, and protocolLua's leave.
+func voidLua(reply string) string {
+	return `
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  err = leave(value)
+  if err then
+    return err
+  end
+  return ` + reply + `
+end
+`
+}
+
 // acquireScript acquires the lease if it is free, or, when asked, puts the
-// caller in line or refreshes its place there.
+// caller in line or refreshes its place there. It is the script of a lock
+// and of an election, which hold the lock of their name alone; a
+// read-write lock of the same name is the same lock (rwAcquireScript), and
+// both take one full path (lockAcquireLua).
 //
 // ARGV[1] TTL in ms, ARGV[2] "1" to announce every change of holder (an
 // election; see [Keys.Election]), and to stand in line ARGV[3] the claim
@@ -170,8 +211,10 @@ end
 // first and, in the second, the token of the grant it already had (the
 // fencing key's, since every grant sets both; a new one if that key was
 // lost). When it is free but someone alive stands in line ahead, the script
-// passes it to the first of them, exactly as a release does, and the caller
-// waits. A voided value (see [Client.Cancel]) is refused and taken out of
+// passes it to the first of them (with the run of readers behind a reader
+// first in line), exactly as a release does, and the caller waits; while
+// readers of a read-write lock hold it, the caller waits behind them. A
+// voided value (see [Client.Cancel]) is refused and taken out of
 // line. All checks come before the first write, so a key of the wrong type
 // or content fails the script without leaving anything behind.
 //
@@ -183,7 +226,7 @@ end
 //
 // Cost per call (callgrind instructions and µs in Redis; COSTS.md,
 // scripts/script-cost): the common case 72k, 5.1 µs (an election's 80k);
-// refused 69k; standing in line 156k.
+// refused 79k; standing in line 166k (behind readers 222k).
 var acquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
 -- The common case: a free lease, nobody in line, a value not void.
@@ -203,67 +246,10 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
     return token
   end
 end
-` + lockLua + protocolLua + `
--- The full path.
+` + lockLua + protocolLua + lineLua + `
+-- The full path, as every face of the lock takes it.
 announcing = ARGV[2] == '1'
-local last, err = fence()
-if err then
-  return err
-end
-local cur = redis.pcall('GET', KEYS[1])
-if type(cur) == 'table' then
-  return redis.error_reply('ERR distlock: ' .. KEYS[1] .. ' holds a ' .. ` + leaseKindLua + ` .. ', not a lock; is the name used by another kind?')
-end
-if redis.call('EXISTS', KEYS[6]) == 1 then
-  err = leave(value)
-  if err then
-    return err
-  end
-  return {0, redis.call('PTTL', KEYS[1]), cur or '', -1, 0, last}
-end
-if cur == value then
-  err = leave(value)
-  if err then
-    return err
-  end
-  if last > 0 then
-    -- The last grant was to this value: the same acquisition asks again.
-    -- It keeps its token, so a term has one token and nothing changes
-    -- hands (nothing to announce).
-    redis.call('PEXPIRE', KEYS[1], ARGV[1])
-    return last
-  end
-  return grant(last, clock(), value, ARGV[1])
-end
-local now
-if not cur then
-  local v, claim, room
-  v, claim, room, now, err = first()
-  if err then
-    return err
-  end
-  now = now or clock()
-  if not v or v == value then
-    if v then
-      leave(v)
-    end
-    return grant(last, now, value, ARGV[1])
-  end
-  local token, terr = passTo(last, now, v, claim, room)
-  if terr then
-    return terr
-  end
-  cur, last = v, token
-end
-if not ARGV[3] then
-  return {0, redis.call('PTTL', KEYS[1]), cur, -1, 0, last}
-end
-local rank, ticket, serr = standInLine(now or clock(), value, ARGV[3], ARGV[4], tonumber(ARGV[5] or '0'))
-if serr then
-  return serr
-end
-return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
-`)
+` + lockAcquireLua)
 
 // releaseScript deletes the lease if it still holds the caller's value and
 // passes it to the first live waiter in line, if there is one. For
@@ -274,9 +260,14 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // ms. A lock's Release sends only ARGV[1].
 //
 // Reply: deleted, a number alone, in the common case, or {deleted} or
-// {deleted, token, waiter value, room}: deleted is 1 when the lease held the
-// value and was deleted; the rest names the waiter the lease was passed to. A lease that was already free is passed on as well,
-// so that a waiter who gives up also unblocks a line whose grant lapsed.
+// {deleted, token, waiter value, room, ...}: deleted is 1 when the lease
+// held the value and was deleted; each triple names a waiter the lock was
+// passed to (one exclusive waiter, or the run of readers of a read-write
+// lock at the head of the line). A lease that was already free is passed
+// on as well, so that a waiter who gives up also unblocks a line whose
+// grant lapsed, or the readers behind it. The full path (lockReleaseLua)
+// is a read-write lock's too, and drops the value's hold in the hash if it
+// is there.
 // A fencing or queue key of the wrong type or content does not stop the
 // delete: the lease is deleted and not passed on.
 //
@@ -287,15 +278,16 @@ return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket, last}
 // announce that nobody leads.
 //
 // Cost per call (as for acquireScript): the common case 37k, 2.5 µs
-// (Cancel's 52k); passing the lease on 145k; an election's release 78k.
+// (Cancel's 53k); passing the lease on 167k (to a reader 193k); an
+// election's release 89k.
 var releaseScript = newScript(`
 -- The common case: the lease holds the value, and nobody is in line.
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
-local deleted = 0
+local deleted, gone = 0, false
 if cur == value then
   redis.call('DEL', KEYS[1])
-  deleted, cur = 1, false
+  deleted, gone = 1, true
   if ARGV[2] ~= '1' and redis.call('EXISTS', KEYS[3]) == 0 then
     if KEYS[6] then
       -- After the delete: at maxmemory Redis refuses a script's first
@@ -306,44 +298,43 @@ if cur == value then
     return 1
   end
 end
-` + lockLua + protocolLua + `
+` + lockLua + protocolLua + lineLua + serveLua + `
 -- The full path, from what the common case found.
 announcing = ARGV[2] == '1'
-local err
-if KEYS[6] then
-  -- Only Cancel can find its value in line: a holder's value left the
-  -- line when it was granted. The marker comes after the delete, as above.
-  err = leave(value)
-  redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
-end
-if cur or err then
-  return {deleted}
-end
-local v, claim, room, now, ferr = first()
-if ferr or not v and not (announcing and deleted == 1) then
-  return {deleted}
-end
-local last, lerr = fence()
-if lerr then
-  return {deleted}
-end
-if not v then
-  announce(last, '')
-  return {deleted}
-end
-local token, terr = passTo(last, now, v, claim, room)
-if terr then
-  return {deleted}
-end
-return {deleted, token, v, room}
-`)
+` + lockReleaseLua)
 
-// protocolLua calls hold(value, ms, now) to make value hold the lease for
-// ms milliseconds from now (the server clock in µs); lockLua and semLua
-// define it. For a lock it is a single SET.
+// protocolLua calls hold(value, ms, now, token) to make value hold the
+// lease for ms milliseconds from now (the server clock in µs) under token;
+// lockLua and semLua define it.
+//
+// lockLua defines hold for every face of a lock (a Mutex, an Election, an
+// RWMutex), in holdMode, which the script sets before each grant: "x" (an
+// exclusive hold of a Mutex or an Election) writes the lease as a string
+// holding the value, in one SET; "w" (an RWMutex's writer) and "r" (a
+// reader) write the value's field of the hash, "<end ms> <token>", with
+// the mark "~" = "rw", and for a writer the field "~w" naming it, and keep
+// the hash at least ms. mode is the caller's face ("x", "r" or "w"; for a
+// read-write lock's release or downgrade, "r": the format it reads first)
+// and want the kind it names in an error reply ("lock" or "rwmutex"); the
+// scripts of a read-write lock set them before their full path.
 var lockLua = `
-local function hold(v, ms, now)
-  redis.call('SET', KEYS[1], v, 'PX', ms)
+local mode, holdMode, want = 'x', 'x', 'lock'
+local function hold(v, ms, now, token)
+  if holdMode == 'x' then
+    redis.call('SET', KEYS[1], v, 'PX', ms)
+    return
+  end
+  -- An end in ms has 13 digits, which Lua writes exactly (%.14g); a token
+  -- has 16.
+  local f = math.ceil(now / 1000) + ms .. ' ' .. string.format('%.0f', token)
+  if holdMode == 'w' then
+    redis.call('HSET', KEYS[1], v, f, '~w', v, '~', 'rw')
+  else
+    redis.call('HSET', KEYS[1], v, f, '~', 'rw')
+  end
+  if redis.call('PTTL', KEYS[1]) < ms + 0 then
+    redis.call('PEXPIRE', KEYS[1], ms)
+  end
 end
 `
 
@@ -480,13 +471,7 @@ local function waiting(rank, ticket)
   end
   return {0, tonumber(soon[2]) - math.floor(now / 1000), soon[1], rank, ticket, last}
 end
-if redis.call('EXISTS', KEYS[6]) == 1 then
-  err = leave(value)
-  if err then
-    return err
-  end
-  return waiting(-1, 0)
-end
+` + voidLua("waiting(-1, 0)") + `
 if redis.call('ZSCORE', KEYS[1], value) then
   err = leave(value)
   if err then
@@ -567,15 +552,7 @@ end
 local now = t[1] * 1000000 + t[2]
 ` + semLua + protocolLua + semPassLua + `
 -- The full path, from what the common case found.
-local err
-if KEYS[6] then
-  err = leave(value)
-  redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
-end
-local out = {deleted}
-if err then
-  return out
-end
+` + cancelLua + `
 limit = ARGV[2]
 passFree(nil, now, redis.call('ZCARD', KEYS[1]), tonumber(limit), out)
 return out
@@ -631,8 +608,10 @@ return 1
 // the acquire script must not write before its grant unless it has to; a
 // write that frees memory, as a lapsed place's removal, is fine). first
 // returns the first waiter in line whose place has not lapsed (value, claim,
-// room) and the clock it read, dropping lapsed places ahead of it; nothing
-// when nobody waits. passTo grants the free lease to that waiter for its
+// room), the clock (now, or read when now is nil), no error, and the
+// entry's mode ("r" or "w" for a read-write lock's "<lapse> <claim> <r|w>
+// <room>", "x" for an exclusive entry without one), dropping lapsed places
+// ahead of it; nothing but the clock when nobody waits. passTo grants the free lease to that waiter for its
 // claim window with a new token, takes it out of line and tells its room
 // (SPUBLISH, or PUBLISH where the server has no sharded pub/sub; where the
 // server refuses both, as an ACL without pub/sub does, nobody is told and
@@ -687,7 +666,7 @@ local function grant(last, now, value, ttl)
   if terr then
     return terr
   end
-  hold(value, ttl, now)
+  hold(value, ttl, now, token)
   redis.call('SET', KEYS[2], token, 'PX', ` + retentionMs + `)
   announce(token, value)
   return token
@@ -705,8 +684,7 @@ local function leave(value)
     redis.pcall('HDEL', KEYS[4], value)
   end
 end
-local function first()
-  local now
+local function first(now)
   while true do
     local r = redis.pcall('ZRANGE', KEYS[3], 0, 0)
     if r.err then
@@ -722,9 +700,13 @@ local function first()
     end
     now = now or clock()
     if raw then
-      local lapse, claim, room = string.match(raw, '^(%d+) (%d+) (.+)$')
+      local lapse, claim, m, room = string.match(raw, '^(%d+) (%d+) ([rw]) (.+)$')
+      if not lapse then
+        lapse, claim, room = string.match(raw, '^(%d+) (%d+) (.+)$')
+        m = 'x'
+      end
       if lapse and lapse + 0 > math.floor(now / 1000) then
-        return v, claim, room, now
+        return v, claim, room, now, nil, m
       end
     end
     redis.call('ZREM', KEYS[3], v)
@@ -736,7 +718,7 @@ local function passTo(last, now, v, claim, room)
   if terr then
     return nil, terr
   end
-  hold(v, claim, now)
+  hold(v, claim, now, token)
   local text = string.format('%.0f', token)
   redis.call('SET', KEYS[2], text, 'PX', ` + retentionMs + `)
   redis.call('ZREM', KEYS[3], v)
@@ -780,17 +762,69 @@ end
 // string with snprintf on every call (about 2,500 instructions).
 var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "'"
 
-// renewScript extends the lease if it still holds the caller's value.
-//
-// KEYS[1] lease key. ARGV[1] the acquisition's value, ARGV[2] TTL in ms.
-// Reply: 1 when extended; {0, holder value or false} when refused.
-// Cost per call (as for acquireScript): 28k, 2.0 µs.
-var renewScript = newScript(`
+// renewStringLua and renewHashLua extend value's (ARGV[1]) hold of a
+// lock to ARGV[2] ms, in one of its two formats each: renewStringLua a
+// lock's string that holds value (it declares cur, what GET found);
+// renewHashLua value's field of a read-write lock's hash, "<end ms>
+// <token>", if its lease has not ended, in either mode (so that a renewal
+// in flight across a Downgrade is not refused), and refuses a hash in
+// which value holds nothing with {0, writer or false}. Both return 1 when
+// they extended the hold, and fall through when KEYS[1] is not of their
+// format (a read of the wrong type costs an error reply, some 11,000
+// instructions, so each face's renewal tries its own format first).
+var (
+	renewStringLua = `
 local cur = redis.pcall('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
+`
+	renewHashLua = `
+local h = redis.pcall('HMGET', KEYS[1], '~w', ARGV[1])
+if not h.err then
+  if not h[2] then
+    return {0, h[1] or false}
+  end
+  local e, tok = string.match(h[2], '^(%d+) (%d+)$')
+  local t = redis.call('TIME')
+  local ms, us, ttl = t[1] * 1000, t[2] / 1000, ARGV[2] + 0
+  if not e or e + 0 <= ms + math.floor(us) then
+    return {0, h[1] or false}
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], ms + math.ceil(us) + ttl .. ' ' .. tok)
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return 1
+end
+`
+)
+
+// renewScript extends the caller's hold of a lock or an election if it
+// still holds it, and never re-creates it: the string holding the value,
+// or, for a hold that a read-write lock's grant made (the value holds the
+// lock of its name through another face), its field of the hash.
+//
+// KEYS[1] lease key. ARGV[1] the acquisition's value, ARGV[2] TTL in ms.
+// Reply: 1 when extended; {0, holder value or false} when refused (for a
+// hash, the writer's value).
+//
+// Cost per call (as for acquireScript): 28k, 2.0 µs.
+var renewScript = newScript(renewStringLua + `
+if type(cur) ~= 'table' then
+  return {0, cur}
+end
+` + renewHashLua + `
+return {0, false}
+`)
+
+// rwRenewScript is renewScript for a read-write lock, in whichever mode:
+// the hash first, then a string that holds the value (a hold passed by a
+// release of the version before one lock per name, which read a
+// read-write lock's entry as a lock's). KEYS, ARGV and reply are
+// renewScript's.
+var rwRenewScript = newScript(renewHashLua + renewStringLua + `
 if type(cur) ~= 'string' then
   cur = false
 end
