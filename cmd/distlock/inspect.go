@@ -47,7 +47,10 @@ of permits as of the last grant (the number is not kept as a rule: each
 caller brings its own), how many of them are free, the line and the last
 token. For a read-write lock (what "distlock run" holds) it shows how it is
 held (by readers, or by a writer), the holders with how long each lease has
-left, and the line with the mode each waiter waits for. For an election it
+left, and the line with the mode each waiter waits for. A read-write lock
+and a Mutex or Election of the Go library of one name are one lock: when a
+Mutex holds it, it shows as a lock, with the line's modes if a read-write
+lock's waiter stands in it (a Mutex's waiter waits as a writer). For an election it
 shows the leader (the value it proclaimed), its
 term token and lease, and how many observers follow it: the subscriptions
 to its leader channel, one per observed Election value in each process. A
@@ -74,7 +77,8 @@ that nothing tells more of. A semaphore has "holding" (how many hold a permit),
 "free_permits" when known, instead of owner, value and expires_in_ms; an
 election has "observers"; a read-write lock has "mode" ("read" or
 "write"), "holding" and "holders" as a semaphore has, and "line" (the first
-10 in line: owner and mode).
+10 in line: owner and mode), which a lock has too when a read-write lock's
+waiter stands in its line.
 
 Flags may come before or after KEY.
 
@@ -244,8 +248,10 @@ type lockState struct {
 	// Mode is how a read-write lock is held: "read" (Holders are its
 	// readers) or "write" (Holders is its writer).
 	Mode string `json:"mode,omitempty"`
-	// Line is, for a read-write lock, the first in line with the mode each
-	// waits for, first in line first.
+	// Line is, for a read-write lock, and for a lock whose line a
+	// read-write lock of the name stands in, the first in line with the
+	// mode each waits for ("write" for a Mutex's or an Election's waiter,
+	// which waits for the lock alone), first in line first.
 	Line []waiterState `json:"line,omitempty"`
 	// Waiting is how many Lock calls stand in the lock's line; Waiters
 	// names the owners of the first ones, first in line first.
@@ -254,7 +260,7 @@ type lockState struct {
 	Error   string   `json:"error,omitempty"`
 }
 
-// waiterState is one waiter in a read-write lock's line.
+// waiterState is one waiter in a line that shows modes.
 type waiterState struct {
 	Owner string `json:"owner"`
 	Mode  string `json:"mode"` // "read" or "write"
@@ -447,9 +453,14 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	default:
 		return s, fmt.Errorf("%s holds a %s, not a lock, semaphore, election or rwmutex", keys.Lease, snap.Type)
 	}
-	// A lock or an election, or a free key: those who observe an election
-	// tell it from a lock. Not knowing is no error: a lock and an election
-	// without observers look alike anyway.
+	// A Mutex's or an Election's hold, or a free key: the line shows its
+	// modes when a read-write lock of the name waits in it (they are one
+	// lock). Those who observe an election tell it from a lock. Not
+	// knowing is no error: a lock and an election without observers look
+	// alike anyway.
+	if anyMode(entries) {
+		s.line(entries)
+	}
 	if n, err := in.observers(ctx); err == nil && n > 0 {
 		s.Kind, s.Observers = kindElection, n
 	}
@@ -487,15 +498,35 @@ func (in *inspector) rwmutex(ctx context.Context, s *lockState, entries []string
 			s.Mode = "read"
 		}
 	}
+	s.line(entries)
+	return nil
+}
+
+// line fills in s.Line from the entries of those in line: a read-write
+// lock's "<lapse> <claim> <r|w> <room>", or a Mutex's or an Election's
+// "<lapse> <claim> <room>", which waits for the lock alone, as a writer.
+func (s *lockState) line(entries []string) {
 	for i, e := range entries {
-		// "<lapse> <claim> <r|w> <room>"
 		mode := "?"
-		if f := strings.Fields(e); len(f) == 4 {
+		switch f := strings.Fields(e); {
+		case len(f) == 4 && (f[2] == "r" || f[2] == "w"):
 			mode = map[string]string{"r": "read", "w": "write"}[f[2]]
+		case len(f) == 3:
+			mode = "write"
 		}
 		s.Line = append(s.Line, waiterState{Owner: s.Waiters[i], Mode: mode})
 	}
-	return nil
+}
+
+// anyMode reports whether an entry in line is a read-write lock's, whose
+// mode the line is shown with when a Mutex holds the lock or nobody does.
+func anyMode(entries []string) bool {
+	for _, e := range entries {
+		if f := strings.Fields(e); len(f) == 4 && (f[2] == "r" || f[2] == "w") {
+			return true
+		}
+	}
+	return false
 }
 
 // semaphore fills in s from a read of a semaphore.

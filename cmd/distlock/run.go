@@ -72,7 +72,11 @@ KEY is a read-write lock (in Go: distlock.NewRWMutex, whose Lock is -x
 and RLock -s): -s runs share it with each other and exclude every -x
 run; an -x run excludes everyone. Waiting is in arrival order: an -s run
 that comes while an -x run waits queues behind it, and an -x run waits for
-the -s runs that came before it, not for those after.
+the -s runs that came before it, not for those after. A Mutex or an
+Election of the Go library (distlock.NewMutex, NewElection) of the same
+name and namespace is the same lock, held as -x holds it: a service that
+guards KEY with a Mutex and a cron line "distlock run KEY" exclude each
+other, and wait for each other in one line.
 
 With --permits N, KEY names a semaphore of N permits instead of a lock,
 and the command runs while holding one of them: up to N commands run at
@@ -115,8 +119,7 @@ Exit status:
   128+N            the command was killed by signal N, or distlock got
                    signal N while still waiting for the lock
   64               usage error, or KEY is used by another kind (a lock's
-                   name given with --permits, a semaphore's without, or
-                   the name of a Mutex or Election of the Go library)
+                   name given with --permits, or a semaphore's without)
   75               not acquired: -n found the lock held (or all the
                    permits of --permits), or -w ran out
                    (set another code with -E)
