@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,7 +34,9 @@ import (
 // It runs only when DISTLOCK_SCRIPT_COST is set; scripts/script-cost runs
 // it, for the working tree or for an older commit (it uses nothing but the
 // package's exported API, so that it can be copied into an older tree).
-// DISTLOCK_SCRIPT_COST_N sets the calls per path (default 1000). Without
+// DISTLOCK_SCRIPT_COST_N sets the calls per path (default 1000), and
+// DISTLOCK_SCRIPT_COST_PATHS, a regular expression, the paths measured (by
+// name; a pair is shown only when both its paths are). Without
 // valgrind on PATH the instruction column is left out. With
 // DISTLOCK_SCRIPT_COST_DIR set, callgrind's dumps are kept in that folder,
 // callgrind.out.1 for the first path and so on, for callgrind_annotate.
@@ -49,6 +52,13 @@ func TestScriptCost(t *testing.T) {
 		}
 	}
 	paths := costPaths()
+	if s := os.Getenv("DISTLOCK_SCRIPT_COST_PATHS"); s != "" {
+		only, err := regexp.Compile(s)
+		if err != nil {
+			t.Fatalf("DISTLOCK_SCRIPT_COST_PATHS=%q: %v", s, err)
+		}
+		paths = slices.DeleteFunc(paths, func(p costPath) bool { return !only.MatchString(p.name) })
+	}
 	{
 		srv := redistest.Start(t)
 		paths = measurable(t, newCostEnv(t, srv.Client()), paths)
@@ -106,6 +116,9 @@ func TestScriptCost(t *testing.T) {
 		row(p.name, instr[p.name], *times[p.name])
 	}
 	for _, pair := range costPairs {
+		if slices.ContainsFunc(pair.of, func(name string) bool { return times[name] == nil }) {
+			continue // a path of the pair was not measured
+		}
 		var in float64
 		var sum timing
 		for i, name := range pair.of {

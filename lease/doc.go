@@ -63,7 +63,9 @@
 // value, and never re-creates it.
 //
 // Each script starts with its common case (acquire: a free lease with
-// nobody in line; release: nobody in line) in the fewest Redis calls, and
+// nobody in line, and for a caller that does not stand in line a lease held
+// by another with nobody in line; release: nobody in line, for an election
+// too) in the fewest Redis calls, and
 // hands anything else to its full logic, with the outcome the full logic
 // alone would have had. What each path costs Redis is in COSTS.md.
 //

@@ -108,6 +108,9 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // are shared by several scripts' common cases, as text, and cancelLua by
 // the full paths of the releases.
 //
+// leanAnnounceLua publishes msg on the election's channel, as protocolLua's
+// publish does; the includer declares msg.
+//
 // leanClockLua sets t to the server's clock (TIME's seconds and µs, as
 // text) and us to its µs as six digits; the includer declares both.
 //
@@ -128,6 +131,12 @@ var ErrBadTTL = errors.New("lease: TTL under one millisecond")
 // that can be followed (fence's rule) or the next token would pass
 // 2^53-1, and the full path is left to say so.
 var (
+	leanAnnounceLua = `
+local r = redis.pcall('SPUBLISH', KEYS[1] .. ':leader', msg)
+if type(r) == 'table' and r.err then
+  redis.pcall('PUBLISH', KEYS[1] .. ':leader', msg)
+end
+`
 	cancelLua = `
 local err
 if KEYS[6] then
@@ -220,33 +229,41 @@ end
 //
 // The script starts with the common case, a free lease with nobody in line
 // and a value that is not void, in five calls (EXISTS, GET, TIME, SET, SET)
-// and without defining any helper. When that case does not apply, or the
-// fencing key does not hold a token that can be followed, it has written
-// nothing and the full path decides, as if it had not run.
+// and without defining any helper; then, for a caller that does not stand
+// in line (TryLock), a lease that another's string holds with nobody in
+// line, refused in EXISTS, GET, GET and PTTL. When neither case applies, or
+// the fencing key does not hold a token that can be followed, it has
+// written nothing and the full path decides, as if it had not run.
 //
 // Cost per call (callgrind instructions and µs in Redis; COSTS.md,
 // scripts/script-cost): the common case 72k, 5.1 µs (an election's 80k);
-// refused 79k; standing in line 166k (behind readers 222k).
+// refused (TryLock) 56k; standing in line 166k (behind readers 222k).
 var acquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
 -- The common case: a free lease, nobody in line, a value not void.
-if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
+local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6])
+if n == 0 then
 ` + leanTokenLua + `
   if token then
     redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
     redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
     if ARGV[2] == '1' then
-      -- announce, as publish (below) does it.
       local msg = s .. '\n' .. value
-      local r = redis.pcall('SPUBLISH', KEYS[1] .. ':leader', msg)
-      if type(r) == 'table' and r.err then
-        redis.pcall('PUBLISH', KEYS[1] .. ':leader', msg)
-      end
+` + leanAnnounceLua + `
     end
     return token
   end
 end
-` + lockLua + protocolLua + lineLua + `
+-- The next most common: a TryLock refused by another's string, with
+-- nobody in line (only the lease exists); as the full path replies.
+if n == 1 and not ARGV[3] then
+  local cur = redis.pcall('GET', KEYS[1])
+  local raw = redis.pcall('GET', KEYS[2])
+  if type(cur) == 'string' and cur ~= value and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$')) then
+    return {0, redis.call('PTTL', KEYS[1]), cur, -1, 0, raw and raw + 0 or 0}
+  end
+end
+` + lockLua + protocolLua + grantLua + lineLua + `
 -- The full path, as every face of the lock takes it.
 announcing = ARGV[2] == '1'
 ` + lockAcquireLua)
@@ -272,14 +289,14 @@ announcing = ARGV[2] == '1'
 // delete: the lease is deleted and not passed on.
 //
 // The script starts with the common case, a lease that holds the value with
-// nobody in line: GET, DEL and EXISTS (and for Cancel the void marker),
-// without defining any helper. Otherwise the full path goes on from what
-// that part found (cur, deleted); an election's release takes it too, to
-// announce that nobody leads.
+// nobody in line: GET, DEL and EXISTS (and for Cancel the void marker; for
+// an election GET of the fencing key and the announcement that nobody
+// leads), without defining any helper. Otherwise the full path goes on
+// from what that part found (deleted, gone).
 //
 // Cost per call (as for acquireScript): the common case 37k, 2.5 µs
-// (Cancel's 53k); passing the lease on 167k (to a reader 193k); an
-// election's release 89k.
+// (Cancel's 53k; an election's 51k); passing the lease on 163k (to a
+// reader 194k).
 var releaseScript = newScript(`
 -- The common case: the lease holds the value, and nobody is in line.
 local value = ARGV[1]
@@ -288,7 +305,15 @@ local deleted, gone = 0, false
 if cur == value then
   redis.call('DEL', KEYS[1])
   deleted, gone = 1, true
-  if ARGV[2] ~= '1' and redis.call('EXISTS', KEYS[3]) == 0 then
+  -- An election's release says that nobody leads, with the token of the
+  -- term that ends (the fencing key's, since every grant sets it).
+  local line = redis.call('EXISTS', KEYS[3]) == 1
+  local msg = not line and ARGV[2] == '1' and redis.pcall('GET', KEYS[2])
+  if not line and (not msg or type(msg) == 'string' and string.find(msg, '^%d+$')) then
+    if msg then
+      msg = msg .. '\n'
+` + leanAnnounceLua + `
+    end
     if KEYS[6] then
       -- After the delete: at maxmemory Redis refuses a script's first
       -- write unless it frees memory, and the delete must not depend on
@@ -449,7 +474,7 @@ if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
     end
   end
 end
-` + semLua + protocolLua + semPassLua + `
+` + semLua + protocolLua + grantLua + semPassLua + `
 -- The full path.
 local err = notSemaphore()
 if err then
@@ -661,16 +686,6 @@ local function nextToken(last, now)
   end
   return token
 end
-local function grant(last, now, value, ttl)
-  local token, terr = nextToken(last, now)
-  if terr then
-    return terr
-  end
-  hold(value, ttl, now, token)
-  redis.call('SET', KEYS[2], token, 'PX', ` + retentionMs + `)
-  announce(token, value)
-  return token
-end
 local function foreign()
   return redis.error_reply('ERR distlock: queue keys ' .. KEYS[3] .. ' and ' .. KEYS[4] .. ' hold something else')
 end
@@ -700,10 +715,11 @@ local function first(now)
     end
     now = now or clock()
     if raw then
-      local lapse, claim, m, room = string.match(raw, '^(%d+) (%d+) ([rw]) (.+)$')
-      if not lapse then
-        lapse, claim, room = string.match(raw, '^(%d+) (%d+) (.+)$')
-        m = 'x'
+      local lapse, claim, room = string.match(raw, '^(%d+) (%d+) (.+)$')
+      local m = 'x'
+      if room and string.byte(room, 2) == 32 then
+        -- "r <room>" or "w <room>": a room has no space.
+        m, room = string.sub(room, 1, 1), string.sub(room, 3)
       end
       if lapse and lapse + 0 > math.floor(now / 1000) then
         return v, claim, room, now, nil, m
@@ -725,6 +741,22 @@ local function passTo(last, now, v, claim, room)
   redis.call('HDEL', KEYS[4], v)
   publish(KEYS[5] .. ':' .. room, text .. '\n' .. v)
   announce(token, v)
+  return token
+end
+`
+
+// grantLua defines, after protocolLua, the two helpers that only an
+// acquire calls, grant and standInLine (see protocolLua's comment), apart
+// so that a release does not make their closures.
+var grantLua = `
+local function grant(last, now, value, ttl)
+  local token, terr = nextToken(last, now)
+  if terr then
+    return terr
+  end
+  hold(value, ttl, now, token)
+  redis.call('SET', KEYS[2], token, 'PX', ` + retentionMs + `)
+  announce(token, value)
   return token
 end
 local function standInLine(now, value, claim, room, ticket)

@@ -452,7 +452,7 @@ if free then
     return token
   end
 end
-` + lockLua + protocolLua + lineLua + `
+` + lockLua + protocolLua + grantLua + lineLua + `
 -- The full path, as every face of the lock takes it.
 mode, want = ARGV[2], 'rwmutex'
 ` + lockAcquireLua)
