@@ -119,12 +119,7 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	if err := k.check(); err != nil {
 		return Grant{}, err
 	}
-	s := acquireScript
-	if k.Permits > 0 {
-		s = semAcquireScript
-	} else if k.Mode != 0 {
-		s = rwAcquireScript
-	}
+	s := k.scriptOf(acquireScript, semAcquireScript, rwAcquireScript)
 	// Each argument costs Redis about 1,600 instructions, so the defaults
 	// at the end are left out (and the value is in its void key).
 	args := []string{ms(ttl)}
@@ -168,6 +163,18 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	}
 	g.Rank, g.Ticket, g.Fence = int(rank), ticket, fence
 	return g, nil
+}
+
+// scriptOf returns the script of k's kind: lock's (a Mutex's, an
+// Election's), sem (a semaphore's) or rw (a read-write lock's).
+func (k Keys) scriptOf(lock, sem, rw *Script) *Script {
+	switch {
+	case k.Permits > 0:
+		return sem
+	case k.Mode != 0:
+		return rw
+	}
+	return lock
 }
 
 // all returns the keys of the acquire and release scripts, in their order,
@@ -226,12 +233,7 @@ func (c *Client) Renew(ctx context.Context, k Keys, value string, ttl time.Durat
 		// PEXPIRE with 0 or less would delete the lease.
 		return Renewal{}, ErrBadTTL
 	}
-	s := renewScript
-	if k.Permits > 0 {
-		s = semRenewScript
-	} else if k.Mode != 0 {
-		s = rwRenewScript
-	}
+	s := k.scriptOf(renewScript, semRenewScript, rwRenewScript)
 	res, w := c.exec(ctx, s, []string{k.Lease}, []string{value, ms(ttl)})
 	ok, arr, err := scriptReply(res)
 	if err != nil {
@@ -337,11 +339,9 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 	if err := k.check(); err != nil {
 		return Release{}, err
 	}
-	s, kind := releaseScript, k.kindArg()
-	if k.Permits > 0 {
-		s = semReleaseScript
-	} else if k.Mode != 0 {
-		s, kind = rwReleaseScript, "" // releases in either mode
+	s, kind := k.scriptOf(releaseScript, semReleaseScript, rwReleaseScript), k.kindArg()
+	if k.Mode != 0 {
+		kind = "" // a read-write lock's release drops a hold in either mode
 	}
 	// As for acquire, the defaults at the end are left out.
 	args := []string{value}
