@@ -459,13 +459,112 @@ func (c *Client) Read(ctx context.Context, k Keys) (Snapshot, error) {
 	if l, _ := arr[2].ToString(); l != "" {
 		s.Limit, _ = strconv.Atoi(l)
 	}
-	for i := 3; i < len(arr); i += 2 {
+	if s.Holders, err = holdings(arr[3:]); err != nil {
+		return Snapshot{}, fmt.Errorf("%w to read: %w", ErrProtocol, err)
+	}
+	return s, nil
+}
+
+// holdings reads the holders of a read's reply: value, then ms left, for
+// each.
+func holdings(arr []Reply) ([]Holding, error) {
+	var hs []Holding
+	for i := 0; i+1 < len(arr); i += 2 {
 		v, err1 := arr[i].ToString()
 		ttl, err2 := arr[i+1].AsInt64()
 		if err := errors.Join(err1, err2); err != nil {
-			return Snapshot{}, fmt.Errorf("%w to read: %w", ErrProtocol, err)
+			return nil, err
 		}
-		s.Holders = append(s.Holders, Holding{Value: v, TTL: time.Duration(ttl) * time.Millisecond})
+		hs = append(hs, Holding{Value: v, TTL: time.Duration(ttl) * time.Millisecond})
 	}
-	return s, nil
+	return hs, nil
+}
+
+// Line is what [Client.ReadLine] found of a lock's line.
+type Line struct {
+	Waiting int      // how many stand in line
+	Values  []string // the values of the first ones, first in line first
+	// Entries are their entries in the waiters hash as the scripts wrote
+	// them ("<lapse> <claim> <room>", or a read-write lock's with its mode
+	// before the room), "" for a value without one.
+	Entries  []string
+	Fence    string // what the fencing key holds, when FenceSet
+	FenceSet bool   // whether the fencing key exists
+}
+
+// ReadLine returns the line of k's lock (any kind), naming the first n in
+// line, and what its fencing key holds, in one round trip that writes
+// nothing.
+func (c *Client) ReadLine(ctx context.Context, k Keys, n int) (Line, error) {
+	arr, err := c.run(ctx, lineScript, []string{k.Queue, k.Fence, k.Waiters}, []string{strconv.Itoa(n)}).ToArray()
+	if err != nil {
+		return Line{}, err
+	}
+	if len(arr) != 4 {
+		return Line{}, fmt.Errorf("%w to read the line: %d elements", ErrProtocol, len(arr))
+	}
+	var l Line
+	waiting, err := arr[0].AsInt64()
+	if err != nil {
+		return Line{}, fmt.Errorf("%w to read the line: %w", ErrProtocol, err)
+	}
+	l.Waiting = int(waiting)
+	if l.Values, err = stringsOf(arr[1]); err != nil {
+		return Line{}, err
+	}
+	if l.Entries, err = stringsOf(arr[3]); err != nil {
+		return Line{}, err
+	}
+	if !arr[2].IsNil() {
+		if l.Fence, err = arr[2].ToString(); err != nil {
+			return Line{}, fmt.Errorf("%w to read the line: %w", ErrProtocol, err)
+		}
+		l.FenceSet = true
+	}
+	return l, nil
+}
+
+// stringsOf reads an array reply of strings.
+func stringsOf(r Reply) ([]string, error) {
+	arr, err := r.ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("%w to read the line: %w", ErrProtocol, err)
+	}
+	out := make([]string, len(arr))
+	for i, e := range arr {
+		if out[i], err = e.ToString(); err != nil {
+			return nil, fmt.Errorf("%w to read the line: %w", ErrProtocol, err)
+		}
+	}
+	return out, nil
+}
+
+// RWHolders is what [Client.ReadRW] found in a read-write lock's hash.
+type RWHolders struct {
+	Marked  bool      // the hash carries distlock's mark (one without it is not distlock's)
+	Writer  string    // the value "~w" names, "" when none
+	Holders []Holding // the holders whose lease has not ended, the first to end first
+}
+
+// ReadRW returns the holders in the hash at k's lease key, in one round
+// trip that writes nothing. For a key that is no hash it returns Redis's
+// error.
+func (c *Client) ReadRW(ctx context.Context, k Keys) (RWHolders, error) {
+	arr, err := c.run(ctx, rwReadScript, []string{k.Lease}, nil).ToArray()
+	if err != nil {
+		return RWHolders{}, err
+	}
+	if len(arr) < 2 || len(arr)%2 != 0 {
+		return RWHolders{}, fmt.Errorf("%w to read the holders: %d elements", ErrProtocol, len(arr))
+	}
+	mark, err1 := arr[0].ToString()
+	writer, err2 := arr[1].ToString()
+	if err := errors.Join(err1, err2); err != nil {
+		return RWHolders{}, fmt.Errorf("%w to read the holders: %w", ErrProtocol, err)
+	}
+	h := RWHolders{Marked: mark == "rw", Writer: writer}
+	if h.Holders, err = holdings(arr[2:]); err != nil {
+		return RWHolders{}, fmt.Errorf("%w to read the holders: %w", ErrProtocol, err)
+	}
+	return h, nil
 }

@@ -1,6 +1,7 @@
 package lease_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -186,4 +187,45 @@ func TestOneLockElectionAndReaders(t *testing.T) {
 	// the next thing heard is the candidate's end of term.
 	require.True(t, e.release(t, el, y.value))
 	assertHeard(t, heard, announcement{"", yt})
+}
+
+// TestReadLineAndHolders: ReadLine names those in line with their
+// entries, whichever face stands there, and the fencing key; ReadRW the
+// live holders of the hash, the first to end first, and its writer.
+func TestReadLineAndHolders(t *testing.T) {
+	e := newEnv(t)
+	lock, rk, wk := faces(t)
+	r1, r2 := lease.NewValue("r1"), lease.NewValue("r2")
+	e.mustAcquire(t, rk, r1)
+	last := e.mustAcquire(t, rk, r2)
+	m, w := newWaiter("m", "room", liveClaim), newWaiter("w", "room", liveClaim)
+	e.mustQueue(t, lock, m, r1, 0)
+	e.mustQueue(t, wk, w, r1, 1)
+
+	l, err := e.lc.ReadLine(ctxFor(t), lock, 1)
+	require.NoError(t, err)
+	assert.Equal(t, 2, l.Waiting)
+	assert.Equal(t, []string{m.value}, l.Values, "the first one named")
+	require.Len(t, l.Entries, 1)
+	assert.Regexp(t, `^\d+ \d+ room$`, l.Entries[0], "a lock's entry has no mode")
+	assert.True(t, l.FenceSet)
+	assert.Equal(t, strconv.FormatInt(last, 10), l.Fence)
+	l, err = e.lc.ReadLine(ctxFor(t), lock, 10)
+	require.NoError(t, err)
+	require.Len(t, l.Entries, 2)
+	assert.Regexp(t, `^\d+ \d+ w room$`, l.Entries[1], "a writer's entry has its mode")
+
+	h, err := e.lc.ReadRW(ctxFor(t), rk)
+	require.NoError(t, err)
+	assert.True(t, h.Marked)
+	assert.Empty(t, h.Writer)
+	require.Len(t, h.Holders, 2)
+	assert.ElementsMatch(t, []string{r1, r2}, []string{h.Holders[0].Value, h.Holders[1].Value})
+	assert.LessOrEqual(t, h.Holders[0].TTL, h.Holders[1].TTL, "the first to end first")
+	assert.Positive(t, h.Holders[0].TTL)
+
+	e.srv.MustDo("FLUSHDB")
+	l, err = e.lc.ReadLine(ctxFor(t), lock, 10)
+	require.NoError(t, err)
+	assert.Equal(t, lease.Line{Values: []string{}, Entries: []string{}}, l, "nothing")
 }

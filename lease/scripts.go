@@ -1262,3 +1262,50 @@ elseif t == 'zset' then
 end
 return out
 `)
+
+// lineScript reads a lock's line of waiters, for [Client.ReadLine], and
+// the raw fencing key so that an inspection can tell a token from
+// something else written there.
+//
+// KEYS[1] the line of waiters, KEYS[2] the fencing key, KEYS[3] the
+// waiters' entries. ARGV[1] how many waiters to name.
+// Reply: {waiters in line, the first ARGV[1] of their values, the fencing
+// key's value or nil, their entries (a read-write lock's say the mode)}.
+var lineScript = newScript(`
+local n = redis.call('ZCARD', KEYS[1])
+local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+local entries = {}
+for i, v in ipairs(first) do
+  entries[i] = redis.call('HGET', KEYS[3], v) or ''
+end
+return {n, first, redis.call('GET', KEYS[2]), entries}
+`)
+
+// rwReadScript reads the holders of a read-write lock, for
+// [Client.ReadRW]: its hash at KEYS[1] (see [Keys.RW]). Reply: {the mark ('rw' for distlock's hash, ” for
+// a foreign one), writer value or ”, value, ms left, value, ms left, ...}
+// for the holders whose lease has not ended, the first to end first.
+var rwReadScript = newScript(`
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local writer, live = '', {}
+for i = 1, #all, 2 do
+  local f, x = all[i], all[i + 1]
+  if f == '~w' then
+    writer = x
+  elseif string.sub(f, 1, 1) ~= '~' then
+    local e = tonumber(string.match(x, '^(%d+) %d+$') or '')
+    if e and e > now then
+      table.insert(live, {f, e - now})
+    end
+  end
+end
+table.sort(live, function(a, b) return a[2] < b[2] end)
+local out = {redis.call('HGET', KEYS[1], '~') or '', writer}
+for _, h in ipairs(live) do
+  table.insert(out, h[1])
+  table.insert(out, h[2])
+end
+return out
+`)

@@ -153,52 +153,6 @@ func parseInspect(args []string) (inspectConfig, error) {
 	return c, nil
 }
 
-// queueScript reads a lock's line of waiters, and the raw fencing key so
-// that inspect can tell a token from something else written there.
-//
-// KEYS[1] the line of waiters, KEYS[2] the fencing key, KEYS[3] the
-// waiters' entries. ARGV[1] how many waiters to name.
-// Reply: {waiters in line, the first ARGV[1] of their values, the fencing
-// key's value or nil, their entries (a read-write lock's say the mode)}.
-var queueScript = rueidis.NewLuaScriptReadOnly(`
-local n = redis.call('ZCARD', KEYS[1])
-local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-local entries = {}
-for i, v in ipairs(first) do
-  entries[i] = redis.call('HGET', KEYS[3], v) or ''
-end
-return {n, first, redis.call('GET', KEYS[2]), entries}
-`)
-
-// rwScript reads the holders of a read-write lock: its hash at KEYS[1]
-// (see lease.Keys.RW). Reply: {the mark ('rw' for distlock's hash, ” for
-// a foreign one), writer value or ”, value, ms left, value, ms left, ...}
-// for the holders whose lease has not ended, the first to end first.
-var rwScript = rueidis.NewLuaScriptReadOnly(`
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-local all = redis.call('HGETALL', KEYS[1])
-local writer, live = '', {}
-for i = 1, #all, 2 do
-  local f, x = all[i], all[i + 1]
-  if f == '~w' then
-    writer = x
-  elseif string.sub(f, 1, 1) ~= '~' then
-    local e = tonumber(string.match(x, '^(%d+) %d+$') or '')
-    if e and e > now then
-      table.insert(live, {f, e - now})
-    end
-  end
-end
-table.sort(live, function(a, b) return a[2] < b[2] end)
-local out = {redis.call('HGET', KEYS[1], '~') or '', writer}
-for _, h in ipairs(live) do
-  table.insert(out, h[1])
-  table.insert(out, h[2])
-end
-return out
-`)
-
 // maxNamedWaiters is how many waiters inspect names, first in line first.
 const maxNamedWaiters = 10
 
@@ -396,32 +350,21 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
 	}
-	arr, err := queueScript.Exec(ctx, in.rc, []string{keys.Queue, keys.Fence, keys.Waiters},
-		[]string{strconv.Itoa(maxNamedWaiters)}).ToArray()
+	line, err := in.lc.ReadLine(ctx, keys, maxNamedWaiters)
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Queue, err)
 	}
-	if len(arr) != 4 {
-		return s, fmt.Errorf("reading %s: %d replies instead of 4", keys.Queue, len(arr))
+	s.Waiting = line.Waiting
+	for _, v := range line.Values {
+		s.Waiters = append(s.Waiters, lease.Owner(v))
 	}
-	if n, err := arr[0].AsInt64(); err == nil {
-		s.Waiting = int(n)
-	}
-	var entries []string
-	if values, err := arr[1].AsStrSlice(); err == nil {
-		for _, v := range values {
-			s.Waiters = append(s.Waiters, lease.Owner(v))
-		}
-		entries, _ = arr[3].AsStrSlice()
-	}
+	entries := line.Entries
 	// Read reports a fencing key that holds no token as no token; say so
 	// instead.
-	if raw, err := arr[2].ToString(); err == nil {
-		if n, err := strconv.ParseInt(raw, 10, 64); err != nil || n <= 0 {
-			return s, fmt.Errorf("fencing key %s holds %q, not a token", keys.Fence, raw)
+	if line.FenceSet {
+		if n, err := strconv.ParseInt(line.Fence, 10, 64); err != nil || n <= 0 {
+			return s, fmt.Errorf("fencing key %s holds %q, not a token", keys.Fence, line.Fence)
 		}
-	} else if !rueidis.IsRedisNil(err) {
-		return s, fmt.Errorf("reading %s: %w", keys.Fence, err)
 	}
 	s.LastToken = snap.Fence
 
@@ -470,25 +413,19 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 // rwmutex fills in s for a read-write lock: its holders, and the modes of
 // those in line from their entries.
 func (in *inspector) rwmutex(ctx context.Context, s *lockState, entries []string) error {
-	arr, err := rwScript.Exec(ctx, in.rc, []string{in.keys.Lease}, nil).ToArray()
+	rw, err := in.lc.ReadRW(ctx, in.keys)
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", in.keys.Lease, err)
 	}
-	if len(arr)%2 != 0 {
-		return fmt.Errorf("reading %s: %d replies", in.keys.Lease, len(arr))
-	}
-	if mark, _ := arr[0].ToString(); mark != "rw" {
+	if !rw.Marked {
 		return fmt.Errorf("%s holds a hash, not a lock, semaphore, election or rwmutex", in.keys.Lease)
 	}
-	writer, _ := arr[1].ToString()
-	for i := 2; i < len(arr); i += 2 {
-		v, _ := arr[i].ToString()
-		ms, _ := arr[i+1].AsInt64()
-		if v == writer {
+	for _, h := range rw.Holders {
+		if h.Value == rw.Writer {
 			s.Mode = "write"
 		}
 		if len(s.Holders) < maxNamedHolders {
-			s.Holders = append(s.Holders, holderState{Owner: lease.Owner(v), Value: v, ExpiresInMS: ms})
+			s.Holders = append(s.Holders, holderState{Owner: lease.Owner(h.Value), Value: h.Value, ExpiresInMS: h.TTL.Milliseconds()})
 		}
 		s.Holding++
 	}
