@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -58,7 +59,8 @@ type Place struct {
 	// lasts after each call unless it calls again. At least a millisecond.
 	Claim time.Duration
 	// Room is the id of the waiting room that is told of grants to the
-	// caller, on the channel [Keys.WakeChannel](Room). It must not be empty.
+	// caller, on the channel [Keys.WakeChannel](Room). It must not be empty
+	// nor hold a space.
 	Room string
 	// Ticket is the ticket of an earlier place to keep, or 0 for a new place
 	// at the end of the line.
@@ -105,6 +107,10 @@ func (c *Client) AcquireOrQueue(ctx context.Context, k Keys, value string, ttl t
 		return Grant{}, fmt.Errorf("%w: claim window %v is under one millisecond", ErrBadPlace, p.Claim)
 	case p.Room == "":
 		return Grant{}, fmt.Errorf("%w: no room", ErrBadPlace)
+	case strings.ContainsRune(p.Room, ' '):
+		// A read-write lock's entry puts its mode before the room, after a
+		// space: a room with one would read as another entry.
+		return Grant{}, fmt.Errorf("%w: room %q has a space", ErrBadPlace, p.Room)
 	case p.Ticket < 0:
 		return Grant{}, fmt.Errorf("%w: ticket %d is negative", ErrBadPlace, p.Ticket)
 	}

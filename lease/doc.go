@@ -201,7 +201,7 @@
 // mode: a read-write lock's is "<lapse> <claim> <r|w> <room>", a lock's or
 // an election's "<lapse> <claim> <room>", with no mode, which stands for an
 // exclusive hold (a room is hex, so the two cannot be mistaken for each
-// other). The scripts (lease.go, rw.go) share their full paths
+// other). The scripts (scripts.go) share their full paths
 // (lineLua, lockAcquireLua, lockReleaseLua), so each face takes the same
 // decisions:
 //

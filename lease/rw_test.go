@@ -12,7 +12,7 @@ import (
 	"github.com/distkit-go/distlock/lease"
 )
 
-// Tests of the read-write lock's scripts (rw.go) against redis-server.
+// Tests of the read-write lock's scripts (scripts.go) against redis-server.
 
 // rwKeys returns the keys of a read-write lock unique to the test, for
 // readers and for writers.
