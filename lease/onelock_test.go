@@ -199,8 +199,16 @@ func TestReadLineAndHolders(t *testing.T) {
 	e.mustAcquire(t, rk, r1)
 	last := e.mustAcquire(t, rk, r2)
 	m, w := newWaiter("m", "room", liveClaim), newWaiter("w", "room", liveClaim)
-	e.mustQueue(t, lock, m, r1, 0)
-	e.mustQueue(t, wk, w, r1, 1)
+	// (Either reader may be named: their leases end in the same ms.)
+	for i, q := range []struct {
+		k  lease.Keys
+		wt *waiter
+	}{{lock, m}, {wk, w}} {
+		g := e.queue(t, q.k, q.wt)
+		require.False(t, g.Acquired)
+		require.Equal(t, i, g.Rank)
+		assert.Contains(t, []string{r1, r2}, g.Holder)
+	}
 
 	l, err := e.lc.ReadLine(ctxFor(t), lock, 1)
 	require.NoError(t, err)
