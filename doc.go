@@ -157,6 +157,12 @@
 // and its own fencing token. [Guard.Downgrade] turns a write hold into a
 // read hold in one step; there is no upgrade (release, then Lock).
 //
+// A [Mutex] or an [Election] of the same name is the same lock, held the
+// way [RWMutex.Lock] holds it, in the same line and fencing sequence; so is
+// "distlock run" of the name (-x, the default, as Lock; -s as RLock). A
+// service that guards a job with a Mutex and a cron line that runs it
+// under "distlock run" of the same name therefore never run it at once.
+//
 // # What the lock guarantees, and what it cannot
 //
 // A lease is not a mutex. Redis expires the key by its own clock whether or
@@ -378,6 +384,7 @@
 // harmless if it reaches Redis late. The braces are a Redis Cluster hash
 // tag: all keys of one lock share a slot, and different locks spread over
 // the cluster. A semaphore keeps its holders in a sorted set at the lease
-// key, a read-write lock in a hash there. Lock names and namespaces are
+// key, a read-write lock's readers and writer in a hash there (a Mutex's
+// string and the hash are two forms of one lock). Lock names and namespaces are
 // printable UTF-8 and must not contain braces; see [NewMutex].
 package distlock

@@ -37,8 +37,10 @@ import (
 // holds the other, and they wait in one line. Observers see a Mutex's holder
 // as the leader, but a Mutex does not announce its grants and releases, so
 // they learn of those only when they next read the lease. Give them
-// different names. A [Semaphore] of the same name is refused with
-// [ErrWrongKind].
+// different names. An [RWMutex] of the same name is that lock too (its
+// writer holds it as a Mutex does, its readers share it with each other),
+// and its releases do not announce either. A [Semaphore] of the same name
+// is refused with [ErrWrongKind].
 //
 // An Election holds configuration and, while someone observes it, one
 // watcher goroutine shared by its observers. It is safe for concurrent use.

@@ -50,11 +50,12 @@ var (
 	// fails this way makes the guard Lost, and its [*LostError] unwraps to
 	// it.
 	ErrNotReplicated = lease.ErrNotReplicated
-	// ErrWrongKind means the name is used by another kind of lease: a Mutex
-	// (or an Election) asked for a semaphore's name, or a Semaphore for a
-	// lock's, or the lease key holds something distlock did not write. It
-	// is reported as a [*WrongKindError]; nothing was written, and the
-	// holder of the other kind is not disturbed.
+	// ErrWrongKind means the name is used by another kind of lease: a
+	// lock (a Mutex, an Election or an RWMutex, which are one lock of a
+	// name) asked for a semaphore's name, or a Semaphore for a lock's, or
+	// the lease key holds something distlock did not write. It is reported
+	// as a [*WrongKindError]; nothing was written, and the holder of the
+	// other kind is not disturbed.
 	ErrWrongKind = lease.ErrWrongKind
 	// ErrNoReply means a call to Redis got no reply before its own
 	// deadline, which distlock sets to the lease deadline counted from the
@@ -73,9 +74,10 @@ var (
 )
 
 // WrongKindError reports a name used by another kind of lease: Key is the
-// lease key, Want the kind asked for ("lock" or "semaphore"), Found what
-// the key holds ("semaphore", "lock", or the Redis type of a key distlock
-// did not write). It matches [ErrWrongKind].
+// lease key, Want the kind asked for ("lock", "rwmutex" or "semaphore"),
+// Found what the key holds ("semaphore"; "lock" or "rwmutex" for a lock's
+// string or hash; or the Redis type of a key distlock did not write). It
+// matches [ErrWrongKind].
 type WrongKindError = lease.WrongKindError
 
 // ReplicaAckError reports that fewer replicas than [WithReplicaAck] asks for

@@ -16,6 +16,12 @@ import (
 // processes would. Unlike a sync.Mutex, the zero Mutex cannot be used, since
 // it has no Redis client: make one with [NewMutex]. Its methods return an
 // error matching [ErrInvalidOption].
+//
+// An [RWMutex] or an [Election] of the same name and namespace is the same
+// lock: a Mutex's hold excludes an RWMutex's readers and writer (and
+// `distlock run` of the name, with -s or without), and they wait in one
+// line in arrival order (see "One name, one lock" on [RWMutex]). A
+// [Semaphore] of the same name is refused with [ErrWrongKind].
 type Mutex struct {
 	e engine
 }

@@ -5,7 +5,10 @@ package distlock_test
 // moves and faults, the same wire (a read-write lock's scripts reply as a
 // semaphore's do), and the checks that fit a read-write lock.
 //
-// Each call is an RLock (seven in ten) or a Lock. Afterwards it checks:
+// The faces of one lock are mixed on one name (issue 23): each call is an
+// RWMutex's RLock (six in ten) or Lock (two in ten), a Mutex's Lock (one
+// in ten) or an Election's Campaign (one in ten); the last three hold the
+// lock alone, as writers. Afterwards it checks:
 //   - Safety, strictly: L1 (history.Check on Redis's confirmed writes, as
 //     for the semaphore); no writer reported Acquired while anyone else
 //     did (history.Config.RW, which also checks that tokens are distinct
@@ -41,19 +44,29 @@ import (
 )
 
 const (
-	rwRandomOps   = 200 // moves per round by default
-	rwRandomName  = "rwrandom"
-	rwRandomReads = 7 // in ten calls
+	rwRandomOps  = 200 // moves per round by default
+	rwRandomName = "rwrandom"
+	// In ten calls: this many RLock, then Lock, then Mutex.Lock; the rest
+	// Election.Campaign.
+	rwRandomReads   = 6
+	rwRandomWrites  = 2
+	rwRandomMutexes = 1
 )
 
 // rwSampleScript reads, in one step, the last token, the live holders with
-// what is left of each lease (ms) and whether it is the writer ("w" or
-// "r"), and the line.
+// what is left of each lease (ms) and whether it holds alone ("w" or "r":
+// a Mutex's or an Election's string is a "w"), and the line.
 const rwSampleScript = `
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local h = {}
-if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+local typ = redis.call('TYPE', KEYS[1]).ok
+if typ == 'string' then
+  local ms = redis.call('PTTL', KEYS[1])
+  if ms > 0 then
+    h = {redis.call('GET', KEYS[1]), tostring(ms), 'w'}
+  end
+elseif typ == 'hash' then
   local w = redis.call('HGET', KEYS[1], '~w')
   local all = redis.call('HGETALL', KEYS[1])
   for i = 1, #all, 2 do
@@ -68,10 +81,12 @@ end
 return {redis.call('GET', KEYS[2]) or '', h, redis.call('ZRANGE', KEYS[3], 0, -1)}
 `
 
-// TestRandomRWMutex runs randomized rounds of RLock and Lock calls,
-// releases, cancellations, kills, partitions, subscription drops and Redis
-// pauses on an RWMutex, and checks safety (no writer with anyone), L1,
-// token order, W1, W2, W3 and W5. See the top of this file.
+// TestRandomRWMutex runs randomized rounds of RLock and Lock calls of an
+// RWMutex, Lock calls of a Mutex and Campaign calls of an Election on one
+// name, releases, cancellations, kills, partitions, subscription drops and
+// Redis pauses, and checks safety (no exclusive holder with anyone), L1,
+// token order, W1, W2 (arrival order across the faces), W3 and W5. See
+// the top of this file.
 func TestRandomRWMutex(t *testing.T) {
 	t.Parallel()
 	runRandomRounds(t, rwRandomOps, runRWRound)
@@ -83,19 +98,34 @@ func runRWRound(t *testing.T, seed uint64, ops int) {
 	script := rueidis.NewLuaScript(rwSampleScript)
 	var mu sync.Mutex
 	modes := map[string]string{}
-	var crowded []string // samples in which Redis listed a writer with others
+	faces := map[string]int{} // calls by face, for the figure
+	var crowded []string      // samples in which Redis listed a writer with others
 	r.round = newRound(t, w, seed, roundKind{
-		call: "RLock or Lock", unit: "the lock", figure: "random-rw", widen: true, maxHold: semRandomMaxHold,
+		call: "RLock, Lock, Mutex.Lock or Campaign", unit: "the lock", figure: "random-rw", widen: true, maxHold: semRandomMaxHold,
 		killOdds: 40,
 		newCall: func(p *rproc, name string) func(context.Context) (*distlock.Guard, error) {
-			rw, err := distlock.NewRWMutex(r.wires[p.idx], w.lock, distlock.WithTTL(w.ttl), distlock.WithOwner(name))
-			require.NoError(t, err)
-			mode, call := "write", rw.Lock
-			if r.rng.IntN(10) < rwRandomReads {
-				mode, call = "read", rw.RLock
+			mode, call := "write", (func(context.Context) (*distlock.Guard, error))(nil)
+			n := r.rng.IntN(10)
+			switch {
+			case n < rwRandomReads+rwRandomWrites:
+				rw, err := distlock.NewRWMutex(r.wires[p.idx], w.lock, distlock.WithTTL(w.ttl), distlock.WithOwner(name))
+				require.NoError(t, err)
+				call = rw.Lock
+				if n < rwRandomReads {
+					mode, call = "read", rw.RLock
+				}
+			case n < rwRandomReads+rwRandomWrites+rwRandomMutexes:
+				m, err := distlock.NewMutex(r.wires[p.idx], w.lock, distlock.WithTTL(w.ttl), distlock.WithOwner(name))
+				require.NoError(t, err)
+				call = m.Lock
+			default:
+				el, err := distlock.NewElection(r.wires[p.idx], w.lock, distlock.WithTTL(w.ttl))
+				require.NoError(t, err)
+				call = func(ctx context.Context) (*distlock.Guard, error) { return el.Campaign(ctx, name) }
 			}
 			mu.Lock()
 			modes[name] = mode
+			faces[faceOf(n)]++
 			mu.Unlock()
 			return call
 		},
@@ -154,6 +184,21 @@ func runRWRound(t *testing.T, seed uint64, ops int) {
 	}
 	figure(t, "random-rw", "seed", seed, "moves", ops, "moving", moved, "draining", drainedIn,
 		"waiters", len(r.waiters), "acquired", acquired, "cancelled", cancelled, "killed", killed, "failed", failed,
+		"rlock_calls", faces["rlock"], "lock_calls", faces["lock"], "mutex_calls", faces["mutex"], "campaign_calls", faces["campaign"],
 		"line_max", longest, "holders_max", most, "readers_peak", report.Readers, "samples", len(r.samples),
 		"worst_sched_delay", w.probe.worst())
+}
+
+// faceOf names the face of the n-th of ten calls of a round (see
+// rwRandomReads).
+func faceOf(n int) string {
+	switch {
+	case n < rwRandomReads:
+		return "rlock"
+	case n < rwRandomReads+rwRandomWrites:
+		return "lock"
+	case n < rwRandomReads+rwRandomWrites+rwRandomMutexes:
+		return "mutex"
+	}
+	return "campaign"
 }

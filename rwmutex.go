@@ -65,12 +65,28 @@ import (
 //	w, err := rw.Lock(ctx)
 //	// read again under w before writing
 //
-// # One name, one kind
+// # One name, one lock
 //
-// The lock's holders are a hash at "namespace:{key}". A [Mutex], an
-// [Election] or a [Semaphore] of the same name and namespace refuse it,
-// and it refuses them, with an error matching [ErrWrongKind]; nothing is
-// written and the other's holders are not disturbed.
+// A [Mutex] (or an [Election]) of the same name and namespace is the same
+// lock, held the way Lock holds it: any hold that excludes excludes every
+// other hold, whichever type took it, and only readers share. They stand
+// in the one line, in arrival order: a Mutex that arrives while readers
+// hold waits behind them, and readers that arrive behind a waiting Mutex
+// wait for it as behind a writer. The hand-offs between them are made in
+// the releasing script, as between readers and writers: a Mutex's release
+// grants the run of readers at the head of the line, and the last
+// reader's release grants a Mutex first in line. Their grants share one
+// fencing sequence. So a service that guards a job with a Mutex and a
+// cron line "distlock run" of the same name (which takes an RWMutex, for
+// writing unless -s) exclude each other.
+//
+// A [Semaphore] of the same name refuses the lock, and the lock refuses
+// it, with an error matching [ErrWrongKind]; nothing is written and the
+// other's holders are not disturbed.
+//
+// In Redis, readers are fields of a hash at "namespace:{key}", a writer
+// the hash's field "~w", and a Mutex's hold the string that a Mutex has
+// always written; the scripts of every type read both.
 type RWMutex struct {
 	r, w engine // the engines of RLock and of Lock: one lock, two modes
 }

@@ -51,10 +51,10 @@ const MaxPermits = 1 << 20
 // with it: free permits go to the waiters in line at once. `distlock
 // inspect` shows the number that the last grant was made under.
 //
-// A Semaphore and a [Mutex] or an [Election] of the same name and
-// namespace share their keys, and refuse each other: a call of one on the
-// other's lease returns an error matching [ErrWrongKind], writes nothing
-// and leaves the other's holder alone.
+// A Semaphore and a [Mutex], an [Election] or an [RWMutex] of the same
+// name and namespace share their keys, and refuse each other: a call of
+// one on the other's lease returns an error matching [ErrWrongKind],
+// writes nothing and leaves the other's holder alone.
 type Semaphore struct {
 	e engine
 }

@@ -13,8 +13,9 @@
 // A lock named name in namespace ns has these keys, all with the hash tag
 // "{name}" so that in Redis Cluster they share one slot (see [Keys]):
 //
-//   - ns:{name}: the lease. Its value is the holder's value (see
-//     [NewValue]), its TTL the lease.
+//   - ns:{name}: the lease. For a lock its value is the holder's value
+//     (see [NewValue]), its TTL the lease; a read-write lock's holders are
+//     a hash (see "Read-write locks", below); a semaphore's a sorted set.
 //   - ns:{name}:fence: the last fencing token issued, kept
 //     [FenceRetention] after the last grant.
 //   - ns:{name}:queue: the line, a sorted set of waiter values scored by
@@ -62,7 +63,9 @@
 // value, and never re-creates it.
 //
 // Each script starts with its common case (acquire: a free lease with
-// nobody in line; release: nobody in line) in the fewest Redis calls, and
+// nobody in line, and for a caller that does not stand in line a lease held
+// by another with nobody in line; release: nobody in line, for an election
+// too) in the fewest Redis calls, and
 // hands anything else to its full logic, with the outcome the full logic
 // alone would have had. What each path costs Redis is in COSTS.md.
 //
@@ -164,46 +167,101 @@
 // The invariants of a lock hold for each permit, with "at most n values
 // hold the lease" in place of "at most one" for callers that agree on n.
 //
-// # Read-write locks
+// # Read-write locks, and one lock per name
 //
-// A read-write lock ([Keys.RW]) keeps its holders in a hash at the lease
-// key: a field per holder, from its value to "<end> <token>" (the server
-// time in ms at which its lease ends, and its grant's token), "~w" naming
-// the writer, and "~" holding "rw", the mark of the kind. The hash lasts
-// at least as long as its longest lease, and as long as anyone stands in
-// line. It uses the lock's fencing key, line, rooms and void markers; a
-// waiter's entry carries its mode, "<lapse> <claim> <r|w> <room>". Its
-// scripts (rw.go):
+// A lock ([Keys]), an election ([Keys.Election]) and a read-write lock
+// ([Keys.RW]) of one name are one lock: any exclusive hold (a lock's, an
+// election's, a read-write lock's writer) excludes every other hold, and
+// readers share only with each other. They have one line, in arrival
+// order, and one fencing sequence. A semaphore of the same name is another
+// kind: its scripts and theirs refuse each other's lease key
+// ([WrongKindError]).
 //
-//   - acquire drops the holders whose lease has ended, so a dead reader or
-//     writer stops counting when its own lease ends, then serves the head
-//     of the line: a reader is granted while no writer holds, with the run
-//     of readers behind it; a writer when nobody holds; the first waiter
+// The lease key holds the lock in one of two formats, and every script of
+// the lock reads both:
+//
+//   - a string: a lock's or an election's exclusive hold, the holder's
+//     value with the lease's TTL, exactly as a lock wrote it before
+//     read-write locks shared its name;
+//   - a hash: a read-write lock's holders, a field per holder from its
+//     value to "<end> <token>" (the server time in ms at which its lease
+//     ends, and its grant's token), "~w" naming the writer while one
+//     holds, and "~" holding "rw", the mark (a hash without it is not
+//     distlock's). The hash lasts at least as long as its longest lease,
+//     and as long as anyone stands in line behind its holders.
+//
+// Which format a grant writes depends on the face of the grantee, never
+// on who grants it: a lock's or an election's waiter is passed a string, a
+// read-write lock's writer the hash with "~w", a reader its field. (A
+// writer keeps the hash so that the scripts of the version before one lock
+// per name, which read only their own format, keep working beside the new
+// ones during an upgrade; see below.)
+//
+// The line is a lock's; a waiter's entry in the waiters hash carries its
+// mode: a read-write lock's is "<lapse> <claim> <r|w> <room>", a lock's or
+// an election's "<lapse> <claim> <room>", with no mode, which stands for an
+// exclusive hold (a room is hex, so the two cannot be mistaken for each
+// other). The scripts (scripts.go) share their full paths
+// (lineLua, lockAcquireLua, lockReleaseLua), so each face takes the same
+// decisions:
+//
+//   - acquire drops the holders of the hash whose lease has ended, so a
+//     dead reader or writer stops counting when its own lease ends (a
+//     string expires on its own), then serves the head of the line: a
+//     reader is granted while nobody holds alone, with the run of readers
+//     behind it; an exclusive waiter when nobody holds; the first waiter
 //     that cannot be granted stops the run. The caller is granted when
-//     nobody alive is ahead of it and its mode allows (a reader: no writer
-//     holds; a writer: nobody holds); otherwise it stands in line. A holder
-//     that asks again is granted the full TTL with its own token.
-//   - release drops the caller's hold, in either mode, and serves the head
-//     of the line the same way: a writer's release grants the run of
-//     readers at the head, the last reader's the writer first in line; the
-//     reply lists every pass.
-//   - renew extends the caller's hold in either mode (so a renewal in
-//     flight across a downgrade is not refused), and never adds one.
-//   - downgrade turns the writer's hold into a reader's (same token, a full
-//     TTL from now) and serves the head of the line.
+//     nobody alive is ahead of it and its mode allows (a reader: nobody
+//     holds alone; an exclusive hold: nobody holds); otherwise it stands in
+//     line. A holder that asks again, through any face, is granted the full
+//     TTL in the format it holds, with its own token.
+//   - release drops the caller's hold, in either format, and serves the
+//     head of the line the same way: an exclusive hold's release grants
+//     the run of readers at the head (or the exclusive waiter first in
+//     line), the last reader's the exclusive waiter first in line; the
+//     reply lists every pass. A waiter that gives up (Cancel) serves the
+//     line too, so a lock's waiter that leaves lets the readers behind it
+//     join those that hold.
+//   - renew (one script for every face) extends the caller's hold in
+//     either format, and never adds one; a hold in the hash is extended
+//     only while its lease has not ended, in either mode (so a renewal in
+//     flight across a downgrade is not refused).
+//   - downgrade turns the writer's hold into a reader's (same token, a
+//     full TTL from now) and serves the head of the line.
 //
 // Each starts with its common case in the calls of a lock's: acquire with a
 // free lock and nobody in line, or for a reader one that only readers hold;
-// release with nobody in line. The lock's and the semaphore's scripts
-// recognise the mark on their error paths and refuse the hash as a
-// read-write lock's ([WrongKindError] Found "rwmutex"); the read-write
-// lock's scripts refuse a lock's string, a semaphore's sorted set and a
-// line whose entries carry no mode.
+// release with nobody in line. The lock's common cases are those it had
+// before read-write locks shared its name, call for call: a lock's script
+// meets the hash only on its full path.
 //
-// The invariants of a lock hold for each hold, with "a writer holds alone,
-// or any number of readers hold" in place of "at most one value holds the
+// An election's scripts announce exclusive holds only: a release of an
+// election that passes the lock to readers announces that nobody leads. A
+// release by another face (a lock's, a read-write lock's) announces
+// nothing, as a lock's release never has.
+//
+// The invariants of a lock hold for each hold, with "one exclusive holder,
+// or any number of readers" in place of "at most one value holds the
 // lease", and arrival order for the line: nobody is granted ahead of a
 // live waiter that stood in line before it.
+//
+// # Upgrading to one lock per name
+//
+// The scripts read every key that the version before wrote, in which a
+// lock and a read-write lock of one name refused each other: a lock's
+// string, a read-write lock's hash with its writer or readers, and lines
+// of either kind. A lock's binaries of either version share a name as
+// before, and so do a read-write lock's, since neither format nor entry
+// changed. Across faces, the old scripts refuse what they cannot read (an
+// old read-write lock's scripts a string or an entry without a mode, an
+// old lock's scripts the hash) with a wrong-kind error and write nothing,
+// so an old and a new binary never both hold. An old lock's release that
+// meets a read-write lock's entry reads it as a lock's and passes that
+// waiter a string in a room nobody listens to; the new scripts take the
+// string as that waiter's exclusive hold (it claims it at its next call;
+// renew, release and downgrade read it). An old read-write lock's release
+// that meets a lock's entry stops without passing; the waiter takes the
+// free lock at its next call, within half a claim window.
 //
 // # Elections
 //

@@ -90,10 +90,11 @@ func (k Keys) Void(value string) string { return k.Lease + ":void:" + value }
 // "ns:{name}:queue" with its entries in "ns:{name}:waiters", the wake
 // channels "ns:{name}:wake:<room>", an election's channel "ns:{name}:leader"
 // and a semaphore's record of its limit "ns:{name}:permits". A lock, a
-// semaphore and an election of the same name share these keys. The
-// scripts of a lock and of a semaphore refuse each other's lease with an
-// error (see [WrongKindError]); an election is a lock whose grants are
-// announced, so a lock and an election of one name are one lease.
+// read-write lock, an election and a semaphore of the same name share
+// these keys. A lock, an election (a lock whose grants are announced) and
+// a read-write lock of one name are one lock, with one line; the scripts
+// of a lock and of a semaphore refuse each other's lease with an error
+// (see [WrongKindError]).
 func NewKeys(ns, name string) (Keys, error) {
 	if err := CheckNamespace(ns); err != nil {
 		return Keys{}, err

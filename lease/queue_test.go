@@ -750,6 +750,7 @@ func TestQueueBadPlace(t *testing.T) {
 		{Claim: -time.Second, Room: "room"},
 		{Claim: liveClaim},
 		{Claim: liveClaim, Room: "room", Ticket: -1},
+		{Claim: liveClaim, Room: "r oom"},
 	} {
 		before := sent.Load()
 		g, err := lc.AcquireOrQueue(ctxFor(t), k, lease.NewValue("me"), queueTTL, p)

@@ -12,7 +12,7 @@ import (
 	"github.com/distkit-go/distlock/lease"
 )
 
-// Tests of the read-write lock's scripts (rw.go) against redis-server.
+// Tests of the read-write lock's scripts (scripts.go) against redis-server.
 
 // rwKeys returns the keys of a read-write lock unique to the test, for
 // readers and for writers.
@@ -252,10 +252,11 @@ func TestRWAskAgain(t *testing.T) {
 	assert.Equal(t, t3, e.mustAcquire(t, wk, w), "a writer that asks again keeps its token")
 }
 
-// TestRWAndOtherKindsRefuseEachOther: each kind's scripts refuse the
-// others' lease key with a *WrongKindError that names what they found,
-// and write nothing.
-func TestRWAndOtherKindsRefuseEachOther(t *testing.T) {
+// TestRWAndSemaphoreRefuseEachOther: a lock, in every face, and a
+// semaphore refuse each other's lease key with a *WrongKindError that
+// names what they found, and write nothing; so do all of them a hash that
+// distlock did not write.
+func TestRWAndSemaphoreRefuseEachOther(t *testing.T) {
 	refused := func(t *testing.T, e *env, k lease.Keys, want, found string) {
 		t.Helper()
 		before := e.state(t, k)
@@ -273,37 +274,42 @@ func TestRWAndOtherKindsRefuseEachOther(t *testing.T) {
 		}
 		assert.Equal(t, before, e.state(t, k), "a refused call wrote something")
 	}
-	t.Run("others on a read-write lock", func(t *testing.T) {
+	t.Run("a semaphore on a read-write lock", func(t *testing.T) {
 		e := newEnv(t)
 		rk, wk := rwKeys(t)
 		r := lease.NewValue("r")
 		e.mustAcquire(t, rk, r)
-		lock := keys(t)
-		refused(t, e, lock, "lock", "rwmutex")
-		refused(t, e, lock.Election(), "lock", "rwmutex")
-		refused(t, e, lock.Semaphore(3), "semaphore", "rwmutex")
+		sem := keys(t).Semaphore(3)
+		refused(t, e, sem, "semaphore", "rwmutex")
 		// A writer in line, and the reader's field gone: the mark keeps the
 		// hash.
 		e.mustQueue(t, wk, newWaiter("w", "room", liveClaim), r, 0)
 		e.srv.MustDo("HDEL", rk.Lease, r)
-		refused(t, e, lock, "lock", "rwmutex")
+		refused(t, e, sem, "semaphore", "rwmutex")
+		e.srv.MustDo("FLUSHDB")
+		e.mustAcquire(t, wk, lease.NewValue("w"))
+		refused(t, e, sem, "semaphore", "rwmutex")
+		e.srv.MustDo("FLUSHDB")
+		e.mustAcquire(t, keys(t), lease.NewValue("x"))
+		refused(t, e, sem, "semaphore", "lock")
 	})
-	t.Run("a read-write lock on the others", func(t *testing.T) {
+	t.Run("a lock on a semaphore", func(t *testing.T) {
 		e := newEnv(t)
 		rk, wk := rwKeys(t)
 		lock := keys(t)
-		e.mustAcquire(t, lock, lease.NewValue("x"))
-		refused(t, e, rk, "rwmutex", "lock")
-		refused(t, e, wk, "rwmutex", "lock")
-		e.srv.MustDo("FLUSHDB")
 		e.mustAcquire(t, lock.Semaphore(2), lease.NewValue("x"))
 		refused(t, e, rk, "rwmutex", "semaphore")
-		e.srv.MustDo("FLUSHDB")
+		refused(t, e, wk, "rwmutex", "semaphore")
+		refused(t, e, lock, "lock", "semaphore")
+		refused(t, e, lock.Election(), "lock", "semaphore")
+	})
+	t.Run("a hash distlock did not write", func(t *testing.T) {
+		e := newEnv(t)
+		rk, wk := rwKeys(t)
+		lock := keys(t)
 		e.srv.MustDo("HSET", lock.Lease, "f", "v")
+		refused(t, e, rk, "rwmutex", "hash")
 		refused(t, e, wk, "rwmutex", "hash")
-		// A lock's line with nobody holding.
-		e.srv.MustDo("FLUSHDB")
-		e.freeWithLine(t, lock, "a")
-		refused(t, e, rk, "rwmutex", "lock")
+		refused(t, e, lock, "lock", "hash")
 	})
 }

@@ -47,7 +47,10 @@ of permits as of the last grant (the number is not kept as a rule: each
 caller brings its own), how many of them are free, the line and the last
 token. For a read-write lock (what "distlock run" holds) it shows how it is
 held (by readers, or by a writer), the holders with how long each lease has
-left, and the line with the mode each waiter waits for. For an election it
+left, and the line with the mode each waiter waits for. A read-write lock
+and a Mutex or Election of the Go library of one name are one lock: when a
+Mutex holds it, it shows as a lock, with the line's modes if a read-write
+lock's waiter stands in it (a Mutex's waiter waits as a writer). For an election it
 shows the leader (the value it proclaimed), its
 term token and lease, and how many observers follow it: the subscriptions
 to its leader channel, one per observed Election value in each process. A
@@ -74,7 +77,8 @@ that nothing tells more of. A semaphore has "holding" (how many hold a permit),
 "free_permits" when known, instead of owner, value and expires_in_ms; an
 election has "observers"; a read-write lock has "mode" ("read" or
 "write"), "holding" and "holders" as a semaphore has, and "line" (the first
-10 in line: owner and mode).
+10 in line: owner and mode), which a lock has too when a read-write lock's
+waiter stands in its line.
 
 Flags may come before or after KEY.
 
@@ -149,56 +153,6 @@ func parseInspect(args []string) (inspectConfig, error) {
 	return c, nil
 }
 
-// queueScript reads a lock's line of waiters, and the raw fencing key so
-// that inspect can tell a token from something else written there.
-//
-// It and rwScript write nothing, but run with EVALSHA, not EVALSHA_RO
-// (rueidis.NewLuaScriptReadOnly): Redis 6.2 has no EVALSHA_RO, and inspect
-// sends its scripts to the primary anyway.
-//
-// KEYS[1] the line of waiters, KEYS[2] the fencing key, KEYS[3] the
-// waiters' entries. ARGV[1] how many waiters to name.
-// Reply: {waiters in line, the first ARGV[1] of their values, the fencing
-// key's value or nil, their entries (a read-write lock's say the mode)}.
-var queueScript = rueidis.NewLuaScript(`
-local n = redis.call('ZCARD', KEYS[1])
-local first = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-local entries = {}
-for i, v in ipairs(first) do
-  entries[i] = redis.call('HGET', KEYS[3], v) or ''
-end
-return {n, first, redis.call('GET', KEYS[2]), entries}
-`)
-
-// rwScript reads the holders of a read-write lock: its hash at KEYS[1]
-// (see lease.Keys.RW). Reply: {the mark ('rw' for distlock's hash, ” for
-// a foreign one), writer value or ”, value, ms left, value, ms left, ...}
-// for the holders whose lease has not ended, the first to end first.
-var rwScript = rueidis.NewLuaScript(`
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-local all = redis.call('HGETALL', KEYS[1])
-local writer, live = '', {}
-for i = 1, #all, 2 do
-  local f, x = all[i], all[i + 1]
-  if f == '~w' then
-    writer = x
-  elseif string.sub(f, 1, 1) ~= '~' then
-    local e = tonumber(string.match(x, '^(%d+) %d+$') or '')
-    if e and e > now then
-      table.insert(live, {f, e - now})
-    end
-  end
-end
-table.sort(live, function(a, b) return a[2] < b[2] end)
-local out = {redis.call('HGET', KEYS[1], '~') or '', writer}
-for _, h in ipairs(live) do
-  table.insert(out, h[1])
-  table.insert(out, h[2])
-end
-return out
-`)
-
 // maxNamedWaiters is how many waiters inspect names, first in line first.
 const maxNamedWaiters = 10
 
@@ -248,8 +202,10 @@ type lockState struct {
 	// Mode is how a read-write lock is held: "read" (Holders are its
 	// readers) or "write" (Holders is its writer).
 	Mode string `json:"mode,omitempty"`
-	// Line is, for a read-write lock, the first in line with the mode each
-	// waits for, first in line first.
+	// Line is, for a read-write lock, and for a lock whose line a
+	// read-write lock of the name stands in, the first in line with the
+	// mode each waits for ("write" for a Mutex's or an Election's waiter,
+	// which waits for the lock alone), first in line first.
 	Line []waiterState `json:"line,omitempty"`
 	// Waiting is how many Lock calls stand in the lock's line; Waiters
 	// names the owners of the first ones, first in line first.
@@ -258,7 +214,7 @@ type lockState struct {
 	Error   string   `json:"error,omitempty"`
 }
 
-// waiterState is one waiter in a read-write lock's line.
+// waiterState is one waiter in a line that shows modes.
 type waiterState struct {
 	Owner string `json:"owner"`
 	Mode  string `json:"mode"` // "read" or "write"
@@ -394,32 +350,21 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Lease, err)
 	}
-	arr, err := queueScript.Exec(ctx, in.rc, []string{keys.Queue, keys.Fence, keys.Waiters},
-		[]string{strconv.Itoa(maxNamedWaiters)}).ToArray()
+	line, err := in.lc.ReadLine(ctx, keys, maxNamedWaiters)
 	if err != nil {
 		return s, fmt.Errorf("reading %s: %w", keys.Queue, err)
 	}
-	if len(arr) != 4 {
-		return s, fmt.Errorf("reading %s: %d replies instead of 4", keys.Queue, len(arr))
+	s.Waiting = line.Waiting
+	for _, v := range line.Values {
+		s.Waiters = append(s.Waiters, lease.Owner(v))
 	}
-	if n, err := arr[0].AsInt64(); err == nil {
-		s.Waiting = int(n)
-	}
-	var entries []string
-	if values, err := arr[1].AsStrSlice(); err == nil {
-		for _, v := range values {
-			s.Waiters = append(s.Waiters, lease.Owner(v))
-		}
-		entries, _ = arr[3].AsStrSlice()
-	}
+	entries := line.Entries
 	// Read reports a fencing key that holds no token as no token; say so
 	// instead.
-	if raw, err := arr[2].ToString(); err == nil {
-		if n, err := strconv.ParseInt(raw, 10, 64); err != nil || n <= 0 {
-			return s, fmt.Errorf("fencing key %s holds %q, not a token", keys.Fence, raw)
+	if line.FenceSet {
+		if n, err := strconv.ParseInt(line.Fence, 10, 64); err != nil || n <= 0 {
+			return s, fmt.Errorf("fencing key %s holds %q, not a token", keys.Fence, line.Fence)
 		}
-	} else if !rueidis.IsRedisNil(err) {
-		return s, fmt.Errorf("reading %s: %w", keys.Fence, err)
 	}
 	s.LastToken = snap.Fence
 
@@ -451,9 +396,14 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	default:
 		return s, fmt.Errorf("%s holds a %s, not a lock, semaphore, election or rwmutex", keys.Lease, snap.Type)
 	}
-	// A lock or an election, or a free key: those who observe an election
-	// tell it from a lock. Not knowing is no error: a lock and an election
-	// without observers look alike anyway.
+	// A Mutex's or an Election's hold, or a free key: the line shows its
+	// modes when a read-write lock of the name waits in it (they are one
+	// lock). Those who observe an election tell it from a lock. Not
+	// knowing is no error: a lock and an election without observers look
+	// alike anyway.
+	if anyMode(entries) {
+		s.line(entries)
+	}
 	if n, err := in.observers(ctx); err == nil && n > 0 {
 		s.Kind, s.Observers = kindElection, n
 	}
@@ -463,25 +413,19 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 // rwmutex fills in s for a read-write lock: its holders, and the modes of
 // those in line from their entries.
 func (in *inspector) rwmutex(ctx context.Context, s *lockState, entries []string) error {
-	arr, err := rwScript.Exec(ctx, in.rc, []string{in.keys.Lease}, nil).ToArray()
+	rw, err := in.lc.ReadRW(ctx, in.keys)
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", in.keys.Lease, err)
 	}
-	if len(arr)%2 != 0 {
-		return fmt.Errorf("reading %s: %d replies", in.keys.Lease, len(arr))
-	}
-	if mark, _ := arr[0].ToString(); mark != "rw" {
+	if !rw.Marked {
 		return fmt.Errorf("%s holds a hash, not a lock, semaphore, election or rwmutex", in.keys.Lease)
 	}
-	writer, _ := arr[1].ToString()
-	for i := 2; i < len(arr); i += 2 {
-		v, _ := arr[i].ToString()
-		ms, _ := arr[i+1].AsInt64()
-		if v == writer {
+	for _, h := range rw.Holders {
+		if h.Value == rw.Writer {
 			s.Mode = "write"
 		}
 		if len(s.Holders) < maxNamedHolders {
-			s.Holders = append(s.Holders, holderState{Owner: lease.Owner(v), Value: v, ExpiresInMS: ms})
+			s.Holders = append(s.Holders, holderState{Owner: lease.Owner(h.Value), Value: h.Value, ExpiresInMS: h.TTL.Milliseconds()})
 		}
 		s.Holding++
 	}
@@ -491,15 +435,35 @@ func (in *inspector) rwmutex(ctx context.Context, s *lockState, entries []string
 			s.Mode = "read"
 		}
 	}
+	s.line(entries)
+	return nil
+}
+
+// line fills in s.Line from the entries of those in line: a read-write
+// lock's "<lapse> <claim> <r|w> <room>", or a Mutex's or an Election's
+// "<lapse> <claim> <room>", which waits for the lock alone, as a writer.
+func (s *lockState) line(entries []string) {
 	for i, e := range entries {
-		// "<lapse> <claim> <r|w> <room>"
 		mode := "?"
-		if f := strings.Fields(e); len(f) == 4 {
+		switch f := strings.Fields(e); {
+		case len(f) == 4 && (f[2] == "r" || f[2] == "w"):
 			mode = map[string]string{"r": "read", "w": "write"}[f[2]]
+		case len(f) == 3:
+			mode = "write"
 		}
 		s.Line = append(s.Line, waiterState{Owner: s.Waiters[i], Mode: mode})
 	}
-	return nil
+}
+
+// anyMode reports whether an entry in line is a read-write lock's, whose
+// mode the line is shown with when a Mutex holds the lock or nobody does.
+func anyMode(entries []string) bool {
+	for _, e := range entries {
+		if f := strings.Fields(e); len(f) == 4 && (f[2] == "r" || f[2] == "w") {
+			return true
+		}
+	}
+	return false
 }
 
 // semaphore fills in s from a read of a semaphore.

@@ -72,7 +72,11 @@ KEY is a read-write lock (in Go: distlock.NewRWMutex, whose Lock is -x
 and RLock -s): -s runs share it with each other and exclude every -x
 run; an -x run excludes everyone. Waiting is in arrival order: an -s run
 that comes while an -x run waits queues behind it, and an -x run waits for
-the -s runs that came before it, not for those after.
+the -s runs that came before it, not for those after. A Mutex or an
+Election of the Go library (distlock.NewMutex, NewElection) of the same
+name and namespace is the same lock, held as -x holds it: a service that
+guards KEY with a Mutex and a cron line "distlock run KEY" exclude each
+other, and wait for each other in one line.
 
 With --permits N, KEY names a semaphore of N permits instead of a lock,
 and the command runs while holding one of them: up to N commands run at

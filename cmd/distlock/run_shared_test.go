@@ -84,3 +84,77 @@ func writeLockFor(t *testing.T, srv *redistest.Server, key, owner string, ttl ti
 	t.Cleanup(func() { _, _ = g.Release(context.Background()) })
 	return g
 }
+
+// A Mutex of the Go library and "distlock run" of one name are one lock:
+// while a Mutex holds it, -n and -s -n give up with 75 (as flock's -n), an
+// -s run waits and runs once the Mutex is released; while that run holds
+// it, a Mutex waits, an -s -n run that comes behind the waiting Mutex
+// gives up (it waits as behind a writer), and the Mutex gets the lock when
+// the run's command exits. inspect shows the line with its modes.
+func TestRunSharesOneLockWithAMutex(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	const key = "nightly-report"
+	g := lockFor(t, srv, key, "service", 5*time.Second)
+	for _, flags := range [][]string{{"-n"}, {"-s", "-n"}, {"-x", "-n"}} {
+		code, _, errOut := runDistlock(t, cmdline(runArgs(srv, append(flags, key)...), childArgs(t, dir, "try")...)...)
+		assert.Equal(t, exitNotAcquired, code, "%q while a Mutex holds; stderr: %s", flags, errOut)
+		assert.Contains(t, errOut, "service", "%q: the message names the holder", flags)
+	}
+	assert.False(t, started(dir, "try"), "a run got in while a Mutex held the lock")
+
+	s := start(t, nil, cmdline(runArgs(srv, "-s", "--ttl", "2s", key), childArgs(t, dir, "s")...)...)
+	require.Eventually(t, func() bool { return inspectJSON(t, srv, key).Waiting == 1 }, eventually, pollEvery)
+	st := inspectJSON(t, srv, key)
+	assert.Equal(t, [2]string{"held", "lock"}, [2]string{st.State, st.Kind})
+	assert.Equal(t, "service", st.Owner)
+	require.Len(t, st.Line, 1)
+	assert.Equal(t, "read", st.Line[0].Mode, "the run's place shows its mode")
+	code, out, _ := runDistlock(t, "inspect", "--redis", srv.URL(), key)
+	assert.Equal(t, exitHeld, code)
+	assert.Contains(t, out, "held by service")
+	assert.Contains(t, out, "1 waiting: ")
+	assert.Contains(t, out, "(read)")
+	assert.False(t, started(dir, "s"), "an -s run while a Mutex holds")
+	releaseGuard(t, g)
+	repS := waitReport(t, dir, "s")
+	assert.Greater(t, token(t, repS), g.Token(), "one fencing sequence")
+
+	m, err := distlock.NewMutex(srv.Client(), key, distlock.WithOwner("service"), distlock.WithTTL(5*time.Second))
+	require.NoError(t, err)
+	_, err = m.TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "a Mutex while an -s run holds")
+	type outcome struct {
+		g   *distlock.Guard
+		err error
+	}
+	locked := make(chan outcome, 1)
+	go func() {
+		g, err := m.Lock(t.Context())
+		locked <- outcome{g, err}
+	}()
+	require.Eventually(t, func() bool { return inspectJSON(t, srv, key).Waiting == 1 }, eventually, pollEvery)
+	st = inspectJSON(t, srv, key)
+	assert.Equal(t, [2]string{"rwmutex", "read"}, [2]string{st.Kind, st.Mode})
+	require.Len(t, st.Line, 1)
+	assert.Equal(t, [2]string{"service", "write"}, [2]string{st.Line[0].Owner, st.Line[0].Mode}, "the Mutex waits as a writer")
+	code, _, errOut := runDistlock(t, cmdline(runArgs(srv, "-s", "-n", key), childArgs(t, dir, "late")...)...)
+	assert.Equal(t, exitNotAcquired, code, "-s -n behind a waiting Mutex; stderr: %s", errOut)
+	select {
+	case o := <-locked:
+		t.Fatalf("the Mutex got the lock while an -s run held it: %v", o.err)
+	default:
+	}
+	letExit(t, dir, "s")
+	assert.Equal(t, 0, s.wait(t))
+	var o outcome
+	select {
+	case o = <-locked:
+	case <-time.After(eventually):
+		t.Fatal("the Mutex did not get the lock after the run's command exited")
+	}
+	require.NoError(t, o.err)
+	assert.Greater(t, o.g.Token(), token(t, repS))
+	releaseGuard(t, o.g)
+	assertFree(t, srv, key)
+}

@@ -17,14 +17,16 @@ import (
 
 // RWMutex runs the tests of the RWMutex against a redis-server of each
 // test's own: sharing, exclusion, arrival order, per-reader leases,
-// Downgrade, the refusals of other kinds, and quiet waiting.
+// Downgrade, one lock with a Mutex of the same name, the refusals of a
+// Semaphore, and quiet waiting.
 func RWMutex(t *testing.T, lib Library) {
 	t.Run("ReadersShareWritersExclude", func(t *testing.T) { rwReadersShareWritersExclude(t, lib) })
 	t.Run("ArrivalOrder", func(t *testing.T) { rwArrivalOrder(t, lib) })
 	t.Run("CrashedReaderStopsCounting", func(t *testing.T) { rwCrashedReaderStopsCounting(t, lib) })
 	t.Run("Downgrade", func(t *testing.T) { rwDowngrade(t, lib) })
 	t.Run("DowngradeOfALostGuard", func(t *testing.T) { rwDowngradeOfALostGuard(t, lib) })
-	t.Run("AndOtherKindsRefuseEachOther", func(t *testing.T) { rwAndOtherKindsRefuseEachOther(t, lib) })
+	t.Run("OneLockWithMutex", func(t *testing.T) { rwOneLockWithMutex(t, lib) })
+	t.Run("AndSemaphoreRefuseEachOther", func(t *testing.T) { rwAndSemaphoreRefuseEachOther(t, lib) })
 	t.Run("WaitingIsQuietAndGivesUpAtOnce", func(t *testing.T) { rwWaitingIsQuietAndGivesUpAtOnce(t, lib) })
 }
 
@@ -69,18 +71,33 @@ func rwReadersShareWritersExclude(t *testing.T, lib Library) {
 func rwArrivalOrder(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	rw := newRWMutex(t, connect(t, lib, srv), "order", distlock.WithTTL(longTTL))
+	other := newRWMutex(t, connect(t, lib, srv), "order", distlock.WithTTL(longTTL)) // another client
 	w0, err := rw.Lock(t.Context())
 	require.NoError(t, err)
-	a := async(t, t.Context(), rw.RLock)
-	waitInLine(t, srv, rw.Key(), 1)
-	b := async(t, t.Context(), newRWMutex(t, connect(t, lib, srv), "order", distlock.WithTTL(longTTL)).RLock) // another client
-	waitInLine(t, srv, rw.Key(), 2)
-	w1 := async(t, t.Context(), rw.Lock)
-	waitInLine(t, srv, rw.Key(), 3)
-	c := async(t, t.Context(), rw.RLock)
-	waitInLine(t, srv, rw.Key(), 4)
+	runThenWriter(t, srv, w0, rw.RLock, other.RLock, rw.Lock)
+	requireNothingLeft(t, lib, srv, rw.Key())
+}
 
-	release(t, w0)
+// runThenWriter checks arrival order behind hold, an exclusive hold of
+// the lock: two readers (rlock, then rlock2), an exclusive waiter (lock)
+// and a third reader stand in line in that order; hold's release grants
+// the two readers at once, the last of their releases the exclusive
+// waiter, and its release the third reader. Their tokens increase in that
+// order.
+func runThenWriter(t *testing.T, srv *redistest.Server, hold *distlock.Guard, rlock, rlock2, lock func(context.Context) (*distlock.Guard, error)) {
+	t.Helper()
+	key := hold.Key()
+	in := inLine(t, srv, key)
+	a := async(t, t.Context(), rlock)
+	waitInLine(t, srv, key, in+1)
+	b := async(t, t.Context(), rlock2)
+	waitInLine(t, srv, key, in+2)
+	w1 := async(t, t.Context(), lock)
+	waitInLine(t, srv, key, in+3)
+	c := async(t, t.Context(), rlock)
+	waitInLine(t, srv, key, in+4)
+
+	release(t, hold)
 	oa := await(t, a, promptly, "the first reader")
 	ob := await(t, b, promptly, "the second reader, in the same run")
 	require.NoError(t, errors.Join(oa.err, ob.err))
@@ -94,11 +111,9 @@ func rwArrivalOrder(t *testing.T, lib Library) {
 	release(t, ow.g)
 	oc := await(t, c, promptly, "the last reader")
 	require.NoError(t, oc.err)
-	tokens := []int64{oa.g.Token(), ow.g.Token(), oc.g.Token()}
-	assert.IsIncreasing(t, tokens)
+	assert.IsIncreasing(t, []int64{hold.Token(), oa.g.Token(), ow.g.Token(), oc.g.Token()})
 	assert.Less(t, ob.g.Token(), ow.g.Token())
 	release(t, oc.g)
-	requireNothingLeft(t, lib, srv, rw.Key())
 }
 
 // A reader whose lease ends (it crashed, here written by hand) stops
@@ -179,27 +194,81 @@ func rwDowngradeOfALostGuard(t *testing.T, lib Library) {
 	release(t, g)
 }
 
-func rwAndOtherKindsRefuseEachOther(t *testing.T, lib Library) {
+// A Mutex and an RWMutex of one name are one lock: a Mutex's hold keeps
+// readers and writers out and theirs keep it out; they stand in one line
+// in arrival order, so a Mutex waits behind the readers that hold and the
+// readers that arrive behind it wait for it; and the hand-offs between
+// them are made in the release's script, as within one kind: the last
+// reader's release passes to the Mutex, whose release passes to the run of
+// readers at the head of the line, and the last of those readers' release
+// to a Mutex waiting behind them. One fencing sequence: every grant's
+// token is above the one before.
+func rwOneLockWithMutex(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	rw := newRWMutex(t, connect(t, lib, srv), "one", distlock.WithTTL(longTTL))
+	other := newRWMutex(t, connect(t, lib, srv), "one", distlock.WithTTL(longTTL)) // another client
+	m := newMutex(t, connect(t, lib, srv), "one", distlock.WithTTL(longTTL))
+	key := rw.Key()
+	require.Equal(t, key, m.Key())
+
+	r1, err := rw.RLock(t.Context())
+	require.NoError(t, err)
+	_, err = m.TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "a Mutex while a reader holds")
+	mo := lockAsync(t, t.Context(), m)
+	waitInLine(t, srv, key, 1)
+	_, err = rw.TryRLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "TryRLock never gets ahead of a waiting Mutex")
+	r2 := async(t, t.Context(), other.RLock)
+	waitInLine(t, srv, key, 2)
+
+	release(t, r1)
+	om := await(t, mo, promptly, "the Mutex after the last reader's release")
+	require.NoError(t, om.err)
+	assert.Greater(t, om.g.Token(), r1.Token())
+	notYet(t, r2, "the reader behind the Mutex")
+	for name, try := range map[string]func(context.Context) (*distlock.Guard, error){"TryRLock": rw.TryRLock, "TryLock": rw.TryLock} {
+		_, err := try(t.Context())
+		var na *distlock.NotAcquiredError
+		require.ErrorAs(t, err, &na, "%s while a Mutex holds", name)
+	}
+	release(t, om.g)
+	or2 := await(t, r2, promptly, "the reader behind the Mutex, after its release")
+	require.NoError(t, or2.err)
+	assert.Greater(t, or2.g.Token(), om.g.Token())
+	release(t, or2.g)
+
+	// Behind a Mutex's hold: two readers, a Mutex, a reader.
+	g, err := m.Lock(t.Context())
+	require.NoError(t, err)
+	assert.Greater(t, g.Token(), or2.g.Token())
+	runThenWriter(t, srv, g, rw.RLock, other.RLock, newMutex(t, connect(t, lib, srv), "one", distlock.WithTTL(longTTL)).Lock)
+	requireNothingLeft(t, lib, srv, key)
+}
+
+// A Semaphore and an RWMutex of one name cannot be used side by side:
+// each refuses the other's lease with an error matching ErrWrongKind and
+// writes nothing.
+func rwAndSemaphoreRefuseEachOther(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	rw := newRWMutex(t, connect(t, lib, srv), "shared", distlock.WithTTL(longTTL))
-	rg, err := rw.RLock(t.Context())
-	require.NoError(t, err)
-	m := newMutex(t, connect(t, lib, srv), "shared")
 	s := newSemaphore(t, connect(t, lib, srv), "shared", 2)
-	for name, try := range map[string]func(context.Context) (*distlock.Guard, error){
-		"Mutex.TryLock": m.TryLock, "Mutex.Lock": m.Lock, "Semaphore.Acquire": s.Acquire,
-	} {
-		_, err := try(t.Context())
-		require.ErrorIs(t, err, distlock.ErrWrongKind, name)
-		var wk *distlock.WrongKindError
-		require.ErrorAs(t, err, &wk)
-		assert.Equal(t, "rwmutex", wk.Found, name)
-		assert.Equal(t, 1, strings.Count(err.Error(), "distlock:"+" "), "one prefix: %v", err)
+	for _, hold := range []func(context.Context) (*distlock.Guard, error){rw.RLock, rw.Lock} {
+		g, err := hold(t.Context())
+		require.NoError(t, err)
+		for name, try := range map[string]func(context.Context) (*distlock.Guard, error){"Acquire": s.Acquire, "TryAcquire": s.TryAcquire} {
+			_, err := try(t.Context())
+			require.ErrorIs(t, err, distlock.ErrWrongKind, name)
+			var wk *distlock.WrongKindError
+			require.ErrorAs(t, err, &wk)
+			assert.Equal(t, [2]string{"semaphore", "rwmutex"}, [2]string{wk.Want, wk.Found}, name)
+			assert.Equal(t, 1, strings.Count(err.Error(), "distlock:"+" "), "one prefix: %v", err)
+		}
+		assert.Equal(t, distlock.Acquired, g.State(), "the holder is not disturbed")
+		release(t, g)
 	}
-	assert.Equal(t, distlock.Acquired, rg.State(), "the reader is not disturbed")
-	release(t, rg)
 
-	mg, err := m.Lock(t.Context())
+	sg, err := s.Acquire(t.Context())
 	require.NoError(t, err)
 	for name, try := range map[string]func(context.Context) (*distlock.Guard, error){
 		"RLock": rw.RLock, "Lock": rw.Lock, "TryRLock": rw.TryRLock, "TryLock": rw.TryLock,
@@ -208,10 +277,10 @@ func rwAndOtherKindsRefuseEachOther(t *testing.T, lib Library) {
 		require.ErrorIs(t, err, distlock.ErrWrongKind, name)
 		var wk *distlock.WrongKindError
 		require.ErrorAs(t, err, &wk)
-		assert.Equal(t, [2]string{"rwmutex", "lock"}, [2]string{wk.Want, wk.Found}, name)
+		assert.Equal(t, [2]string{"rwmutex", "semaphore"}, [2]string{wk.Want, wk.Found}, name)
 	}
-	assert.Equal(t, distlock.Acquired, mg.State(), "the lock's holder is not disturbed")
-	release(t, mg)
+	assert.Equal(t, distlock.Acquired, sg.State(), "the semaphore's holder is not disturbed")
+	release(t, sg)
 	requireNothingLeft(t, lib, srv, rw.Key())
 }
 
