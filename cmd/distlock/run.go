@@ -517,7 +517,7 @@ func wrongKind(cfg runConfig, err error) error {
 	case cfg.permits > 0:
 		fix = "run it without --permits to take the lock, or pick another KEY for the semaphore"
 	default:
-		fix = "pick another KEY, or make the Go code use distlock.NewRWMutex for this name"
+		fix = "pick another KEY"
 	}
 	return fmt.Errorf("KEY %q is %s, and this run asks for %s: the two kinds refuse each other on one name (%s); %s", cfg.key, found, want, wk.Key, fix)
 }
