@@ -370,8 +370,10 @@ func (o *lostCounter) ObserveTransition(t distlock.TransitionInfo) {
 
 // BenchmarkHeld holds 10,000 locks at once on one client, with a 1.5 s TTL,
 // for 10 s (DISTLOCK_BENCH_HELD and DISTLOCK_BENCH_HOLD change those), and
-// reports the memory and goroutines per held lock, the renewal commands per
-// second, and the number of Lost events, which must be zero.
+// reports the memory (heap and goroutine stacks) and goroutines per held
+// lock halfway through the hold, when every guard has its actor, the
+// renewal commands per second, and the number of Lost events, which must
+// be zero.
 func BenchmarkHeld(b *testing.B) {
 	locks := envInt(b, "DISTLOCK_BENCH_HELD", 10000)
 	hold := 10 * time.Second
@@ -400,13 +402,15 @@ func BenchmarkHeld(b *testing.B) {
 			}
 			guards[i] = g
 		}
+		cmdsBefore := counter.Load()
+		// Past the first renewal (a third of the TTL), every guard has its
+		// actor: its goroutine's stack counts with its heap.
+		time.Sleep(hold / 2)
 		runtime.GC()
 		var after runtime.MemStats
 		runtime.ReadMemStats(&after)
 		goroutines := runtime.NumGoroutine() - goroutinesBefore
-
-		cmdsBefore := counter.Load()
-		time.Sleep(hold)
+		time.Sleep(hold - hold/2)
 		renewals := counter.Load() - cmdsBefore
 
 		notAcquired := 0
@@ -419,6 +423,7 @@ func BenchmarkHeld(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(locks), "heap-B/lock")
+		b.ReportMetric(float64(after.StackInuse-before.StackInuse)/float64(locks), "stack-B/lock")
 		b.ReportMetric(float64(goroutines)/float64(locks), "goroutines/lock")
 		b.ReportMetric(float64(renewals)/hold.Seconds(), "renewals/s")
 		b.ReportMetric(float64(locks)*3/1.5, "expected-renewals/s")
