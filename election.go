@@ -434,7 +434,7 @@ func (w *watcher) set(s *watchState, v view) {
 // ctx ends, and reports announcements and the subscription's state.
 func (w *watcher) subscribe(ctx context.Context, a *actor.Actor[watchMsg]) {
 	e := w.e
-	resubscribe(ctx, func() error {
+	resubscribe(ctx, &backoff{first: minResubscribe, most: maxResubscribe}, func() error {
 		return e.read.SubscribeLeader(ctx, e.e.keys, func() {
 			_ = a.Send(ctx, subMsg{up: true})
 		}, func(value string, token int64) {

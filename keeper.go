@@ -2,7 +2,6 @@ package distlock
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -161,13 +160,13 @@ func (k *keeper) run(ctx context.Context) {
 	defer close(k.done)
 	pause := backoff{first: keeperFirstRetry, most: keeperMaxRetry}
 	confirmed := false
-	for {
-		// Every confirmation after the first follows a break: rueidis
-		// subscribes again on a new connection within the same call
-		// (calling ready again), go-redis's adapter returns and the loop
-		// subscribes again.
+	// Every confirmation after the first follows a break: rueidis
+	// subscribes again on a new connection within the same call (calling
+	// ready again), go-redis's adapter returns and resubscribe calls again.
+	resubscribe(ctx, &pause, func() error {
 		answered := k.ask()
-		err := k.store.Subscribe(ctx, k.keys, "keeper:"+proc.roomID, func() {
+		defer answered()
+		return k.store.Subscribe(ctx, k.keys, "keeper:"+proc.roomID, func() {
 			answered()
 			pause.reset()
 			if confirmed {
@@ -175,18 +174,7 @@ func (k *keeper) run(ctx context.Context) {
 			}
 			confirmed = true
 		}, func(string, int64) {})
-		answered()
-		if ctx.Err() != nil || errors.Is(err, lease.ErrNoPubSub) {
-			return
-		}
-		t := time.NewTimer(pause.next())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-	}
+	}, func(noPubSub bool) bool { return !noPubSub })
 }
 
 // renewAll asks every guard the keeper watches to renew now. It runs in

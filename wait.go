@@ -464,7 +464,7 @@ func (r *room) setUp(up bool) {
 // room later starts a new one (see listen).
 func (r *room) subscribe(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	resubscribe(ctx, func() error {
+	resubscribe(ctx, &backoff{first: minResubscribe, most: maxResubscribe}, func() error {
 		return r.store.Subscribe(ctx, r.keys, proc.roomID, func() { r.setUp(true) }, func(value string, token int64) {
 			r.granted(value, grantNote{token: token})
 		})
@@ -487,10 +487,9 @@ func (r *room) subscribe(ctx context.Context, done chan struct{}) {
 // resubscribe runs subscribe until ctx ends. Each time it returns for
 // another reason, resubscribe calls down, with whether the server refused
 // pub/sub, and stops unless down says to go on; then it subscribes again
-// after a pause that grows from minResubscribe up to maxResubscribe (see
-// backoff).
-func resubscribe(ctx context.Context, subscribe func() error, down func(noPubSub bool) (again bool)) {
-	pause := backoff{first: minResubscribe, most: maxResubscribe}
+// after the next of pause's pauses (the rooms' and an election's grow from
+// minResubscribe up to maxResubscribe; see backoff).
+func resubscribe(ctx context.Context, pause *backoff, subscribe func() error, down func(noPubSub bool) (again bool)) {
 	for {
 		err := subscribe()
 		if ctx.Err() != nil {
