@@ -47,11 +47,14 @@ type guardActor struct {
 	g *Guard
 	a *actor.Actor[guardMsg]
 
-	renewAt  *time.Timer        // the next renewal
-	renewC   <-chan time.Time   // renewAt's channel while one is scheduled
-	deadAt   *time.Timer        // the lease deadline D, while Acquired
-	deadC    <-chan time.Time   // deadAt's channel while armed
-	renewing context.CancelFunc // the renewal in flight, if any
+	// The next renewal, a child that the runtime starts when it is due
+	// (actor.GoAfter): stopRenewal keeps it from starting, cancelRenewal
+	// cancels it once it runs. Both are nil while none is scheduled or in
+	// flight.
+	stopRenewal   func() bool
+	cancelRenewal context.CancelFunc
+	deadAt        *time.Timer      // the lease deadline D, while Acquired
+	deadC         <-chan time.Time // deadAt's channel while armed
 	// The Downgrade in flight and the ones waiting behind it, in order;
 	// cancelDowngrade cancels the one in flight.
 	downgrades      []downgradeMsg
@@ -149,8 +152,7 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 	if g.unwatch != nil {
 		g.unwatch()
 	}
-	l.renewAt, l.deadAt = newStoppedTimer(), newStoppedTimer()
-	defer l.renewAt.Stop()
+	l.deadAt = newStoppedTimer()
 	defer l.deadAt.Stop()
 	if g.how != 0 {
 		// Handed over by the owner of the end, to finish the final delete.
@@ -173,17 +175,12 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		select {
 		case m := <-inbox:
 			l.handle(m)
-		case <-l.renewC:
-			l.renewC = nil
-			l.renew()
 		case <-l.deadC:
 			l.deadC = nil
 			g.checkDeadline()
 		case <-l.renewNow:
-			if g.how == 0 && l.renewing == nil && !l.retiring {
-				l.renewAt.Stop()
-				l.renewC = nil
-				l.renew()
+			if g.how == 0 && !l.retiring && l.unschedule() {
+				l.renewIn(0)
 			}
 		case <-lockDone:
 			l.begin(endRelease)
@@ -207,8 +204,8 @@ func (l *guardActor) handle(m guardMsg) {
 			l.downgrade()
 		}
 	case renewedMsg:
-		l.renewing()
-		l.renewing = nil
+		l.cancelRenewal()
+		l.stopRenewal, l.cancelRenewal = nil, nil
 		if g.how != 0 {
 			l.afterBegin()
 			return
@@ -217,6 +214,12 @@ func (l *guardActor) handle(m guardMsg) {
 		if final || l.retiring {
 			l.retire()
 			return
+		}
+		if l.keeper == nil {
+			// From its first renewal on, the client's keeper watches for
+			// the guard (an actor that only ends a young guard needs none).
+			l.renewNow = make(chan struct{}, 1)
+			l.keeper = proc.keepers.watch(l)
 		}
 		l.renewIn(next)
 		l.armDeadline()
@@ -231,8 +234,23 @@ func (l *guardActor) handle(m guardMsg) {
 
 // renewIn schedules the next renewal d from now.
 func (l *guardActor) renewIn(d time.Duration) {
-	l.renewAt.Reset(d)
-	l.renewC = l.renewAt.C
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancelRenewal = cancel
+	l.stopRenewal = l.a.GoAfter(d, func(actx context.Context) { l.renew(ctx, actx) })
+}
+
+// unschedule stops a renewal that is scheduled and has not started, and
+// reports whether none is in flight now.
+func (l *guardActor) unschedule() bool {
+	if l.stopRenewal == nil {
+		return true
+	}
+	if !l.stopRenewal() {
+		return false // it runs: its answer will come
+	}
+	l.cancelRenewal()
+	l.stopRenewal, l.cancelRenewal = nil, nil
+	return true
 }
 
 // armDeadline arms the deadline timer at D while the guard is Acquired, so
@@ -249,30 +267,26 @@ func (l *guardActor) armDeadline() {
 	l.deadC = nil
 }
 
-// renew sends one renewal, in a child. The call's deadline is the lease
-// deadline while the lease is held (L1: no call for a held lock outlives
-// D), and one renewal period when it is Lost; the end of the guard cancels
-// it.
-func (l *guardActor) renew() {
+// renew sends one renewal; it runs as the actor's child when the renewal
+// is due, and sends the answer to the loop. The call's deadline is the
+// lease deadline while the lease is held (L1: no call for a held lock
+// outlives D), and one renewal period when it is Lost; ctx, cancelled by
+// the end of the guard, ends it too. A lease whose deadline has passed
+// before the deadline timer said so gets a call that fails at once, and
+// the answer makes the guard Lost, as the timer would.
+func (l *guardActor) renew(ctx, actx context.Context) {
 	g := l.g
 	e := g.e
-	g.checkDeadline()
 	s := g.pub.st.Load()
 	sent := time.Now()
 	dl := sent.Add(renewAfter(e.ttl))
 	if s.state == Acquired {
 		dl = s.deadline
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), dl)
-	l.renewing = cancel
-	if l.keeper == nil {
-		l.renewNow = make(chan struct{}, 1)
-		l.keeper = proc.keepers.watch(l)
-	}
-	l.a.Go(func(actx context.Context) {
-		r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
-		_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
-	})
+	ctx, cancel := context.WithDeadline(ctx, dl)
+	defer cancel()
+	r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
+	_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
 }
 
 // begin begins the guard's end: State reports Released, the context is
@@ -280,12 +294,10 @@ func (l *guardActor) renew() {
 // comes once it has answered (afterBegin).
 func (l *guardActor) begin(how endHow) {
 	l.g.begin(how)
-	l.renewAt.Stop()
-	l.renewC = nil
 	l.deadAt.Stop()
 	l.deadC = nil
-	if l.renewing != nil {
-		l.renewing()
+	if !l.unschedule() {
+		l.cancelRenewal()
 	}
 	if l.cancelDowngrade != nil {
 		l.cancelDowngrade()
@@ -299,7 +311,7 @@ func (l *guardActor) begin(how endHow) {
 // otherwise.
 func (l *guardActor) afterBegin() {
 	g := l.g
-	if l.renewing != nil || l.cancelDowngrade != nil || l.deleting {
+	if l.cancelRenewal != nil || l.cancelDowngrade != nil || l.deleting {
 		return
 	}
 	if g.how == endLeave {
@@ -320,8 +332,9 @@ func (l *guardActor) afterBegin() {
 // owns a guard"), and the Lock context is watched again without one.
 func (l *guardActor) retire() {
 	l.retiring = true
-	l.renewAt.Stop()
-	l.renewC = nil
+	if !l.unschedule() {
+		return // retire when the renewal has answered
+	}
 	if l.cancelDowngrade != nil {
 		l.cancelDowngrade()
 		return // retire when it has answered
@@ -414,11 +427,7 @@ func (l *guardActor) downgraded(m downgradedMsg) {
 		}
 		l.downgrades = nil
 		l.armDeadline()
-		if l.renewing == nil {
-			l.retire()
-		} else {
-			l.retiring = true // retire when the renewal has answered
-		}
+		l.retire()
 	default:
 		l.downgrade()
 	}

@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // ErrStopped is returned by [Actor.Send] and [Call] when the actor's loop has
@@ -127,6 +128,28 @@ func (a *Actor[M]) Wait(ctx context.Context) error {
 // child.
 func (a *Actor[M]) Go(f func(ctx context.Context)) {
 	a.children.Go(func() { f(a.ctx) })
+}
+
+// GoAfter runs f in a child goroutine of the actor once d has passed,
+// unless the returned stop is called first; stop reports whether it kept f
+// from running. Until then no goroutine waits: the child is a timer, and
+// the timer's own goroutine runs f, so a child that is due wakes once,
+// not the loop and then the child. Like Go, GoAfter must only be called
+// from the loop goroutine or from a child; the loop must stop what it
+// scheduled before it returns, since Run waits for it.
+func (a *Actor[M]) GoAfter(d time.Duration, f func(ctx context.Context)) (stop func() bool) {
+	a.children.Add(1)
+	t := time.AfterFunc(d, func() {
+		defer a.children.Done()
+		f(a.ctx)
+	})
+	return func() bool {
+		if !t.Stop() {
+			return false
+		}
+		a.children.Done()
+		return true
+	}
 }
 
 // StopChildren cancels the children's context and waits until every child
