@@ -166,7 +166,8 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 		sent := time.Now()
 		a.attempts++
 		var stop error
-		grant, err, stop = a.call(leaseDeadline(sent, e.ttl), p)
+		dl := leaseDeadline(sent, e.ttl)
+		grant, err, stop = a.call(dl, p)
 		if stop != nil {
 			a.dirty, a.uncertain = true, true
 			return nil, grant, false, stop
@@ -186,6 +187,12 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 			}
 			retry := !replied && !notAcked
 			if retry && errors.Is(err, context.DeadlineExceeded) {
+				if cdl, ok := a.ctx.Deadline(); ok && !cdl.After(dl) {
+					// The caller's deadline, which the client may report a
+					// moment before ctx does: ctx is done at once.
+					<-a.ctx.Done()
+					return nil, grant, false, e.ctxError(a.ctx)
+				}
 				// The call's own deadline, not the caller's: no reply in
 				// time. A waiting call tries again like after any failed
 				// attempt; TryLock reports it, as what it is.
