@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync/atomic"
 	"time"
 
@@ -127,13 +126,13 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 	if e.debug() {
 		g.logger().Debug("distlock: acquired", "attempt", attempt)
 	}
-	// The timer is armed last, once both fields are set: its function and
-	// the watch's may read them.
-	g.firstRenewal = time.AfterFunc(math.MaxInt64, g.activate)
+	// The watch is set before the timer, which may fire at once and whose
+	// actor stops it; neither the watch nor the timer's own activation
+	// reads firstRenewal, which may not be set yet when they run.
 	if lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
 	}
-	g.firstRenewal.Reset(sent.Add(renewAfter(ttl)).Sub(now))
+	g.firstRenewal = time.AfterFunc(sent.Add(renewAfter(ttl)).Sub(now), g.activate)
 	return g
 }
 
@@ -368,9 +367,14 @@ func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bo
 			if !g.owner.CompareAndSwap(a, ending) {
 				continue
 			}
-			g.firstRenewal.Stop()
-			if g.unwatch != nil && !byWatch {
-				g.unwatch()
+			if !byWatch {
+				// (The watch leaves the timer be: it may run before
+				// newGuard has set it. The timer then finds the guard
+				// taken.)
+				g.firstRenewal.Stop()
+				if g.unwatch != nil {
+					g.unwatch()
+				}
 			}
 			g.begin(how)
 			if byWatch {

@@ -68,6 +68,7 @@ type guardActor struct {
 	keeper   *keeper
 	renewNow chan struct{}
 	retiring bool // a renewal was refused: exit once nothing is in flight
+	byTimer  bool // the first-renewal timer activated it
 	exit     bool // the loop returns
 }
 
@@ -137,6 +138,7 @@ func (g *Guard) takeOver(from *guardActor) *guardActor {
 // claimed the guard first, the timer's goroutine becomes its actor.
 func (g *Guard) activate() {
 	if act := g.takeOver(nil); act != nil {
+		act.byTimer = true
 		act.a.Run(act.loop)
 	}
 }
@@ -148,7 +150,11 @@ func (g *Guard) activate() {
 func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 	g := l.g
 	// The actor owns the renewal timer and the Lock context from now on.
-	g.firstRenewal.Stop()
+	// (A timer that activated it has fired, and may not be in
+	// firstRenewal yet.)
+	if !l.byTimer {
+		g.firstRenewal.Stop()
+	}
 	if g.unwatch != nil {
 		g.unwatch()
 	}
