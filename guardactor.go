@@ -48,13 +48,14 @@ type guardActor struct {
 	a *actor.Actor[guardMsg]
 
 	// The next renewal, a child that the runtime starts when it is due
-	// (actor.GoAfter): stopRenewal keeps it from starting, cancelRenewal
-	// cancels it once it runs. Both are nil while none is scheduled or in
-	// flight.
-	stopRenewal   func() bool
-	cancelRenewal context.CancelFunc
-	deadAt        *time.Timer      // the lease deadline D, while Acquired
-	deadC         <-chan time.Time // deadAt's channel while armed
+	// (actor.GoAfter): stopRenewal keeps it from starting; nil while none
+	// is scheduled or in flight. Every renewal runs under ended, which the
+	// end of the guard cancels (endRenewals).
+	stopRenewal func() bool
+	ended       context.Context
+	endRenewals context.CancelFunc
+	deadAt      *time.Timer      // the lease deadline D, while Acquired
+	deadC       <-chan time.Time // deadAt's channel while armed
 	// The Downgrade in flight and the ones waiting behind it, in order;
 	// cancelDowngrade cancels the one in flight.
 	downgrades      []downgradeMsg
@@ -149,9 +150,9 @@ func (g *Guard) activate() {
 // guard has ended, or when its loss is final (it retires).
 func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 	g := l.g
-	// The actor owns the renewal timer and the Lock context from now on.
-	// (A timer that activated it has fired, and may not be in
-	// firstRenewal yet.)
+	// The actor owns the renewals and the Lock context from now on: the
+	// first-renewal timer has done its part (a timer that activated the
+	// actor has fired, and may not be in firstRenewal yet).
 	if !l.byTimer {
 		g.firstRenewal.Stop()
 	}
@@ -160,6 +161,8 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 	}
 	l.deadAt = newStoppedTimer()
 	defer l.deadAt.Stop()
+	l.ended, l.endRenewals = context.WithCancel(context.Background())
+	defer l.endRenewals()
 	if g.how != 0 {
 		// Handed over by the owner of the end, to finish the final delete.
 		l.afterBegin()
@@ -210,8 +213,7 @@ func (l *guardActor) handle(m guardMsg) {
 			l.downgrade()
 		}
 	case renewedMsg:
-		l.cancelRenewal()
-		l.stopRenewal, l.cancelRenewal = nil, nil
+		l.stopRenewal = nil
 		if g.how != 0 {
 			l.afterBegin()
 			return
@@ -240,9 +242,7 @@ func (l *guardActor) handle(m guardMsg) {
 
 // renewIn schedules the next renewal d from now.
 func (l *guardActor) renewIn(d time.Duration) {
-	ctx, cancel := context.WithCancel(context.Background())
-	l.cancelRenewal = cancel
-	l.stopRenewal = l.a.GoAfter(d, func(actx context.Context) { l.renew(ctx, actx) })
+	l.stopRenewal = l.a.GoAfter(d, l.renew)
 }
 
 // unschedule stops a renewal that is scheduled and has not started, and
@@ -254,8 +254,7 @@ func (l *guardActor) unschedule() bool {
 	if !l.stopRenewal() {
 		return false // it runs: its answer will come
 	}
-	l.cancelRenewal()
-	l.stopRenewal, l.cancelRenewal = nil, nil
+	l.stopRenewal = nil
 	return true
 }
 
@@ -276,11 +275,11 @@ func (l *guardActor) armDeadline() {
 // renew sends one renewal; it runs as the actor's child when the renewal
 // is due, and sends the answer to the loop. The call's deadline is the
 // lease deadline while the lease is held (L1: no call for a held lock
-// outlives D), and one renewal period when it is Lost; ctx, cancelled by
-// the end of the guard, ends it too. A lease whose deadline has passed
+// outlives D), and one renewal period when it is Lost; the end of the
+// guard (l.ended) ends it too. A lease whose deadline has passed
 // before the deadline timer said so gets a call that fails at once, and
 // the answer makes the guard Lost, as the timer would.
-func (l *guardActor) renew(ctx, actx context.Context) {
+func (l *guardActor) renew(actx context.Context) {
 	g := l.g
 	e := g.e
 	s := g.pub.st.Load()
@@ -289,7 +288,7 @@ func (l *guardActor) renew(ctx, actx context.Context) {
 	if s.state == Acquired {
 		dl = s.deadline
 	}
-	ctx, cancel := context.WithDeadline(ctx, dl)
+	ctx, cancel := context.WithDeadline(l.ended, dl)
 	defer cancel()
 	r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
 	_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
@@ -303,7 +302,7 @@ func (l *guardActor) begin(how endHow) {
 	l.deadAt.Stop()
 	l.deadC = nil
 	if !l.unschedule() {
-		l.cancelRenewal()
+		l.endRenewals() // the one in flight
 	}
 	if l.cancelDowngrade != nil {
 		l.cancelDowngrade()
@@ -317,7 +316,7 @@ func (l *guardActor) begin(how endHow) {
 // otherwise.
 func (l *guardActor) afterBegin() {
 	g := l.g
-	if l.cancelRenewal != nil || l.cancelDowngrade != nil || l.deleting {
+	if l.stopRenewal != nil || l.cancelDowngrade != nil || l.deleting {
 		return
 	}
 	if g.how == endLeave {
