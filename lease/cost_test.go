@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -98,7 +99,10 @@ func TestScriptCost(t *testing.T) {
 			start := time.Now()
 			e.serial(t, p, n)
 			tm.serial = append(tm.serial, costUsPer(time.Since(start), n))
-			tm.server = append(tm.server, e.serverUsec(t, p.command))
+			tm.server = append(tm.server, e.serverUsec(t, p.command)*float64(max(p.calls, 1)))
+			if p.calls > 1 {
+				continue // a round's calls follow one another, on one key
+			}
 			e.prepare(t, p, n)
 			start = time.Now()
 			e.inFlight(t, p, n, costInFlight)
@@ -151,6 +155,7 @@ type costPath struct {
 	command string // the command INFO commandstats times: evalsha, set, del or ping
 	prepare func(e *costEnv, k lease.Keys, i int) error
 	call    func(e *costEnv, k lease.Keys, i int) error
+	calls   int // commands per call, for a round of several (0: one); a round is not sent in flight
 }
 
 // costPairs are the rows that add up paths: what a Lock+Release costs.
@@ -249,6 +254,44 @@ func costPaths() []costPath {
 		return nil
 	}
 	do := func(e *costEnv, cmd rueidis.Completed) error { return e.rc.Do(context.Background(), cmd).Error() }
+	// round is a contended round between two clients on one key, as the
+	// library makes it: A takes the free lock, B stands in line, A's
+	// release passes the lock to B (and tells B's room, which listens, so
+	// that the wake's delivery is counted too), and B releases. (B's guard
+	// starts on the grant's claim window and would renew it a third of the
+	// window in, 28k more, if it held the lock that long.) Each round has
+	// a key of its own (the room's subscription is to that key's channel,
+	// and a test of its own would cost a subscription per key), so all run
+	// on the one key of kind(round).
+	round := func(kind func(lease.Keys) lease.Keys, holder func(i int) string) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, _ lease.Keys, i int) error {
+			k := kind(e.roundKeys)
+			a, b := holder(i), costWaiter(i)
+			if err := acquire(k, a)(e); err != nil {
+				return err
+			}
+			g, err := e.lc.AcquireOrQueue(context.Background(), k, b, costTTL, lease.Place{Claim: costClaim, Room: "room"})
+			if err != nil || g.Acquired || g.Rank != 0 {
+				return fmt.Errorf("queue %s: got %+v, %v; want rank 0", b, g, err)
+			}
+			r, err := e.lc.Release(context.Background(), k, a)
+			if err != nil || r.Passed.Value != b {
+				return fmt.Errorf("release %s: got %+v, %v; want passed to %s", a, r, err, b)
+			}
+			if r, err := e.lc.Release(context.Background(), k, b); err != nil || !r.Deleted || r.Passed.Value != "" {
+				return fmt.Errorf("release %s: got %+v, %v; want deleted, not passed", b, r, err)
+			}
+			return nil
+		}
+	}
+	listen := func(kind func(lease.Keys) lease.Keys) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, _ lease.Keys, i int) error {
+			if i == 0 {
+				return e.listen(kind(e.roundKeys))
+			}
+			return nil
+		}
+	}
 	return []costPath{
 		{name: "lock acquire: free, nobody in line", command: "evalsha", prepare: warm, call: held},
 		{name: "lock release: nobody in line", command: "evalsha", prepare: both(warm, held), call: release},
@@ -333,6 +376,12 @@ func costPaths() []costPath {
 			}
 			return err
 		})},
+		{name: "lock contended round: take, stand in line, pass, release", command: "evalsha", calls: 4,
+			prepare: listen(func(k lease.Keys) lease.Keys { return k }), call: round(func(k lease.Keys) lease.Keys { return k }, costHolder)},
+		{name: "semaphore (1) contended round: take, stand in line, pass, release", command: "evalsha", calls: 4,
+			prepare: listen(func(k lease.Keys) lease.Keys { return k.Semaphore(1) }), call: round(func(k lease.Keys) lease.Keys { return k.Semaphore(1) }, costHolder)},
+		{name: "rwmutex write contended round: take, stand in line, pass, release", command: "evalsha", calls: 4,
+			prepare: listen(writer), call: round(writer, costHolder)},
 		{name: "bare SET NX PX", command: "set", call: func(e *costEnv, k lease.Keys, i int) error {
 			return do(e, e.rc.B().Set().Key(k.Lease).Value(costValue(i)).Nx().PxMilliseconds(costTTL.Milliseconds()).Build())
 		}},
@@ -353,10 +402,50 @@ type costEnv struct {
 	lc   *lease.Client
 	srv  *redistest.Server // nil under callgrind
 	keys []lease.Keys
+
+	roundKeys lease.Keys // the one key of the contended rounds
+	wakes     atomic.Int64
+	listening map[string]bool // the channels listen subscribed to
+	stop      []func()
 }
 
 func newCostEnv(t *testing.T, rc rueidis.Client) *costEnv {
-	return &costEnv{rc: rc, lc: lease.New(rc)}
+	k, err := lease.NewKeys("cost", "round")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &costEnv{rc: rc, lc: lease.New(rc), roundKeys: k}
+	t.Cleanup(func() {
+		for _, stop := range e.stop {
+			stop()
+		}
+	})
+	return e
+}
+
+// listen subscribes to the waiting room "room" of k, as a waiter's process
+// does, until the test ends; the grants it is told of count in e.wakes.
+func (e *costEnv) listen(k lease.Keys) error {
+	if e.listening[k.WakeChannel("room")] {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- e.lc.Subscribe(ctx, k, "room", func() { close(ready) }, func(string, int64) { e.wakes.Add(1) })
+	}()
+	select {
+	case <-ready:
+		e.stop = append(e.stop, func() { cancel(); <-done })
+		if e.listening == nil {
+			e.listening = map[string]bool{}
+		}
+		e.listening[k.WakeChannel("room")] = true
+		return nil
+	case err := <-done:
+		cancel()
+		return fmt.Errorf("subscribe: %v", err)
+	}
 }
 
 // prepare empties the server and sets up n calls of p, plus one more call
@@ -580,6 +669,9 @@ func (cg *callgrind) dump(t *testing.T) float64 {
 func costUsPer(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(n) }
 
 func costMedian(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
 	s := slices.Sorted(slices.Values(xs))
 	return s[len(s)/2]
 }

@@ -911,3 +911,35 @@ func TestQueueCluster(t *testing.T) {
 	e.assertNoLine(t, k)
 	require.True(t, e.release(t, k, b.value))
 }
+
+// TestQueueNumbersAheadOfTheClock: a ticket in line, or a token in the
+// fencing key, above the server's clock (a failover to a server whose clock
+// is behind) is still followed: a newcomer's ticket comes after the last
+// one in line, and a pass's token after the last one issued. Both the lean
+// paths (a Mutex's string held, an exclusive waiter first in line) and the
+// full ones must keep to it.
+func TestQueueNumbersAheadOfTheClock(t *testing.T) {
+	const ahead = int64(1) << 52 // µs: more than a century past the clock
+	e := newEnv(t)
+	k := keys(t)
+	x := lease.NewValue("x")
+	require.True(t, e.acquire(t, k, x, queueTTL).Acquired)
+
+	a := newWaiter("a", "room", liveClaim)
+	a.place.Ticket = ahead
+	e.mustQueue(t, k, a, x, 0)
+	require.Equal(t, ahead, a.place.Ticket, "a's ticket: the one it brought")
+	b := newWaiter("b", "room", liveClaim)
+	e.mustQueue(t, k, b, x, 1)
+	assert.Equal(t, ahead+1, b.place.Ticket, "b's ticket: want the one after the tail")
+
+	e.srv.MustDo("SET", k.Fence, strconv.FormatInt(ahead, 10))
+	p := e.mustRelease(t, k, x)
+	assert.Equal(t, a.value, p.Value)
+	assert.Equal(t, ahead+1, p.Token, "the pass's token: want the one after the fencing key's")
+	assert.Equal(t, ahead+1, e.fence(t, k))
+	e.assertTTL(t, k.Fence, lease.FenceRetention)
+	p = e.mustRelease(t, k, a.value)
+	assert.Equal(t, b.value, p.Value)
+	assert.Equal(t, ahead+2, p.Token)
+}

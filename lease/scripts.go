@@ -92,6 +92,121 @@ end
 `
 )
 
+// leanQueueLua is the lean path of acquireScript for a caller that stands
+// in line (or refreshes its place) behind another value's string, a Mutex
+// or an Election that holds the lock: what the full path does in that
+// case, call for call, without defining its helpers. It runs after the
+// common case, which declares n (how many of the lease, the line and the
+// value's void key exist) and value. It takes the path only when every
+// check passes before its first write: the lease is a string not holding
+// value; the fencing key holds a token that can be followed (or none);
+// value is not void (when n says only the lease exists, neither the line
+// nor the void key does); the line is a sorted set (ZSCORE) and the
+// waiters' key a hash (HSET, the first write, fails on another type and
+// writes nothing). Otherwise it has written nothing and the full path
+// decides, and says what is wrong.
+//
+// A new place's ticket is the one the caller brings (ARGV[5]), or the
+// clock in µs, above the last ticket in line; with nobody in line, the
+// caller is first (rank 0) and the line's keys are new, so they are kept
+// for the claim window without asking their TTL. The lapse is written as
+// ms + claim in Lua's own format, exact for a 13-digit number; the ticket
+// goes to ZADD as a number, which Redis prints exactly (%.17g).
+//
+// leanPassLua is the lean path of releaseScript for a release of value's
+// string when someone is in line (line), for Release (not Cancel: KEYS[6]
+// absent): the first place in line, if it is an exclusive one (a Mutex's
+// or an Election's entry, without a mode) that has not lapsed, gets the
+// lease for its claim window with a new token, and its room is told, as
+// the full path's passTo does. It runs after the delete of value's lease
+// (at maxmemory, Redis refuses a script's first write unless it frees
+// memory, and a pass must not fail there), and its checks come before its
+// own first write; when one fails (a reader or a writer of a read-write lock first
+// in line, a lapsed place, a key of another type, a fencing key that
+// cannot be followed), it has written nothing more, and the release goes
+// on to the full path.
+var (
+	leanQueueLua = `
+if n > 0 and ARGV[3] then
+  local cur = redis.pcall('GET', KEYS[1])
+  local raw = redis.pcall('GET', KEYS[2])
+  if type(cur) == 'string' and cur ~= value and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
+      and (n == 1 or redis.call('EXISTS', KEYS[6]) == 0) then
+    local rank = false
+    if n > 1 then
+      rank = redis.pcall('ZRANK', KEYS[3], value)
+    end
+    if type(rank) ~= 'table' then
+      local t, us
+` + leanClockLua + `
+      local keep = ARGV[3] + 0
+      local ok = redis.pcall('HSET', KEYS[4], value, string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
+      if type(ok) == 'number' then
+        local ticket
+        if rank then
+          ticket = redis.call('ZSCORE', KEYS[3], value)
+        else
+          ticket = ARGV[5]
+          if not ticket or ticket == '0' then
+            ticket = t[1] .. us
+            if n > 1 and redis.call('ZCOUNT', KEYS[3], ticket, '+inf') > 0 then
+              local tail = redis.call('ZRANGE', KEYS[3], '-1', '-1', 'WITHSCORES')
+              ticket = string.format('%.0f', tail[2] + 1)
+            end
+          end
+          redis.call('ZADD', KEYS[3], ticket, value)
+        end
+        if n == 1 then
+          redis.call('PEXPIRE', KEYS[3], ARGV[3])
+          redis.call('PEXPIRE', KEYS[4], ARGV[3])
+          rank = 0
+        else
+          if redis.call('PTTL', KEYS[3]) < keep then
+            redis.call('PEXPIRE', KEYS[3], ARGV[3])
+          end
+          if redis.call('PTTL', KEYS[4]) < keep then
+            redis.call('PEXPIRE', KEYS[4], ARGV[3])
+          end
+          if not rank then
+            rank = redis.call('ZRANK', KEYS[3], value)
+          end
+        end
+        return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket + 0, raw and raw + 0 or 0}
+      end
+    end
+  end
+end
+`
+	leanPassLua = `
+if line and not KEYS[6] then
+  local head = redis.pcall('ZRANGE', KEYS[3], '0', '0')
+  local v = not head.err and head[1]
+  local entry = v and redis.pcall('HGET', KEYS[4], v)
+  if type(entry) == 'string' then
+    local lapse, claim, room = string.match(entry, '^(%d+) (%d+) (.+)$')
+    if room and string.byte(room, 2) ~= 32 then
+` + leanTokenLua + `
+      if token and lapse + 0 > math.floor(now / 1000) then
+        redis.call('ZREM', KEYS[3], v)
+        redis.call('HDEL', KEYS[4], v)
+        redis.call('SET', KEYS[1], v, 'PX', claim)
+        redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+        local msg = s .. '\n' .. v
+        local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
+        if type(r) == 'table' and r.err then
+          redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
+        end
+        if ARGV[2] == '1' then
+` + leanAnnounceLua + `
+        end
+        return {1, token, v, room}
+      end
+    end
+  end
+end
+`
+)
+
 // voidLua is the text of the full path of an acquire that refuses a voided
 // value (see [Client.Cancel]): it takes the value out of line and returns
 // reply, a Lua expression (the reply of a caller that is not granted). The
@@ -276,7 +391,7 @@ local function leave(value)
 end
 local function first(now)
   while true do
-    local r = redis.pcall('ZRANGE', KEYS[3], 0, 0)
+    local r = redis.pcall('ZRANGE', KEYS[3], '0', '0')
     if r.err then
       return nil, nil, nil, nil, foreign()
     end
@@ -345,7 +460,7 @@ local function standInLine(now, value, claim, room, ticket)
   else
     if ticket == 0 then
       ticket = now
-      local tail = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+      local tail = redis.call('ZRANGE', KEYS[3], '-1', '-1', 'WITHSCORES')
       local score = tail[2] and tail[2] + 0
       if score and score >= ticket then
         ticket = score + 1
@@ -733,13 +848,16 @@ return out
 // and a value that is not void, in five calls (EXISTS, GET, TIME, SET, SET)
 // and without defining any helper; then, for a caller that does not stand
 // in line (TryLock), a lease that another's string holds with nobody in
-// line, refused in EXISTS, GET, GET and PTTL. When neither case applies, or
-// the fencing key does not hold a token that can be followed, it has
-// written nothing and the full path decides, as if it had not run.
+// line, refused in EXISTS, GET, GET and PTTL; then a caller that stands in
+// line behind another's string (leanQueueLua), the contended case of a
+// Mutex. When none applies, or the fencing key does not hold a token that
+// can be followed, it has written nothing and the full path decides, as if
+// it had not run.
 //
 // Cost per call (callgrind instructions and µs in Redis; COSTS.md,
 // scripts/script-cost): the common case 72k, 5.1 µs (an election's 80k);
-// refused (TryLock) 56k; standing in line 166k (behind readers 222k).
+// refused (TryLock) 56k; standing in line behind a string 107k (behind
+// readers 222k).
 var acquireScript = newScript(`
 local value = string.sub(KEYS[6], #KEYS[1] + 7)
 -- The common case: a free lease, nobody in line, a value not void.
@@ -765,6 +883,7 @@ if n == 1 and not ARGV[3] then
     return {0, redis.call('PTTL', KEYS[1]), cur, -1, 0, raw and raw + 0 or 0}
   end
 end
+` + leanQueueLua + `
 ` + lockLua + protocolLua + grantLua + lineLua + `
 -- The full path, as every face of the lock takes it.
 announcing = ARGV[2] == '1'
@@ -791,25 +910,28 @@ announcing = ARGV[2] == '1'
 // delete: the lease is deleted and not passed on.
 //
 // The script starts with the common case, a lease that holds the value with
-// nobody in line: GET, DEL and EXISTS (and for Cancel the void marker; for
+// nobody in line: GET, EXISTS and DEL (and for Cancel the void marker; for
 // an election GET of the fencing key and the announcement that nobody
-// leads), without defining any helper. Otherwise the full path goes on
+// leads), without defining any helper. When someone is in line, a Release
+// of the value's string passes it to an exclusive waiter first in line
+// without the helpers too (leanPassLua). Otherwise the full path goes on
 // from what that part found (deleted, gone).
 //
 // Cost per call (as for acquireScript): the common case 37k, 2.5 µs
-// (Cancel's 53k; an election's 51k); passing the lease on 163k (to a
-// reader 194k).
+// (Cancel's 53k; an election's 51k); passing the lease to an exclusive
+// waiter 120k (to a reader 194k).
 var releaseScript = newScript(`
 -- The common case: the lease holds the value, and nobody is in line.
 local value = ARGV[1]
 local cur = redis.pcall('GET', KEYS[1])
 local deleted, gone = 0, false
 if cur == value then
+  local line = redis.call('EXISTS', KEYS[3]) == 1
+` + leanPassLua + `
   redis.call('DEL', KEYS[1])
   deleted, gone = 1, true
   -- An election's release says that nobody leads, with the token of the
   -- term that ends (the fencing key's, since every grant sets it).
-  local line = redis.call('EXISTS', KEYS[3]) == 1
   local msg = not line and ARGV[2] == '1' and redis.pcall('GET', KEYS[2])
   if not line and (not msg or type(msg) == 'string' and string.find(msg, '^%d+$')) then
     if msg then
@@ -1115,7 +1237,7 @@ dropEnded(now)
 limit = ARGV[2]
 local permits = tonumber(limit)
 local function waiting(rank, ticket)
-  local soon = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local soon = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
   if not soon[1] then
     return {0, -2, '', rank, ticket, last}
   end
