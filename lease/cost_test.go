@@ -303,6 +303,20 @@ func costPaths() []costPath {
 			return err
 		}},
 		{name: "lock acquire: held, stands in line", command: "evalsha", prepare: heldByAnother, call: queue},
+		{name: "lock acquire: held, stands in line behind another", command: "evalsha", prepare: both(heldByAnother, queue), call: func(e *costEnv, k lease.Keys, i int) error {
+			g, err := e.lc.AcquireOrQueue(context.Background(), k, costValue(i), costTTL, lease.Place{Claim: costClaim, Room: "room"})
+			if err == nil && g.Rank != 1 {
+				err = fmt.Errorf("queue %s: got %+v, want rank 1", costValue(i), g)
+			}
+			return err
+		}},
+		{name: "lock acquire: held, refreshes its place", command: "evalsha", prepare: both(heldByAnother, queue), call: func(e *costEnv, k lease.Keys, i int) error {
+			g, err := e.lc.AcquireOrQueue(context.Background(), k, costWaiter(i), costTTL, lease.Place{Claim: costClaim, Room: "room", Ticket: 1})
+			if err == nil && (g.Rank != 0 || g.Ticket == 1) {
+				err = fmt.Errorf("refresh %s: got %+v, want rank 0 and its ticket", costWaiter(i), g)
+			}
+			return err
+		}},
 		{name: "lock release: passes to the first in line", command: "evalsha", prepare: both(heldByAnother, queue), call: func(e *costEnv, k lease.Keys, i int) error {
 			r, err := e.lc.Release(context.Background(), k, costHolder(i))
 			if err == nil && r.Passed.Value != costWaiter(i) {
