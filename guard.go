@@ -34,11 +34,14 @@ import (
 // All methods are safe for concurrent use. Only Release, Leave and
 // Downgrade wait; the others answer from the guard's memory at once.
 type Guard struct {
-	e        *engine
-	value    string
-	token    int64
-	attempt  int
-	void     bool            // release with Cancel: a lost call with value may still reach Redis
+	e       *engine
+	value   string
+	token   int64
+	attempt int
+	void    bool // release with Cancel: a lost call with value may still reach Redis
+	// poked says the keeper asked for a renewal that no owner has made
+	// yet (see renewSoon). It sits beside void, where the struct had room.
+	poked    atomic.Bool
 	lockCtx  context.Context // the context given to Lock
 	acquired time.Time
 	done     chan struct{} // closed by finish
@@ -68,11 +71,8 @@ type Guard struct {
 	renewal atomic.Pointer[time.Timer]
 	unwatch func() bool
 	// keeper is the client's keeper, which watches the guard from its
-	// first confirmed renewal until its end or its final loss (keeper.go);
-	// poked says it asked for a renewal that no owner has made yet (see
-	// renewSoon).
+	// first confirmed renewal until its end or its final loss (keeper.go).
 	keeper *keeper
-	poked  atomic.Bool
 	// The retries of renewals that failed while the lease held: their
 	// pause, and the last failure (the cause of a loss at the deadline,
 	// until a renewal is confirmed).
