@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -369,20 +370,18 @@ func (o *lostCounter) ObserveTransition(t distlock.TransitionInfo) {
 }
 
 // BenchmarkHeld holds 10,000 locks at once on one client, with a 1.5 s TTL,
-// for 10 s (DISTLOCK_BENCH_HELD and DISTLOCK_BENCH_HOLD change those), and
-// reports the memory (heap and goroutine stacks) and goroutines per held
-// lock halfway through the hold, when every guard has its actor, the
-// renewal commands per second, and the number of Lost events, which must
-// be zero.
+// for 10 s (DISTLOCK_BENCH_HELD, DISTLOCK_BENCH_TTL and DISTLOCK_BENCH_HOLD
+// change those), and reports the memory (heap and goroutine stacks) and
+// goroutines per held lock halfway through the hold, past every guard's
+// first renewal, the renewal commands per second, and the number of Lost
+// events, which must be zero. DISTLOCK_BENCH_HEAPPROFILE names a file to
+// write the heap profile to at that moment (go test's -memprofile is
+// written after the release, when nothing is held any more).
 func BenchmarkHeld(b *testing.B) {
 	locks := envInt(b, "DISTLOCK_BENCH_HELD", 10000)
-	hold := 10 * time.Second
-	if v := os.Getenv("DISTLOCK_BENCH_HOLD"); v != "" {
-		var err error
-		if hold, err = time.ParseDuration(v); err != nil {
-			b.Fatal(err)
-		}
-	}
+	hold := envDuration(b, "DISTLOCK_BENCH_HOLD", 10*time.Second)
+	ttl := envDuration(b, "DISTLOCK_BENCH_TTL", 1500*time.Millisecond)
+	profile := os.Getenv("DISTLOCK_BENCH_HEAPPROFILE")
 	srv := redistest.Start(b)
 	c, counter := srv.CountingClient(b)
 	ctx := context.Background()
@@ -395,7 +394,7 @@ func BenchmarkHeld(b *testing.B) {
 
 		guards := make([]*distlock.Guard, locks)
 		for i := range guards {
-			m := mustMutex(b, c, fmt.Sprint("held:", i), distlock.WithTTL(1500*time.Millisecond), distlock.WithObserver(obs))
+			m := mustMutex(b, c, fmt.Sprint("held:", i), distlock.WithTTL(ttl), distlock.WithObserver(obs))
 			g, err := m.TryLock(ctx)
 			if err != nil {
 				b.Fatal(err)
@@ -410,6 +409,9 @@ func BenchmarkHeld(b *testing.B) {
 		var after runtime.MemStats
 		runtime.ReadMemStats(&after)
 		goroutines := runtime.NumGoroutine() - goroutinesBefore
+		if profile != "" {
+			writeHeapProfile(b, profile)
+		}
 		time.Sleep(hold - hold/2)
 		renewals := counter.Load() - cmdsBefore
 
@@ -426,7 +428,7 @@ func BenchmarkHeld(b *testing.B) {
 		b.ReportMetric(float64(after.StackInuse-before.StackInuse)/float64(locks), "stack-B/lock")
 		b.ReportMetric(float64(goroutines)/float64(locks), "goroutines/lock")
 		b.ReportMetric(float64(renewals)/hold.Seconds(), "renewals/s")
-		b.ReportMetric(float64(locks)*3/1.5, "expected-renewals/s")
+		b.ReportMetric(float64(locks)*3/ttl.Seconds(), "expected-renewals/s")
 		b.ReportMetric(float64(obs.lost.Load()), "false-lost")
 		b.ReportMetric(float64(notAcquired), "not-acquired-at-end")
 	}
@@ -472,4 +474,30 @@ func envInt(b *testing.B, name string, def int) int {
 		b.Fatalf("%s: %v", name, err)
 	}
 	return n
+}
+
+// envDuration returns the duration in the environment variable name, or
+// def when it is not set.
+func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return d
+}
+
+// writeHeapProfile writes the heap profile, as of the last GC, to path.
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
 }

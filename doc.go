@@ -232,7 +232,8 @@
 // # Renewal and loss
 //
 // Each [Guard] renews its lease every TTL/3, from a goroutine of its own (its
-// actor) that starts with the first renewal. The guard becomes [Lost] only
+// actor) that runs from the moment a renewal is due until Redis confirms
+// it; in between the guard has no goroutine, only a timer. The guard becomes [Lost] only
 // when the lease is really in doubt: when a renewal is refused (the key
 // expired, was deleted or now holds someone else's value), or when the
 // lease deadline passes without a confirmed renewal, even while a renewal
@@ -318,22 +319,29 @@
 // scripts and the calls that send them to Redis.
 //
 // A guard exists from the acquisition but has a goroutine only when it
-// has work. Until its first renewal is due, a third of the TTL in, nobody
-// runs it: the call that ends it (Release, Leave, the end of the Lock
-// context) claims it in one atomic step and makes the end on its own
-// goroutine, so a short critical section costs no goroutine. From the
-// first renewal on, the guard's actor owns it: the renewal timer, the
-// lease deadline and the Lock context are its own, every command reaches
-// it on its mailbox, and each call to Redis runs in a child whose answer
-// comes back as a message, so the actor answers at once even while Redis
-// is slow. It exits when the guard ends, and when Redis refuses a renewal
-// (a loss that can never be undone). State, Deadline, Context, Done and
-// Subscribe read what the guard has published and never wait for it.
+// has work. Until its first renewal is due, a third of the TTL in, and
+// again between two renewals, nobody runs it: the call that ends it
+// (Release, Leave, the end of the Lock context) claims it in one atomic
+// step and makes the end on its own goroutine, so a short critical
+// section costs no goroutine, and a long one costs one only while it
+// renews. When a renewal is due, the renewal timer's goroutine becomes
+// the guard's actor, which owns it: the renewal, the lease deadline and
+// the Lock context are its own, every command reaches it on its mailbox,
+// and each call to Redis runs in a child whose answer comes back as a
+// message, so the actor answers at once even while Redis is slow. Once
+// the renewal is confirmed with nothing else to do, the actor arms the
+// timer for the next one and exits; it stays while renewals fail (until
+// one is confirmed), while a Downgrade or the guard's end is in flight,
+// and it exits for good when the guard ends and when Redis refuses a
+// renewal (a loss that can never be undone). State, Deadline, Context,
+// Done and Subscribe read what the guard has published and never wait
+// for it.
 //
-// While any of a client's guards has an actor, the client also keeps one
-// subscription, to a channel nobody publishes on: it breaks when the
-// client's connection does, and when it is confirmed again every such
-// guard renews at once. So a holder whose lease was lost with a Redis
+// While any of a client's guards is held past its first renewal, the
+// client also keeps one subscription, to a channel nobody publishes on: it
+// breaks when the client's connection does, and when it is confirmed
+// again every such guard renews at once (a dormant one from its timer,
+// fired at once). So a holder whose lease was lost with a Redis
 // restarted without persistence is Lost within a round trip of the server
 // answering again, not a third of a TTL later (SAFETY.md, "What the
 // contract rests on", states the window that remains).
@@ -347,7 +355,8 @@
 // owner, a stop and a wait:
 //
 //	goroutine                        owner           stop                          wait
-//	guard's actor                    the guard       its end; a refused renewal    Guard.Done (for its end)
+//	guard's actor (while a renewal   the guard       a confirmed renewal; its      Guard.Done (for its end)
+//	  is due, until it is confirmed)                   end; a refused renewal
 //	a renewal, Downgrade, final      the actor       its deadline (D, the lease    the actor's return
 //	  delete (the actor's children)                    end) or the guard's end
 //	end of a guard with no actor     the guard       the lease's end bounds it     Guard.Done
@@ -358,8 +367,9 @@
 //	clean-up after a call gives up   the process     one TTL at most               Settle
 //	a room's subscription (a lock    the process     a linger of 250 ms after      the room's close
 //	  with waiters in this process)                    its last waiter leaves
-//	a client's keeper (while any of  the process     its last guard's actor        that actor's exit
-//	  its guards has an actor)                         exits
+//	a client's keeper (while any of  the process     its last watched guard ends   that guard's actor's exit,
+//	  its guards is held past its                      or is refused                 or Settle when a caller
+//	  first renewal)                                                                 ended a dormant guard
 //	an election's watcher, and its   the Election    its last observer leaves      the observers' channels
 //	  subscription and reads                                                         close after it
 //
@@ -368,7 +378,7 @@
 // clean-up, and a room lingers briefly. [Settle] waits for the first.
 // Subscribers never slow anything down: their channels are buffered and
 // drop their oldest event rather than block. A guard that is neither
-// released nor cancelled keeps its lock, and its goroutine, until the
+// released nor cancelled keeps its lock, and its renewals, until the
 // process exits, just as a forgotten Unlock would.
 //
 // # Keys

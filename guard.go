@@ -18,25 +18,30 @@ import (
 // (RLock and Lock, and their Try forms; see [Guard.Downgrade]). It stays
 // valid until it is released.
 //
-// A guard that is held for a while has one goroutine, its actor, which
-// renews the lease every TTL/3, watches the lease deadline and publishes
-// what it learns. The actor starts when the first renewal is due, a third
-// of the TTL after the acquisition, so a lock held for less than that costs
-// no goroutine at all. It exits when the guard is released, by
+// A guard renews the lease every TTL/3, watches the lease deadline and
+// publishes what it learns, from a goroutine of its own, its actor, that
+// runs only while it has work: from the moment a renewal is due until
+// Redis has confirmed it. In between, and before the first renewal (a
+// third of the TTL after the acquisition), the guard has no goroutine at
+// all, only a timer, so a short hold costs none and a long one costs one
+// only while it renews. The renewals stop when the guard is released, by
 // [Guard.Release], by [Guard.Leave] or by the cancellation of the context
 // given to Lock, and when Redis refuses a renewal (the lease is someone
-// else's or gone, so there is nothing left to renew). Until then it keeps
-// renewing, so a guard that is neither released nor cancelled holds the
-// lock for as long as the process lives.
+// else's or gone, so there is nothing left to renew). Until then they go
+// on, so a guard that is neither released nor cancelled holds the lock
+// for as long as the process lives.
 //
 // All methods are safe for concurrent use. Only Release, Leave and
 // Downgrade wait; the others answer from the guard's memory at once.
 type Guard struct {
-	e        *engine
-	value    string
-	token    int64
-	attempt  int
-	void     bool            // release with Cancel: a lost call with value may still reach Redis
+	e       *engine
+	value   string
+	token   int64
+	attempt int
+	void    bool // release with Cancel: a lost call with value may still reach Redis
+	// poked says the keeper asked for a renewal that no owner has made
+	// yet (see renewSoon). It sits beside void, where the struct had room.
+	poked    atomic.Bool
 	lockCtx  context.Context // the context given to Lock
 	acquired time.Time
 	done     chan struct{} // closed by finish
@@ -57,10 +62,17 @@ type Guard struct {
 	// renewal).
 	lastSent time.Time
 	leaseTTL time.Duration
-	// firstRenewal activates the actor when the first renewal is due;
-	// unwatch stops the watch on the Lock context while no actor runs.
-	firstRenewal *time.Timer
-	unwatch      func() bool
+	// renewal activates the actor when a renewal is due while the guard
+	// has none: the first renewal, and each one after a renewal that left
+	// the actor nothing to do (see "Who owns a guard"). It is set once, by
+	// newGuard, whose first activation may run before the pointer is
+	// stored (see renewalTimer). unwatch stops the watch on the Lock
+	// context while no actor runs.
+	renewal atomic.Pointer[time.Timer]
+	unwatch func() bool
+	// keeper is the client's keeper, which watches the guard from its
+	// first confirmed renewal until its end or its final loss (keeper.go).
+	keeper *keeper
 	// The retries of renewals that failed while the lease held: their
 	// pause, and the last failure (the cause of a loss at the deadline,
 	// until a renewal is confirmed).
@@ -128,11 +140,12 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 	}
 	// The watch is set before the timer, which may fire at once and whose
 	// actor stops it; neither the watch nor the timer's own activation
-	// reads firstRenewal, which may not be set yet when they run.
+	// needs the timer's pointer, which may not be stored yet when they
+	// run.
 	if lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
 	}
-	g.firstRenewal = time.AfterFunc(sent.Add(renewAfter(ttl)).Sub(now), g.activate)
+	g.renewal.Store(time.AfterFunc(sent.Add(renewAfter(ttl)).Sub(now), g.activate))
 	return g
 }
 
@@ -371,10 +384,19 @@ func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bo
 				// (The watch leaves the timer be: it may run before
 				// newGuard has set it. The timer then finds the guard
 				// taken.)
-				g.firstRenewal.Stop()
+				g.renewalTimer().Stop()
 				if g.unwatch != nil {
 					g.unwatch()
 				}
+			}
+			if k := g.leaveKeeper(); k != nil {
+				// The last of the keeper's guards ended while dormant: the
+				// keeper's stop may wait for the server, and the caller
+				// must not (Settle waits for it).
+				proc.goWork(func() {
+					defer proc.work.done()
+					k.stop()
+				})
 			}
 			g.begin(how)
 			if byWatch {

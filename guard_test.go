@@ -125,22 +125,97 @@ func TestReleaseWithCancellableContextWaitsOnAnotherGoroutine(t *testing.T) {
 	assert.NotEqual(t, goid(), s.releases[0])
 }
 
-// The actor starts when the first renewal is due, not before, and a guard
-// that lives past it renews from there on.
+// The actor starts when the first renewal is due, not before, and exits
+// once Redis has confirmed it: a guard that lives on renews every TTL/3,
+// each time from a goroutine that its renewal timer starts, and has none
+// in between.
 func TestActorStartsAtTheFirstRenewal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
-		active := g.hasActor
 		time.Sleep(fakeTTL/3 - time.Nanosecond)
 		synctest.Wait()
-		assert.False(t, active(), "just before the first renewal")
+		assert.Zero(t, actorGoroutines(), "just before the first renewal")
 		assert.Empty(t, f.renewCalls())
+		for n := 1; n <= 3; n++ {
+			time.Sleep(time.Nanosecond)
+			synctest.Wait()
+			assert.Len(t, f.renewCalls(), n, "renewals at %v", time.Duration(n)*fakeTTL/3)
+			assert.False(t, g.hasActor(), "after renewal %d was confirmed", n)
+			assert.Zero(t, actorGoroutines(), "after renewal %d was confirmed", n)
+			assert.Equal(t, Acquired, g.State())
+			time.Sleep(fakeTTL/3 - time.Nanosecond)
+			synctest.Wait()
+			assert.Len(t, f.renewCalls(), n, "before renewal %d", n+1)
+		}
+		_, err = g.Release(t.Context())
+		require.NoError(t, err)
+		synctest.Wait()
+	})
+}
+
+// A dormant guard still turns Lost when the renewal that its timer starts
+// gets no answer: the deadline timer is the actor's, armed when it starts,
+// so that the guard is Lost at D, not later, with no goroutine before.
+func TestDormantGuardIsLostAtItsDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		events := g.Subscribe(t.Context())
+		time.Sleep(fakeTTL / 3)
+		synctest.Wait()
+		require.Len(t, f.renewCalls(), 1)
+		require.False(t, g.hasActor(), "dormant after the first renewal")
+		f.set(renewHang)
+		sent := f.renewCalls()[0].sent
+		deadline := leaseDeadline(sent, fakeTTL)
+		time.Sleep(time.Until(deadline) - time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, []State{Acquired}, drain(events), "before D")
 		time.Sleep(time.Nanosecond)
 		synctest.Wait()
-		assert.True(t, active(), "at the first renewal")
-		assert.Len(t, f.renewCalls(), 1)
+		assert.Equal(t, []State{Lost}, drain(events), "at D")
+		_, err = g.Release(context.WithoutCancel(t.Context()))
+		require.NoError(t, err)
+		synctest.Wait()
+	})
+}
+
+// The client's keeper has every guard it watches renew at once, whether
+// the guard is dormant (its timer is fired) or has its actor, including a
+// guard that is going dormant at that moment.
+func TestKeeperPokeRenewsADormantGuardAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{}
+		g, err := fakeMutex(t, f).Lock(t.Context())
+		require.NoError(t, err)
+		time.Sleep(fakeTTL / 3)
+		synctest.Wait()
+		require.Len(t, f.renewCalls(), 1)
+		require.False(t, g.hasActor())
+		require.NotNil(t, g.keeper, "watched from the first renewal on")
+		time.Sleep(fakeTTL / 9)
+		g.keeper.renewAll()
+		synctest.Wait()
+		assert.Len(t, f.renewCalls(), 2, "a poked dormant guard renews at once")
+		assert.False(t, g.hasActor(), "and is dormant again")
+
+		// A poke while the guard has its actor, with a renewal scheduled
+		// (a Downgrade-free way to have one: a renewal that failed and
+		// waits for its retry).
+		f.set(renewFail)
+		time.Sleep(fakeTTL / 3)
+		synctest.Wait()
+		require.Len(t, f.renewCalls(), 3)
+		require.True(t, g.hasActor(), "retrying")
+		f.set(renewOK)
+		g.keeper.renewAll()
+		synctest.Wait()
+		assert.Len(t, f.renewCalls(), 4, "a poked actor renews at once")
+		assert.False(t, g.hasActor(), "dormant once confirmed")
+
 		_, err = g.Release(t.Context())
 		require.NoError(t, err)
 		synctest.Wait()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/distkit-go/distlock/actor"
@@ -19,18 +20,28 @@ import (
 // state at any time, named by Guard.owner and changed only by a
 // compare-and-swap:
 //
-//   - nil: nobody, from the acquisition until the first renewal is due. A
-//     lock held for less than that never has a goroutine. The call that
-//     ends the guard (Release, Leave, the watch on the Lock context)
-//     claims it (nil → ending) and makes the end on its own goroutine.
-//   - an actor: from the first renewal on (the first-renewal timer's
-//     goroutine claims the guard, nil → actor, and becomes its actor), or
-//     earlier when a Downgrade, or a Release whose context can end, needs
-//     one. The actor owns the renewal timer, the lease deadline and the
-//     Lock context; every command reaches it on its mailbox (endMsg,
-//     downgradeMsg) with a one-slot reply, and every Redis call it makes
-//     is a child whose answer comes back as a message, so its loop never
-//     waits on Redis and answers a command at once.
+//   - nil: nobody, while the guard is dormant: from the acquisition until
+//     the first renewal is due, and between two renewals. A lock held for
+//     less than a third of its TTL never has a goroutine, and a lock held
+//     longer has one only while it renews. The call that ends the guard
+//     (Release, Leave, the watch on the Lock context) claims it (nil →
+//     ending) and makes the end on its own goroutine.
+//   - an actor: while a renewal is due (the renewal timer's goroutine
+//     claims the guard, nil → actor, and becomes its actor), or when a
+//     Downgrade, or a Release whose context can end, needs one. The actor
+//     owns the renewals, the lease deadline and the Lock context; every
+//     command reaches it on its mailbox (endMsg, downgradeMsg) with a
+//     one-slot reply, and every Redis call it makes is a child whose
+//     answer comes back as a message, so its loop never waits on Redis
+//     and answers a command at once. Once a renewal is confirmed with
+//     nothing else in flight or waiting, the actor deactivates (actor →
+//     nil): it arms the renewal timer for the next renewal, sets the watch
+//     on the Lock context and exits, and the guard is dormant again. A
+//     goroutine costs a held lock about 2.5 KiB at least (its stack and
+//     its descriptor), more than the rest of the guard; a dormant one
+//     costs a timer. The deadline needs no timer of its own while the
+//     guard is dormant: the renewal is due two thirds of a TTL before it,
+//     and the actor it starts arms one.
 //   - ending: the end's owner, for good. A caller that claimed the end may
 //     hand the tries of the final delete over to a new actor when its own
 //     wait is over (ending → actor).
@@ -61,16 +72,20 @@ type guardActor struct {
 	downgrades      []downgradeMsg
 	cancelDowngrade context.CancelFunc
 	deleting        bool // the final delete is in flight
-	// keeper watches the client's connection for the actor from its first
-	// renewal on (an actor that only ends a young guard needs none), and
-	// sends on renewNow, without blocking, when the connection came back
-	// after it dropped: the server may have forgotten the lease (see
-	// keeper.go).
-	keeper   *keeper
+	// renewNow is where the client's keeper (Guard.renewSoon) tells a
+	// running actor, without blocking, that the connection came back after
+	// it dropped: the server may have forgotten the lease (see keeper.go).
+	// It is made with the actor, since the keeper may read it as soon as
+	// the actor owns the guard.
 	renewNow chan struct{}
 	retiring bool // a renewal was refused: exit once nothing is in flight
-	byTimer  bool // the first-renewal timer activated it
+	retired  bool // it retired: the guard is no longer its own
+	byTimer  bool // the renewal timer activated it
+	dormant  bool // it deactivated: the guard is no longer its own
 	exit     bool // the loop returns
+	// stopKeeper is the keeper that retire left last, to be stopped on
+	// the way out.
+	stopKeeper *keeper
 }
 
 // ending and retired are the owners of a guard that are not an actor (see
@@ -122,7 +137,7 @@ func (downgradedMsg) isGuardMsg() {}
 func (deletedMsg) isGuardMsg()    {}
 
 func newGuardActor(g *Guard) *guardActor {
-	return &guardActor{g: g, a: actor.New[guardMsg]()}
+	return &guardActor{g: g, a: actor.New[guardMsg](), renewNow: make(chan struct{}, 1)}
 }
 
 // takeOver makes a new actor the owner of g, if from owns it now, and
@@ -135,8 +150,11 @@ func (g *Guard) takeOver(from *guardActor) *guardActor {
 	return act
 }
 
-// activate is the function of the first-renewal timer: unless a call has
-// claimed the guard first, the timer's goroutine becomes its actor.
+// activate is the function of the renewal timer: unless the guard has an
+// owner already, the timer's goroutine becomes its actor. A timer that
+// fires late for an owner that has gone (one that ended the guard, or an
+// actor that a command started meanwhile) finds the guard taken and does
+// nothing.
 func (g *Guard) activate() {
 	if act := g.takeOver(nil); act != nil {
 		act.byTimer = true
@@ -144,20 +162,72 @@ func (g *Guard) activate() {
 	}
 }
 
-// loop is the actor's loop: renew every TTL/3 (and retry within the rules
-// of L1b and L4), turn the guard Lost at D, answer commands, and end the
+// renewalTimer returns the renewal timer. Only newGuard's first
+// activation can run before newGuard has stored it, and then only an
+// actor that has already had a renewal answered asks for it, a round trip
+// at least after the store: the wait is for a pathological scheduler.
+func (g *Guard) renewalTimer() *time.Timer {
+	for {
+		if t := g.renewal.Load(); t != nil {
+			return t
+		}
+		runtime.Gosched()
+	}
+}
+
+// renewSoon has the guard renew at once; the client's keeper calls it when
+// the connection came back after it dropped. It never blocks. poked is set
+// first and its owner clears it when it schedules a renewal, so that a
+// guard going dormant at this very moment cannot miss it: either the
+// keeper sees it dormant and fires its timer, or the actor that leaves it
+// sees poked (see deactivate). A renewal already in flight answers for
+// the poke.
+func (g *Guard) renewSoon() {
+	g.poked.Store(true)
+	switch a := g.owner.Load(); a {
+	case nil:
+		g.renewalTimer().Reset(0)
+	case ending, retired:
+	default:
+		select {
+		case a.renewNow <- struct{}{}:
+		default: // asked already
+		}
+	}
+}
+
+// leaveKeeper takes the guard out of its keeper's watch, at its end or
+// its final loss, and returns the keeper if the guard was the last one
+// there: the caller must stop it (keeper.stop). It is called by the
+// guard's owner.
+func (g *Guard) leaveKeeper() *keeper {
+	k := g.keeper
+	if k == nil {
+		return nil
+	}
+	g.keeper = nil
+	if k.detach(g) {
+		return k
+	}
+	return nil
+}
+
+// loop is the actor's loop: renew when due (and retry within the rules of
+// L1b and L4), turn the guard Lost at D, answer commands, and end the
 // guard when told to or when the Lock context ends. It returns when the
-// guard has ended, or when its loss is final (it retires).
+// guard has ended, when its loss is final (it retires), and when a
+// renewal was confirmed with nothing else to do (it deactivates).
 func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 	g := l.g
 	// The actor owns the renewals and the Lock context from now on: the
-	// first-renewal timer has done its part (a timer that activated the
-	// actor has fired, and may not be in firstRenewal yet).
+	// renewal timer has done its part (a timer that activated the actor
+	// has fired, and at the first renewal may not be stored yet).
 	if !l.byTimer {
-		g.firstRenewal.Stop()
+		g.renewalTimer().Stop()
 	}
 	if g.unwatch != nil {
 		g.unwatch()
+		g.unwatch = nil
 	}
 	l.deadAt = newStoppedTimer()
 	defer l.deadAt.Stop()
@@ -168,12 +238,22 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		l.afterBegin()
 	} else {
 		g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
-		l.renewIn(time.Until(g.lastSent.Add(renewAfter(g.leaseTTL))))
+		due := time.Until(g.lastSent.Add(renewAfter(g.leaseTTL)))
+		if g.poked.Swap(false) {
+			due = 0 // the keeper asked while the guard was dormant
+		}
+		l.renewIn(due)
 		l.armDeadline()
 	}
 	defer func() {
-		if l.keeper != nil {
-			l.keeper.leave(l)
+		// The keeper's watch ends with the guard, or with its final loss
+		// (retire left it already); a dormant guard stays watched.
+		k := l.stopKeeper
+		if !l.dormant && !l.retired {
+			k = g.leaveKeeper()
+		}
+		if k != nil {
+			k.stop()
 		}
 	}()
 	for !l.exit {
@@ -188,7 +268,7 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 			l.deadC = nil
 			g.checkDeadline()
 		case <-l.renewNow:
-			if g.how == 0 && !l.retiring && l.unschedule() {
+			if g.poked.Swap(false) && g.how == 0 && !l.retiring && l.unschedule() {
 				l.renewIn(0)
 			}
 		case <-lockDone:
@@ -223,11 +303,14 @@ func (l *guardActor) handle(m guardMsg) {
 			l.retire()
 			return
 		}
-		if l.keeper == nil {
+		if g.keeper == nil {
 			// From its first renewal on, the client's keeper watches for
 			// the guard (an actor that only ends a young guard needs none).
-			l.renewNow = make(chan struct{}, 1)
-			l.keeper = proc.keepers.watch(l)
+			g.keeper = proc.keepers.watch(g)
+		}
+		if l.idle(next) {
+			l.deactivate(next)
+			return
 		}
 		l.renewIn(next)
 		l.armDeadline()
@@ -237,6 +320,50 @@ func (l *guardActor) handle(m guardMsg) {
 		l.deleting = false
 		g.finishDelete()
 		l.exit = true
+	}
+}
+
+// idle reports whether the actor has nothing to do until the next
+// renewal, next from now: the last one was confirmed (no retry is due, the
+// guard is Acquired), and no Downgrade is in flight or waiting.
+func (l *guardActor) idle(next time.Duration) bool {
+	g := l.g
+	return next > 0 && g.renewErr == nil && g.pub.st.Load().state == Acquired &&
+		l.cancelDowngrade == nil && len(l.downgrades) == 0
+}
+
+// deactivate makes the guard dormant until its next renewal, next from
+// now, and ends the actor: the guard is nobody's again (owner nil), with
+// the watch on the Lock context set and the renewal timer armed, whose
+// goroutine becomes the guard's actor when the renewal is due, as at the
+// first renewal. Nothing is in flight (see idle), so the actor's return
+// waits for nothing.
+//
+// The order matters, for whoever comes meanwhile. The watch is set while
+// the actor still owns the guard: if the Lock context ends at once, the
+// watch's end finds the actor, whose mailbox reports it stopped once the
+// loop returns, and then claims the dormant guard. The timer is armed
+// only after the guard is released to nobody, since a timer that fired
+// while the actor still owned it would find it taken and activate
+// nothing; a caller that claims the guard in between stops the timer,
+// which this Reset may arm again: its activation then finds the guard
+// taken. A keeper's poke that came while the actor was leaving it is
+// caught by poked (see renewSoon).
+func (l *guardActor) deactivate(next time.Duration) {
+	g := l.g
+	l.deadAt.Stop()
+	l.deadC = nil
+	if g.lockCtx.Done() != nil {
+		g.unwatch = context.AfterFunc(g.lockCtx, g.lockCtxEnded)
+	}
+	l.dormant, l.exit = true, true
+	t := g.renewalTimer()
+	g.owner.Store(nil)
+	// The guard is not this actor's any more: only the timer, which is
+	// safe for concurrent use, is touched from here on.
+	t.Reset(next)
+	if g.poked.Load() {
+		t.Reset(0)
 	}
 }
 
@@ -351,8 +478,11 @@ func (l *guardActor) retire() {
 	if g.e.debug() {
 		g.logger().Debug("distlock: the loss is final; the guard's actor exits")
 	}
+	// The keeper's watch ends here, while the guard is still the actor's;
+	// the keeper, if this was its last guard, is stopped on the way out.
+	l.stopKeeper = g.leaveKeeper()
 	g.owner.Store(retired)
-	l.exit = true
+	l.retired, l.exit = true, true
 }
 
 // downgrade sends the first waiting Downgrade's script, in a child, unless

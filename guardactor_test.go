@@ -542,14 +542,16 @@ func goroutinesIn(fn string) int {
 	return strings.Count(string(buf), fn)
 }
 
-// Goroutines: a guard held past its first renewal has one goroutine, its
-// actor (a renewal in flight adds a child for its duration), and none once
-// it is released or its loss is final.
-func TestOneGoroutinePerHeldGuard(t *testing.T) {
+// Goroutines: a held guard has no goroutine while it is idle, before its
+// first renewal and between two renewals (a renewal adds its actor and a
+// child for its duration), keeps renewing from its timer, and has none
+// once it is released or its loss is final. The guards of one client
+// share one keeper from their first renewal on.
+func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
 	// Real time, not a synctest bubble: the race detector has crashed in
 	// its stack depot tearing down a bubble of this many goroutines.
 	const guards = 300
-	const ttl = 300 * time.Millisecond // first renewal at 100 ms
+	const ttl = 600 * time.Millisecond // renewals every 200 ms
 	const within = 5 * time.Second     // for timers on a loaded machine
 	// A fake store holds one lease: each guard has one of its own, all on
 	// one client, as a process's locks usually are (so they share one
@@ -575,21 +577,35 @@ func TestOneGoroutinePerHeldGuard(t *testing.T) {
 		}
 		return n
 	}
-	gs := lockAll(renewOK)
-	if actorGoroutines() > 0 {
-		// Only a machine that took longer than a third of the TTL to lock
-		// them all can have activated one already.
-		t.Logf("%d actors already before the first renewal was due for all", actorGoroutines())
+	renewedAll := func(times int) bool {
+		for _, f := range stores {
+			if len(f.renewCalls()) < times {
+				return false
+			}
+		}
+		return true
 	}
-	require.Eventually(t, func() bool { return actorGoroutines() == guards }, within, time.Millisecond,
-		"past the first renewal: one actor per guard (%d)", actorGoroutines())
+	gs := lockAll(renewOK)
+	require.Eventually(t, func() bool { return renewedAll(1) }, within, time.Millisecond, "every guard renewed once")
 	assert.Equal(t, 1, keeperGoroutines(), "one keeper for the client")
+	// The renewals of one round are done within a few milliseconds of
+	// each other; between two rounds no guard has a goroutine.
+	require.Eventually(t, func() bool { return actorGoroutines() == 0 }, within, time.Millisecond,
+		"between two renewals: no actor (%d)", actorGoroutines())
+	require.Eventually(t, func() bool { return renewedAll(3) }, within, time.Millisecond,
+		"dormant guards go on renewing")
+	require.Eventually(t, func() bool { return actorGoroutines() == 0 }, within, time.Millisecond,
+		"between two later renewals: no actor (%d)", actorGoroutines())
 	for _, g := range gs {
+		require.Equal(t, Acquired, g.State())
 		_, err := g.Release(context.Background())
 		require.NoError(t, err)
 	}
 	assert.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, within, time.Millisecond,
 		"after Release: %d actors, %d keepers", actorGoroutines(), keeperGoroutines())
+	sent := renewals()
+	time.Sleep(ttl)
+	assert.Equal(t, sent, renewals(), "renewals sent by released guards")
 
 	// A final loss ends the actor too, and the guards send nothing more.
 	gs = lockAll(renewRefuse)

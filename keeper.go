@@ -22,17 +22,20 @@ import (
 // answers again, and every guard the keeper watches renews at once. A
 // guard whose lease the server forgot is refused, and Lost.
 //
-// Only guards that have an actor are watched (a guard younger than its
-// first renewal has no goroutine to tell, and learns at that renewal, a
-// third of the TTL in at most). On a Redis Cluster the subscription lives
-// on one node, the one of the lock that started the keeper: a restart of
-// another node is noticed at each guard's next renewal, as before.
+// A guard is watched from its first confirmed renewal until its end or
+// its final loss, whether or not it has a goroutine at that moment: a
+// dormant guard is woken by its renewal timer, set to fire at once (a
+// guard younger than its first renewal is not watched, and learns at that
+// renewal, a third of the TTL in at most). On a Redis Cluster the
+// subscription lives on one node, the one of the lock that started the
+// keeper: a restart of another node is noticed at each guard's next
+// renewal, as before.
 //
 // The keepers belong to the process (proc.keepers): one per client while
-// any of its guards has an actor. The last actor to leave a keeper ends
-// its subscription and waits for its goroutine (a guard lives for a third
-// of its TTL at least before it has an actor, so subscribing again for the
-// next one costs little).
+// any of its guards is watched. The last guard to leave a keeper ends its
+// subscription and waits for its goroutine (a guard lives for a third of
+// its TTL at least before it is watched, so subscribing again for the next
+// one costs little).
 
 // Bounds of the keeper's pause between two tries to subscribe again: short,
 // so that a server that is back is noticed soon, and one try a tenth of a
@@ -56,7 +59,7 @@ type keeper struct {
 	keys   lease.Keys // whose channel it subscribes to
 
 	mu     sync.Mutex
-	guards map[*guardActor]struct{}
+	guards map[*Guard]struct{}
 	cancel context.CancelFunc
 	// asking is closed when the server confirms the subscription that run
 	// is asking for, or when that call returns; nil while run is not
@@ -71,11 +74,11 @@ type keeper struct {
 // end, and stay on the connection.
 const keeperSettle = time.Second
 
-// watch adds the actor of a guard to its client's keeper, starting one if
-// there is none, and returns the keeper; the actor leaves it when it
-// exits.
-func (s *keeperSet) watch(l *guardActor) *keeper {
-	e := l.g.e
+// watch adds a guard to its client's keeper, starting one if there is
+// none, and returns the keeper; the guard leaves it at its end or its
+// final loss.
+func (s *keeperSet) watch(g *Guard) *keeper {
+	e := g.e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := s.m[e.client]
@@ -85,38 +88,52 @@ func (s *keeperSet) watch(l *guardActor) *keeper {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		k = &keeper{set: s, client: e.client, store: e.store, keys: e.keys,
-			guards: make(map[*guardActor]struct{}), cancel: cancel, done: make(chan struct{})}
+			guards: make(map[*Guard]struct{}), cancel: cancel, done: make(chan struct{})}
 		s.m[e.client] = k
 		go k.run(ctx)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.guards[l] = struct{}{}
+	k.guards[g] = struct{}{}
 	return k
 }
 
-// leave removes an actor that exits. The last one out removes the keeper,
-// ends its subscription (if a subscription is being asked for, once the
-// server has answered it, or after keeperSettle) and waits for its
-// goroutine to end (the unsubscribe is bounded by the lease package's
-// unsubscribe timeout).
-func (k *keeper) leave(l *guardActor) {
+// leave removes a guard that ends or whose loss is final, and, if it was
+// the last, stops the keeper (see stop).
+func (k *keeper) leave(g *Guard) {
+	if k.detach(g) {
+		k.stop()
+	}
+}
+
+// detach removes a guard and reports whether it was the last: then the
+// keeper is no longer in the process's set, and whoever detached it must
+// stop it. It never waits, so a caller that ends a dormant guard can call
+// it on its own goroutine and leave the stop to the background.
+func (k *keeper) detach(g *Guard) (last bool) {
 	k.set.mu.Lock()
+	defer k.set.mu.Unlock()
 	k.mu.Lock()
-	delete(k.guards, l)
-	last := len(k.guards) == 0
+	defer k.mu.Unlock()
+	delete(k.guards, g)
+	last = len(k.guards) == 0
 	if last {
 		delete(k.set.m, k.client)
 		if len(k.set.m) == 0 {
 			k.set.m = nil
 		}
 	}
+	return last
+}
+
+// stop ends the subscription of a keeper that its last guard has left
+// (if a subscription is being asked for, once the server has answered it,
+// or after keeperSettle) and waits for its goroutine to end (the
+// unsubscribe is bounded by the lease package's unsubscribe timeout).
+func (k *keeper) stop() {
+	k.mu.Lock()
 	asking := k.asking
 	k.mu.Unlock()
-	k.set.mu.Unlock()
-	if !last {
-		return
-	}
 	if asking != nil {
 		t := time.NewTimer(keeperSettle)
 		select {
@@ -178,15 +195,12 @@ func (k *keeper) run(ctx context.Context) {
 }
 
 // renewAll asks every guard the keeper watches to renew now. It runs in
-// the subscription's ready callback, so it never blocks: each actor has a
-// one-slot channel for it, which its loop reads.
+// the subscription's ready callback, so it never blocks (see
+// Guard.renewSoon).
 func (k *keeper) renewAll() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for l := range k.guards {
-		select {
-		case l.renewNow <- struct{}{}:
-		default: // asked already
-		}
+	for g := range k.guards {
+		g.renewSoon()
 	}
 }

@@ -122,6 +122,8 @@ func (w *workCount) wait(ctx context.Context) error {
 // Redis then forgets the place, and the lock passed to it, on its own within
 // the claim window (see [WithClaimWindow]). Calling Settle before exiting,
 // with a short timeout, lets the next waiter have the lock at once instead.
+// It also waits for the end of a client's keeper whose last guard a
+// Release or Leave ended while the guard had no goroutine (keeper.go).
 // Settle is safe for concurrent use and needs no call to have given up: with
 // nothing in the background it returns nil at once. It waits on a signal,
 // not by polling.
