@@ -417,7 +417,8 @@ func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bo
 			if err == nil {
 				return
 			}
-			// actor.ErrStopped: it retired meanwhile; claim the guard.
+			// actor.ErrStopped: it retired, or went dormant, meanwhile:
+			// claim the guard as it is now.
 		}
 	}
 }
