@@ -223,3 +223,12 @@ func replyError(err error) error {
 // 64 goroutines on 64 keys go through it and 8 goroutines that take turns
 // on one lock do not (benchmarks module, scenarios keys64 and goroutines8).
 const pipelineAbove = 8
+
+// IsCluster reports whether the client is a *redis.ClusterClient, on
+// which a script's keys must share one slot (lease.Topology): distlock
+// then renews in batches per slot. A redis.UniversalClient made for
+// several addresses is a *redis.ClusterClient too.
+func (r *adapter) IsCluster() bool {
+	_, ok := r.rdb.(*redis.ClusterClient)
+	return ok
+}
