@@ -68,6 +68,11 @@ type guardActor struct {
 	// keeper.go).
 	keeper   *keeper
 	renewNow chan struct{}
+	// batcher sends the renewals of the client's guards in batches
+	// (batcher.go), from the actor's first renewal on; nil when its
+	// renewals go alone (with WithReplicaAck, or a store that cannot
+	// batch).
+	batcher  *batcher
 	retiring bool // a renewal was refused: exit once nothing is in flight
 	byTimer  bool // the first-renewal timer activated it
 	exit     bool // the loop returns
@@ -175,6 +180,9 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		if l.keeper != nil {
 			l.keeper.leave(l)
 		}
+		if l.batcher != nil {
+			l.batcher.leave()
+		}
 	}()
 	for !l.exit {
 		var lockDone <-chan struct{}
@@ -240,9 +248,20 @@ func (l *guardActor) handle(m guardMsg) {
 	}
 }
 
-// renewIn schedules the next renewal d from now.
+// renewIn schedules the next renewal d from now. Through the batcher, the
+// child starts a little earlier (renewSlack) and asks for the renewal to
+// be sent by d from now: it goes then, or earlier with the renewals of
+// other guards that are due within their own slack.
 func (l *guardActor) renewIn(d time.Duration) {
-	l.stopRenewal = l.a.GoAfter(d, l.renew)
+	if l.batcher == nil {
+		l.batcher = proc.batchers.join(l.g.e)
+	}
+	if l.batcher == nil {
+		l.stopRenewal = l.a.GoAfter(d, l.renew)
+		return
+	}
+	latest := time.Now().Add(d)
+	l.stopRenewal = l.a.GoAfter(d-renewSlack(d), func(actx context.Context) { l.renewBy(actx, latest) })
 }
 
 // unschedule stops a renewal that is scheduled and has not started, and
@@ -279,7 +298,14 @@ func (l *guardActor) armDeadline() {
 // guard (l.ended) ends it too. A lease whose deadline has passed
 // before the deadline timer said so gets a call that fails at once, and
 // the answer makes the guard Lost, as the timer would.
-func (l *guardActor) renew(actx context.Context) {
+func (l *guardActor) renew(actx context.Context) { l.renewBy(actx, time.Time{}) }
+
+// renewBy is renew through the batcher, when the actor has one, which
+// sends the renewal by latest. Its answer means what a lone renewal's
+// does; the send time is the batch's (no later than the script's start,
+// so the lease deadline counts from it as from a lone renewal's), or the
+// time of the ask when none was sent before the call's context ended.
+func (l *guardActor) renewBy(actx context.Context, latest time.Time) {
 	g := l.g
 	e := g.e
 	s := g.pub.st.Load()
@@ -290,7 +316,13 @@ func (l *guardActor) renew(actx context.Context) {
 	}
 	ctx, cancel := context.WithDeadline(l.ended, dl)
 	defer cancel()
-	r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
+	var r lease.Renewal
+	var err error
+	if l.batcher != nil {
+		sent, r, err = l.batcher.renew(ctx, e.keys, g.value, e.ttl, latest, sent)
+	} else {
+		r, err = e.store.Renew(ctx, e.keys, g.value, e.ttl)
+	}
 	_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
 }
 

@@ -1,0 +1,443 @@
+package distlock
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// Renewals in batches: the guards of one client renew through one batcher,
+// which sends one script for many leases (lease.Client.RenewBatch).
+//
+// # A transport, not a window
+//
+// The batcher changes how a renewal travels, not when it is due or what
+// its answer means. Each guard stays its own actor: its renewal child asks
+// the batcher, with the guard's own context (its deadline is the lease
+// deadline D, as for a renewal sent alone), and gets its own answer, which
+// renewed reads exactly as the answer of lease.Client.Renew.
+//
+// A renewal has slack: a lease renewed a little before it is due is just
+// as safe (it is only renewed more often). So the actor starts the child
+// renewSlack before the renewal is due, and the child asks with latest =
+// the due time. The batcher sends a group's pending renewals when the
+// earliest latest among them arrives, or at once when a renewal is asked
+// for with latest already past (a retry, the keeper's restart poke),
+// taking every renewal of the group pending then, MaxRenewBatch to a
+// script. A lone guard's renewal is so sent when it is due, as it was
+// without the batcher; many guards' renewals that fall due within the
+// slack of each other share a script. Their answers date their leases
+// from the batch's send time, so renewing together keeps them together:
+// after one batch, its members are due together again.
+//
+// # Deadlines (L1)
+//
+// Every member's wait ends at its own context's end: a member whose
+// deadline D comes before the batch's reply returns its context's error at
+// D, as a renewal sent alone does (renewed makes the guard Lost for it),
+// and its answer, when it comes, is dropped. A member that gives up
+// before its batch is sent is taken out of it. The batch's own call is
+// bounded by the latest deadline among its members: those whose deadline
+// is later still want the answer, and those whose deadline is earlier have
+// stopped waiting at their own. Splitting batches by deadline would only
+// matter if a member's renewal could do harm after its D, and it cannot:
+// the script extends a lease only while it holds the member's value, and
+// never re-creates one (L4), and the guard, Lost at D, regains only
+// through a renewal that it sends and sees confirmed. When every member of
+// a batch in flight has given up, the call is cancelled.
+//
+// # What is batched
+//
+// Every kind of lease (Mutex, Election, RWMutex in either mode, Semaphore)
+// may share a batch: the script renews each as its kind's own script does.
+// A guard whose engine waits for replicas (WithReplicaAck) renews alone,
+// since each renewal needs its own WAIT; so does one whose store cannot
+// batch (the tests' fakes). On a Redis Cluster a batch holds the leases of
+// one slot (lease.Client.BatchGroup; lease/batch.go says what batching per
+// node would need); on a standalone server or behind Sentinel, every lease
+// of the client.
+//
+// # Who owns it
+//
+// The batchers belong to the process (proc.batchers), one per client
+// identity while any guard of that client has an actor that renews
+// through it: an actor joins at its first renewal and leaves when it
+// exits; the last one out stops the batcher's goroutine and waits for it,
+// and the goroutine waits for its calls in flight (cancelled by then: no
+// member is left to want them).
+
+// batchRenewer is what a store offers to renew in batches
+// (*lease.Client does).
+type batchRenewer interface {
+	RenewBatch(ctx context.Context, items []lease.RenewItem, out []lease.Renewal) error
+	BatchGroup(k lease.Keys) int
+}
+
+// errBatcherStopped answers a renewal still pending when its batcher
+// stops, which happens only when no actor uses it (so no one is there to
+// read it): a failed attempt, like any call without a reply.
+var errBatcherStopped = errors.New("distlock: renewal batcher stopped")
+
+// batcherSet is the process's batchers, by client identity.
+type batcherSet struct {
+	mu sync.Mutex
+	m  map[any]*batcher
+}
+
+// batcher sends the renewals of one client's guards in batches; see above.
+type batcher struct {
+	set    *batcherSet
+	client any
+	store  batchRenewer
+	refs   int // actors that renew through it, under set.mu
+
+	mu     sync.Mutex
+	groups map[int]*askGroup // the groups with renewals pending
+	due    groupHeap         // the same groups, the earliest latest first
+	armed  time.Time         // when the loop wakes next; zero when it waits for an ask
+	flush  bool              // send every pending renewal now (flushAll)
+	closed bool              // the batcher has stopped
+
+	wake chan struct{} // one slot: something is due before armed
+	ctx  context.Context
+	stop context.CancelFunc
+	done chan struct{} // closed when run has returned
+}
+
+// askGroup is the pending renewals of one batch group, and the earliest
+// latest among them (it does not move later when one of them leaves: the
+// group is then sent a little early, within the others' slack).
+type askGroup struct {
+	id     int
+	asks   []*renewAsk
+	latest time.Time
+	index  int // in the heap
+}
+
+// renewAsk is one guard's renewal, pending or in flight. Its fields after
+// reply are the batcher's, under its mu.
+type renewAsk struct {
+	item     lease.RenewItem
+	group    int
+	latest   time.Time
+	deadline time.Time // the member's context's; zero when it has none
+	reply    chan renewAnswer
+
+	batch *renewBatch // the batch it went into, once sent
+	gone  bool        // the member stopped waiting
+}
+
+// renewAnswer is the answer to one member: the batch's send time, and its
+// outcome or the batch's error.
+type renewAnswer struct {
+	sent time.Time
+	r    lease.Renewal
+	err  error
+}
+
+// renewBatch is one script in flight; live counts the members that still
+// wait for it (under batcher.mu).
+type renewBatch struct {
+	asks   []*renewAsk
+	ctx    context.Context
+	cancel context.CancelFunc
+	live   int
+}
+
+// batcherFor returns the store's batch renewal if the engine's renewals
+// may be batched (see "What is batched").
+func batcherFor(e *engine) (batchRenewer, bool) {
+	if e.ack.Replicas > 0 {
+		return nil, false
+	}
+	br, ok := e.store.(batchRenewer)
+	return br, ok
+}
+
+// join returns the batcher of the guard's client, starting it if there is
+// none, or nil when the guard renews alone. The actor leaves it when it
+// exits.
+func (s *batcherSet) join(e *engine) *batcher {
+	br, ok := batcherFor(e)
+	if !ok {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.m[e.client]
+	if b == nil {
+		if s.m == nil {
+			s.m = make(map[any]*batcher)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		b = &batcher{set: s, client: e.client, store: br, groups: make(map[int]*askGroup),
+			wake: make(chan struct{}, 1), ctx: ctx, stop: stop, done: make(chan struct{})}
+		s.m[e.client] = b
+		go b.run()
+	}
+	b.refs++
+	return b
+}
+
+// leave counts an actor out; the last one out stops the batcher and waits
+// for its goroutine (which waits for its calls in flight, cancelled).
+func (b *batcher) leave() {
+	s := b.set
+	s.mu.Lock()
+	b.refs--
+	last := b.refs == 0
+	if last {
+		delete(s.m, b.client)
+		if len(s.m) == 0 {
+			s.m = nil
+		}
+	}
+	s.mu.Unlock()
+	if last {
+		b.stop()
+		<-b.done
+	}
+}
+
+// get returns the batcher of client, or nil.
+func (s *batcherSet) get(client any) *batcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[client]
+}
+
+// renew asks for one renewal of value's lease, to be sent by latest, and
+// waits for its answer or for ctx's end, whichever comes first: then it
+// returns ctx's error (with asked as the send time, for the latency), as
+// a renewal sent alone does when its context ends first. It returns the
+// batch's send time, from which the lease is dated when confirmed.
+func (b *batcher) renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
+	if err := ctx.Err(); err != nil {
+		return asked, lease.Renewal{}, err
+	}
+	dl, _ := ctx.Deadline()
+	a := &renewAsk{item: lease.RenewItem{Keys: k, Value: value, TTL: ttl}, group: b.store.BatchGroup(k),
+		latest: latest, deadline: dl, reply: make(chan renewAnswer, 1)}
+	b.add(a)
+	select {
+	case ans := <-a.reply:
+		return ans.sent, ans.r, ans.err
+	case <-ctx.Done():
+	}
+	b.drop(a)
+	select {
+	case ans := <-a.reply:
+		// Answered as ctx ended: the answer counts (renewed judges a
+		// confirmation that came too late).
+		return ans.sent, ans.r, ans.err
+	default:
+	}
+	return asked, lease.Renewal{}, ctx.Err()
+}
+
+// add puts a in its group, and wakes the loop if a is due before the loop
+// would wake.
+func (b *batcher) add(a *renewAsk) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		a.reply <- renewAnswer{err: errBatcherStopped}
+		return
+	}
+	g := b.groups[a.group]
+	switch {
+	case g == nil:
+		g = &askGroup{id: a.group, latest: a.latest}
+		b.groups[a.group] = g
+		heap.Push(&b.due, g)
+	case a.latest.Before(g.latest):
+		g.latest = a.latest
+		heap.Fix(&b.due, g.index)
+	}
+	g.asks = append(g.asks, a)
+	wake := b.armed.IsZero() || a.latest.Before(b.armed)
+	if wake {
+		b.armed = a.latest
+	}
+	b.mu.Unlock()
+	if wake {
+		b.poke()
+	}
+}
+
+// poke wakes the loop without blocking.
+func (b *batcher) poke() {
+	select {
+	case b.wake <- struct{}{}:
+	default: // woken already
+	}
+}
+
+// drop records that a's member stopped waiting: a pending renewal is left
+// out of its batch, and a batch in flight that nobody waits for any more is
+// cancelled.
+func (b *batcher) drop(a *renewAsk) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	a.gone = true
+	if bt := a.batch; bt != nil {
+		if bt.live--; bt.live == 0 {
+			bt.cancel()
+		}
+	}
+}
+
+// flushAll has every pending renewal sent now: the keeper's restart poke,
+// after which every guard should learn at once whether the server still
+// holds its lease.
+func (b *batcher) flushAll() {
+	b.mu.Lock()
+	b.flush = true
+	b.mu.Unlock()
+	b.poke()
+}
+
+// run is the batcher's goroutine: it sends each group when its earliest
+// latest arrives, until the batcher stops; then it answers whatever is
+// still pending and waits for its calls in flight.
+func (b *batcher) run() {
+	defer close(b.done)
+	var calls sync.WaitGroup
+	t := newStoppedTimer()
+	defer t.Stop()
+	for {
+		for _, bt := range b.take(time.Now()) {
+			calls.Go(func() { b.send(bt) })
+		}
+		b.mu.Lock()
+		next := b.armed
+		b.mu.Unlock()
+		if !next.IsZero() {
+			t.Reset(time.Until(next))
+		}
+		select {
+		case <-b.wake:
+			// An ask already due: let the other goroutines that are ready
+			// to ask (a retry after a failed batch, the keeper's poke of
+			// every guard) join it, without waiting on a clock.
+			runtime.Gosched()
+		case <-t.C:
+		case <-b.ctx.Done():
+			b.mu.Lock()
+			for _, g := range b.groups {
+				for _, a := range g.asks {
+					a.reply <- renewAnswer{err: errBatcherStopped}
+				}
+			}
+			b.groups, b.due, b.closed = nil, nil, true
+			b.mu.Unlock()
+			calls.Wait()
+			return
+		}
+		t.Stop()
+	}
+}
+
+// take returns the batches to send at now: every group whose earliest
+// latest has come (every group when flushing), MaxRenewBatch renewals to a
+// batch, leaving out the members that stopped waiting; and arms the loop
+// for the next group's.
+func (b *batcher) take(now time.Time) []*renewBatch {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*renewBatch
+	for len(b.due) > 0 && (b.flush || !b.due[0].latest.After(now)) {
+		g := heap.Pop(&b.due).(*askGroup)
+		delete(b.groups, g.id)
+		asks := g.asks[:0]
+		for _, a := range g.asks {
+			if !a.gone {
+				asks = append(asks, a)
+			}
+		}
+		for len(asks) > 0 {
+			n := min(len(asks), lease.MaxRenewBatch)
+			out = append(out, b.newBatch(asks[:n:n]))
+			asks = asks[n:]
+		}
+	}
+	b.flush = false
+	b.armed = time.Time{}
+	if len(b.due) > 0 {
+		b.armed = b.due[0].latest
+	}
+	return out
+}
+
+// newBatch makes a batch of asks, whose call ends at the latest of their
+// deadlines (see "Deadlines"), or when the batcher stops.
+func (b *batcher) newBatch(asks []*renewAsk) *renewBatch {
+	var dl time.Time
+	for _, a := range asks {
+		if a.deadline.IsZero() {
+			dl = time.Time{}
+			break
+		}
+		if a.deadline.After(dl) {
+			dl = a.deadline
+		}
+	}
+	bt := &renewBatch{asks: asks, live: len(asks)}
+	if dl.IsZero() {
+		bt.ctx, bt.cancel = context.WithCancel(b.ctx)
+	} else {
+		bt.ctx, bt.cancel = context.WithDeadline(b.ctx, dl)
+	}
+	for _, a := range asks {
+		a.batch = bt
+	}
+	return bt
+}
+
+// send makes one batch's call and answers each member (each reply slot
+// holds one answer, so this never blocks on a member that left).
+func (b *batcher) send(bt *renewBatch) {
+	defer bt.cancel()
+	items := make([]lease.RenewItem, len(bt.asks))
+	for i, a := range bt.asks {
+		items[i] = a.item
+	}
+	out := make([]lease.Renewal, len(items))
+	sent := time.Now()
+	err := b.store.RenewBatch(bt.ctx, items, out)
+	for i, a := range bt.asks {
+		if err != nil {
+			a.reply <- renewAnswer{sent: sent, err: err}
+			continue
+		}
+		a.reply <- renewAnswer{sent: sent, r: out[i]}
+	}
+}
+
+// groupHeap orders the groups with pending renewals by their earliest
+// latest (container/heap).
+type groupHeap []*askGroup
+
+func (h groupHeap) Len() int           { return len(h) }
+func (h groupHeap) Less(i, j int) bool { return h[i].latest.Before(h[j].latest) }
+func (h groupHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *groupHeap) Push(x any) {
+	g := x.(*askGroup)
+	g.index = len(*h)
+	*h = append(*h, g)
+}
+func (h *groupHeap) Pop() any {
+	old := *h
+	g := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return g
+}
