@@ -159,6 +159,16 @@ func batcherFor(e *engine) (batchRenewer, bool) {
 	return br, ok
 }
 
+// renewSlack is the slack of the engine's renewals of a lease renewed
+// every period: renewSlack's when they are batched, none when they go
+// alone (nothing to wait for).
+func (e *engine) renewSlack(period time.Duration) time.Duration {
+	if _, ok := batcherFor(e); !ok {
+		return 0
+	}
+	return renewSlack(period)
+}
+
 // join returns the batcher of the guard's client, starting it if there is
 // none, or nil when the guard renews alone. The actor leaves it when it
 // exits.

@@ -132,7 +132,7 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 	if lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
 	}
-	g.firstRenewal = time.AfterFunc(sent.Add(renewAfter(ttl)).Sub(now), g.activate)
+	g.firstRenewal = time.AfterFunc(sent.Add(renewAfter(ttl)-e.renewSlack(renewAfter(ttl))).Sub(now), g.activate)
 	return g
 }
 

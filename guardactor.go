@@ -249,19 +249,23 @@ func (l *guardActor) handle(m guardMsg) {
 }
 
 // renewIn schedules the next renewal d from now. Through the batcher, the
-// child starts a little earlier (renewSlack) and asks for the renewal to
-// be sent by d from now: it goes then, or earlier with the renewals of
-// other guards that are due within their own slack.
+// child starts a little earlier (the slack of the renewal period, or
+// at once when less than that is left: a retry, the first renewal, whose
+// timer took the slack already) and asks for the renewal to be sent by d
+// from now: it goes then, or earlier with the renewals of other guards
+// that are due within their own slack.
 func (l *guardActor) renewIn(d time.Duration) {
+	e := l.g.e
 	if l.batcher == nil {
-		l.batcher = proc.batchers.join(l.g.e)
+		l.batcher = proc.batchers.join(e)
 	}
 	if l.batcher == nil {
 		l.stopRenewal = l.a.GoAfter(d, l.renew)
 		return
 	}
 	latest := time.Now().Add(d)
-	l.stopRenewal = l.a.GoAfter(d-renewSlack(d), func(actx context.Context) { l.renewBy(actx, latest) })
+	slack := min(max(d, 0), renewSlack(renewAfter(e.ttl)))
+	l.stopRenewal = l.a.GoAfter(d-slack, func(actx context.Context) { l.renewBy(actx, latest) })
 }
 
 // unschedule stops a renewal that is scheduled and has not started, and

@@ -45,15 +45,15 @@ func leaseDeadline(sent time.Time, ttl time.Duration) time.Time {
 // extends it to the full TTL, comes a third of the window in.
 func renewAfter(ttl time.Duration) time.Duration { return ttl / 3 }
 
-// renewSlack is how much earlier than due a renewal that is d away may be
-// sent, so that the renewals of many guards of one client share a batch
-// (batcher.go): a twentieth of the wait, at most maxRenewSlack. A renewal
-// sent early is as safe as one sent on time (its lease is counted from its
-// send time); it only comes a little more often: 5% more renewals of a
-// lease renewed every TTL/3. A lone guard's renewal is still sent when it
-// is due: the slack lets it wait for company, never makes it wait longer.
-func renewSlack(d time.Duration) time.Duration {
-	return min(max(d, 0)/20, maxRenewSlack)
+// renewSlack is how much earlier than due a renewal of a lease renewed
+// every period may be sent, so that the renewals of many guards of one
+// client share a batch (batcher.go): a twentieth of the period, at most
+// maxRenewSlack. A renewal sent early is as safe as one sent on time (its
+// lease is counted from its send time); it only comes a little more
+// often: at most 5% more renewals. A lone guard's renewal is still sent
+// when it is due: the slack lets it wait for company, never longer.
+func renewSlack(period time.Duration) time.Duration {
+	return min(max(period, 0)/20, maxRenewSlack)
 }
 
 // maxRenewSlack bounds renewSlack: the fraction of a guard's life that its
