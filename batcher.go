@@ -18,9 +18,10 @@ import (
 //
 // The batcher changes how a renewal travels, not when it is due or what
 // its answer means. Each guard stays its own actor: its renewal child asks
-// the batcher, with the guard's own context (its deadline is the lease
-// deadline D, as for a renewal sent alone), and gets its own answer, which
-// renewed reads exactly as the answer of lease.Client.Renew.
+// the batcher, with the guard's own deadline (the lease deadline D, as for
+// a renewal sent alone) and the context that the guard's end cancels, and
+// gets its own answer, which renewed reads exactly as the answer of
+// lease.Client.Renew.
 //
 // A renewal has slack: a lease renewed a little before it is due is just
 // as safe (it is only renewed more often). So the actor starts the child
@@ -37,14 +38,19 @@ import (
 //
 // # Deadlines (L1)
 //
-// Every member's wait ends at its own context's end: a member whose
-// deadline D comes before the batch's reply returns its context's error at
-// D, as a renewal sent alone does (renewed makes the guard Lost for it),
-// and its answer, when it comes, is dropped. A member that gives up
-// before its batch is sent is taken out of it. The batch's own call is
-// bounded by the latest deadline among its members: those whose deadline
-// is later still want the answer, and those whose deadline is earlier have
-// stopped waiting at their own. Splitting batches by deadline would only
+// Every member's wait ends at its own deadline: a member whose deadline D
+// comes before the batch's reply is answered context.DeadlineExceeded at
+// D, as a renewal sent alone returns when its context's deadline passes
+// (renewed makes the guard Lost for it), and the batch's answer, when it
+// comes, is dropped for it. The batcher keeps those deadlines itself, with
+// one timer per batch in flight rather than a context and a timer per
+// renewal: with 100,000 held locks, a context.WithDeadline per renewal
+// was a fifth of the client's CPU. A member that gives up (the guard
+// ends) before its batch is sent is taken out of it; one whose deadline
+// passes before it is sent is answered and not sent. The batch's own call
+// is bounded by the latest deadline among its members: those whose
+// deadline is later still want the answer, and those whose deadline is
+// earlier have been answered at their own. Splitting batches by deadline would only
 // matter if a member's renewal could do harm after its D, and it cannot:
 // the script extends a lease only while it holds the member's value, and
 // never re-creates one (L4), and the guard, Lost at D, regains only
@@ -125,11 +131,13 @@ type renewAsk struct {
 	item     lease.RenewItem
 	group    int
 	latest   time.Time
-	deadline time.Time // the member's context's; zero when it has none
+	deadline time.Time // the member's lease deadline; zero when it has none
+	asked    time.Time // when the member asked, the send time of an answer without a batch
 	reply    chan renewAnswer
 
-	batch *renewBatch // the batch it went into, once sent
-	gone  bool        // the member stopped waiting
+	batch    *renewBatch // the batch it went into, once sent
+	gone     bool        // the member stopped waiting
+	answered bool        // reply holds its one answer
 }
 
 // renewAnswer is the answer to one member: the batch's send time, and its
@@ -147,6 +155,7 @@ type renewBatch struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	live   int
+	timer  *time.Timer // at the earliest deadline of a member not answered yet
 }
 
 // batcherFor returns the store's batch renewal if the engine's renewals
@@ -222,32 +231,50 @@ func (s *batcherSet) get(client any) *batcher {
 }
 
 // renew asks for one renewal of value's lease, to be sent by latest, and
-// waits for its answer or for ctx's end, whichever comes first: then it
-// returns ctx's error (with asked as the send time, for the latency), as
-// a renewal sent alone does when its context ends first. It returns the
-// batch's send time, from which the lease is dated when confirmed.
-func (b *batcher) renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
-	if err := ctx.Err(); err != nil {
-		return asked, lease.Renewal{}, err
+// waits for its answer, for its deadline dl (zero: none) or for ended's
+// end, whichever comes first. At dl it returns context.DeadlineExceeded,
+// and when ended ends ended's error, with asked as the send time (for the
+// latency), as a renewal sent alone returns its context's error. Otherwise
+// it returns the batch's send time, from which the lease is dated when
+// confirmed.
+func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
+	switch {
+	case ended.Err() != nil:
+		return asked, lease.Renewal{}, ended.Err()
+	case !dl.IsZero() && !asked.Before(dl):
+		return asked, lease.Renewal{}, context.DeadlineExceeded
 	}
-	dl, _ := ctx.Deadline()
 	a := &renewAsk{item: lease.RenewItem{Keys: k, Value: value, TTL: ttl}, group: b.store.BatchGroup(k),
-		latest: latest, deadline: dl, reply: make(chan renewAnswer, 1)}
+		latest: latest, deadline: dl, asked: asked, reply: make(chan renewAnswer, 1)}
 	b.add(a)
 	select {
 	case ans := <-a.reply:
 		return ans.sent, ans.r, ans.err
-	case <-ctx.Done():
+	case <-ended.Done():
 	}
 	b.drop(a)
 	select {
 	case ans := <-a.reply:
-		// Answered as ctx ended: the answer counts (renewed judges a
-		// confirmation that came too late).
+		// Answered as the guard ended: the answer counts (and the actor,
+		// ending, reads none).
 		return ans.sent, ans.r, ans.err
 	default:
 	}
-	return asked, lease.Renewal{}, ctx.Err()
+	return asked, lease.Renewal{}, ended.Err()
+}
+
+// answer gives a its one answer, unless it has one; the caller holds b.mu.
+// The reply slot holds one answer, so this never blocks.
+func (a *renewAsk) answer(ans renewAnswer) {
+	if !a.answered {
+		a.answered = true
+		a.reply <- ans
+	}
+}
+
+// expired is the answer of a member whose deadline passed first.
+func (a *renewAsk) expired() renewAnswer {
+	return renewAnswer{sent: a.asked, err: context.DeadlineExceeded}
 }
 
 // add puts a in its group, and wakes the loop if a is due before the loop
@@ -255,8 +282,8 @@ func (b *batcher) renew(ctx context.Context, k lease.Keys, value string, ttl tim
 func (b *batcher) add(a *renewAsk) {
 	b.mu.Lock()
 	if b.closed {
+		a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
 		b.mu.Unlock()
-		a.reply <- renewAnswer{err: errBatcherStopped}
 		return
 	}
 	g := b.groups[a.group]
@@ -294,11 +321,20 @@ func (b *batcher) poke() {
 func (b *batcher) drop(a *renewAsk) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if a.gone || a.answered {
+		return
+	}
 	a.gone = true
 	if bt := a.batch; bt != nil {
-		if bt.live--; bt.live == 0 {
-			bt.cancel()
-		}
+		bt.left()
+	}
+}
+
+// left counts a member out of bt, and cancels bt's call when nobody waits
+// for it any more; the caller holds b.mu.
+func (bt *renewBatch) left() {
+	if bt.live--; bt.live == 0 {
+		bt.cancel()
 	}
 }
 
@@ -341,7 +377,7 @@ func (b *batcher) run() {
 			b.mu.Lock()
 			for _, g := range b.groups {
 				for _, a := range g.asks {
-					a.reply <- renewAnswer{err: errBatcherStopped}
+					a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
 				}
 			}
 			b.groups, b.due, b.closed = nil, nil, true
@@ -355,8 +391,8 @@ func (b *batcher) run() {
 
 // take returns the batches to send at now: every group whose earliest
 // latest has come (every group when flushing), MaxRenewBatch renewals to a
-// batch, leaving out the members that stopped waiting; and arms the loop
-// for the next group's.
+// batch, leaving out the members that stopped waiting and answering those
+// whose deadline has passed; and arms the loop for the next group's.
 func (b *batcher) take(now time.Time) []*renewBatch {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -366,7 +402,11 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 		delete(b.groups, g.id)
 		asks := g.asks[:0]
 		for _, a := range g.asks {
-			if !a.gone {
+			switch {
+			case a.gone:
+			case !a.deadline.IsZero() && !now.Before(a.deadline):
+				a.answer(a.expired())
+			default:
 				asks = append(asks, a)
 			}
 		}
@@ -409,8 +449,8 @@ func (b *batcher) newBatch(asks []*renewAsk) *renewBatch {
 	return bt
 }
 
-// send makes one batch's call and answers each member (each reply slot
-// holds one answer, so this never blocks on a member that left).
+// send makes one batch's call and answers each member that has no answer
+// yet; until the reply, a timer answers each member at its deadline.
 func (b *batcher) send(bt *renewBatch) {
 	defer bt.cancel()
 	items := make([]lease.RenewItem, len(bt.asks))
@@ -419,13 +459,51 @@ func (b *batcher) send(bt *renewBatch) {
 	}
 	out := make([]lease.Renewal, len(items))
 	sent := time.Now()
+	b.mu.Lock()
+	b.armExpiry(bt, sent)
+	b.mu.Unlock()
 	err := b.store.RenewBatch(bt.ctx, items, out)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if bt.timer != nil {
+		bt.timer.Stop()
+	}
 	for i, a := range bt.asks {
 		if err != nil {
-			a.reply <- renewAnswer{sent: sent, err: err}
+			a.answer(renewAnswer{sent: sent, err: err})
 			continue
 		}
-		a.reply <- renewAnswer{sent: sent, r: out[i]}
+		a.answer(renewAnswer{sent: sent, r: out[i]})
+	}
+}
+
+// armExpiry answers the members of bt whose deadline has come by now, and
+// arms bt's timer for the earliest deadline of the others that comes
+// before the call's own (the latest: the call's context ends it). The
+// caller holds b.mu.
+func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
+	var next time.Time
+	callEnd, _ := bt.ctx.Deadline()
+	for _, a := range bt.asks {
+		switch {
+		case a.answered || a.gone || a.deadline.IsZero():
+		case !now.Before(a.deadline):
+			a.answer(a.expired())
+			bt.left()
+		case a.deadline.Before(callEnd) && (next.IsZero() || a.deadline.Before(next)):
+			next = a.deadline
+		}
+	}
+	switch {
+	case next.IsZero():
+	case bt.timer == nil:
+		bt.timer = time.AfterFunc(next.Sub(now), func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.armExpiry(bt, time.Now())
+		})
+	default:
+		bt.timer.Reset(next.Sub(now))
 	}
 }
 

@@ -337,9 +337,7 @@ func TestBatcherMemberDeadline(t *testing.T) {
 		var wg sync.WaitGroup
 		ask := func(k lease.Keys, value string, d time.Duration, res *result) {
 			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(t.Context(), d)
-				defer cancel()
-				res.sent, res.r, res.err = b.renew(ctx, k, value, fakeTTL, start.Add(10*time.Millisecond), time.Now())
+				res.sent, res.r, res.err = b.renew(t.Context(), start.Add(d), k, value, fakeTTL, start.Add(10*time.Millisecond), time.Now())
 				res.at = time.Now()
 			})
 		}
@@ -378,8 +376,12 @@ func TestBatcherDropsMembersThatLeft(t *testing.T) {
 		ctxB, cancelB := context.WithCancel(t.Context())
 		var errA, errB error
 		var wg sync.WaitGroup
-		wg.Go(func() { _, _, errA = b.renew(ctxA, lease.Keys{Lease: "a"}, "va", fakeTTL, latest, time.Now()) })
-		wg.Go(func() { _, _, errB = b.renew(ctxB, lease.Keys{Lease: "b"}, "vb", fakeTTL, latest, time.Now()) })
+		wg.Go(func() {
+			_, _, errA = b.renew(ctxA, time.Time{}, lease.Keys{Lease: "a"}, "va", fakeTTL, latest, time.Now())
+		})
+		wg.Go(func() {
+			_, _, errB = b.renew(ctxB, time.Time{}, lease.Keys{Lease: "b"}, "vb", fakeTTL, latest, time.Now())
+		})
 		time.Sleep(50 * time.Millisecond)
 		cancelA()
 		time.Sleep(100 * time.Millisecond)
@@ -408,7 +410,9 @@ func TestBatcherDueAtOnceAndFlush(t *testing.T) {
 		start := time.Now()
 		var wg sync.WaitGroup
 		ask := func(k string, latest time.Time) {
-			wg.Go(func() { _, _, _ = b.renew(t.Context(), lease.Keys{Lease: k}, "v", fakeTTL, latest, time.Now()) })
+			wg.Go(func() {
+				_, _, _ = b.renew(t.Context(), time.Time{}, lease.Keys{Lease: k}, "v", fakeTTL, latest, time.Now())
+			})
 		}
 		ask("a", start.Add(time.Second))
 		synctest.Wait()

@@ -318,14 +318,15 @@ func (l *guardActor) renewBy(actx context.Context, latest time.Time) {
 	if s.state == Acquired {
 		dl = s.deadline
 	}
-	ctx, cancel := context.WithDeadline(l.ended, dl)
-	defer cancel()
 	var r lease.Renewal
 	var err error
 	if l.batcher != nil {
-		sent, r, err = l.batcher.renew(ctx, e.keys, g.value, e.ttl, latest, sent)
+		// The batcher keeps dl itself (see batcher.go, "Deadlines").
+		sent, r, err = l.batcher.renew(l.ended, dl, e.keys, g.value, e.ttl, latest, sent)
 	} else {
+		ctx, cancel := context.WithDeadline(l.ended, dl)
 		r, err = e.store.Renew(ctx, e.keys, g.value, e.ttl)
+		cancel()
 	}
 	_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
 }

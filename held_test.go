@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,10 +36,12 @@ type heldResult struct {
 	commands      int64 // sent by the client during the hold
 	renewals      int64 // renewals answered during the hold (the Observer's)
 	renewFailures int64 // of those, the ones that failed or were refused
+	renewErrors   map[string]int
 	lost          int64 // transitions to Lost, at any time before the releases
 	notAcquired   int   // guards not Acquired at the end of the hold
 	releaseErrors int64
 	redisCPU      time.Duration // used_cpu_sys + used_cpu_user during the hold
+	clientCPU     time.Duration // this process's user and system time during the hold
 	heapPerLock   float64       // bytes, at the end of the hold
 	stackPerLock  float64
 	goroutines    float64 // per lock
@@ -46,11 +49,15 @@ type heldResult struct {
 	fenceKeys     int
 }
 
-func (r heldResult) perSecond(n int64, hold time.Duration) float64 { return float64(n) / hold.Seconds() }
+func (r heldResult) perSecond(n int64, hold time.Duration) float64 {
+	return float64(n) / hold.Seconds()
+}
 
 // heldObserver counts renewals and losses.
 type heldObserver struct {
 	renewals, failures, lost atomic.Int64
+	mu                       sync.Mutex
+	errs                     map[string]int // failed renewals by error text
 }
 
 func (o *heldObserver) ObserveAcquire(distlock.AcquireInfo) {}
@@ -58,6 +65,14 @@ func (o *heldObserver) ObserveRenew(r distlock.RenewInfo) {
 	o.renewals.Add(1)
 	if r.Err != nil {
 		o.failures.Add(1)
+		o.mu.Lock()
+		if o.errs == nil {
+			o.errs = map[string]int{}
+		}
+		if len(o.errs) < 10 {
+			o.errs[r.Err.Error()]++
+		}
+		o.mu.Unlock()
 	}
 }
 func (o *heldObserver) ObserveTransition(t distlock.TransitionInfo) {
@@ -112,13 +127,14 @@ func holdMany(tb testing.TB, cfg heldConfig) heldResult {
 		res.firstLockErr = e
 	}
 
-	cpu0 := redisCPU(tb, srv)
+	cpu0, self0 := redisCPU(tb, srv), processCPU(tb)
 	cmds0, renewals0, failures0 := counter.Load(), obs.renewals.Load(), obs.failures.Load()
 	time.Sleep(cfg.hold)
 	res.commands = counter.Load() - cmds0
 	res.renewals = obs.renewals.Load() - renewals0
 	res.renewFailures = obs.failures.Load() - failures0
 	res.redisCPU = redisCPU(tb, srv) - cpu0
+	res.clientCPU = processCPU(tb) - self0
 
 	runtime.GC()
 	var after runtime.MemStats
@@ -133,6 +149,9 @@ func holdMany(tb testing.TB, cfg heldConfig) heldResult {
 		}
 	}
 	res.lost = obs.lost.Load()
+	obs.mu.Lock()
+	res.renewErrors = obs.errs
+	obs.mu.Unlock()
 	each(func(i int) {
 		if g := guards[i]; g != nil {
 			if _, err := g.Release(context.Background()); err != nil {
@@ -161,6 +180,16 @@ func redisCPU(tb testing.TB, srv *redistest.Server) time.Duration {
 		total += time.Duration(s * float64(time.Second))
 	}
 	return total
+}
+
+// processCPU returns the CPU time this process has used, user and system.
+func processCPU(tb testing.TB) time.Duration {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // leftKeys returns the keys left in the server but the fencing keys (kept
@@ -196,10 +225,15 @@ func (r heldResult) report(tb testing.TB, cfg heldConfig) {
 	tb.Logf("commands/s %.0f, renewals/s %.0f (expected %.0f), renewals per command %.1f, failed renewals %d",
 		r.perSecond(r.commands, cfg.hold), r.perSecond(r.renewals, cfg.hold), float64(cfg.locks)/renewPeriod(cfg.ttl).Seconds(),
 		float64(r.renewals)/float64(max(r.commands, 1)), r.renewFailures)
+	tb.Logf("client CPU %.1f%% of a core (%.1f µs per renewal)", 100*r.clientCPU.Seconds()/cfg.hold.Seconds(),
+		float64(r.clientCPU.Microseconds())/float64(max(r.renewals, 1)))
 	tb.Logf("Redis CPU %.1f%% of a core; memory per held lock: heap %.0f B, stacks %.0f B (%.2f KiB), goroutines per lock %.3f",
 		100*r.redisCPU.Seconds()/cfg.hold.Seconds(), r.heapPerLock, r.stackPerLock, (r.heapPerLock+r.stackPerLock)/1024, r.goroutines)
 	tb.Logf("Lock errors %d (first: %v), Lost %d, not Acquired at the end %d, Release errors %d, keys left %d (fencing keys kept: %d)",
 		r.lockErrors, r.firstLockErr, r.lost, r.notAcquired, r.releaseErrors, len(r.keysLeft), r.fenceKeys)
+	for e, n := range r.renewErrors {
+		tb.Logf("failed renewals: %d× %s", n, e)
+	}
 	if b, ok := tb.(*testing.B); ok {
 		b.ReportMetric(r.heapPerLock, "heap-B/lock")
 		b.ReportMetric(r.stackPerLock, "stack-B/lock")
@@ -208,6 +242,7 @@ func (r heldResult) report(tb testing.TB, cfg heldConfig) {
 		b.ReportMetric(r.perSecond(r.renewals, cfg.hold), "renewals/s")
 		b.ReportMetric(float64(r.renewals)/float64(max(r.commands, 1)), "renewals/command")
 		b.ReportMetric(100*r.redisCPU.Seconds()/cfg.hold.Seconds(), "redis-cpu-%")
+		b.ReportMetric(100*r.clientCPU.Seconds()/cfg.hold.Seconds(), "client-cpu-%")
 		b.ReportMetric(float64(r.lost), "false-lost")
 		b.ReportMetric(float64(r.notAcquired), "not-acquired-at-end")
 		b.ReportMetric(float64(r.lockErrors), "lock-errors")
