@@ -244,6 +244,11 @@ func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value
 	case !dl.IsZero() && !asked.Before(dl):
 		return asked, lease.Renewal{}, context.DeadlineExceeded
 	}
+	if !dl.IsZero() && dl.Before(latest) {
+		// Sent by its deadline at the latest, where take answers it
+		// instead: a pending member also learns its deadline on time.
+		latest = dl
+	}
 	a := &renewAsk{item: lease.RenewItem{Keys: k, Value: value, TTL: ttl}, group: b.store.BatchGroup(k),
 		latest: latest, deadline: dl, asked: asked, reply: make(chan renewAnswer, 1)}
 	b.add(a)

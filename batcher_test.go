@@ -361,6 +361,35 @@ func TestBatcherMemberDeadline(t *testing.T) {
 	})
 }
 
+// TestBatcherPendingPastDeadline checks L1 for a member still pending: one
+// whose deadline comes before its latest is answered at its deadline and
+// not sent; the other renewal pending then goes out at that moment, as
+// with any group that falls due.
+func TestBatcherPendingPastDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		b := batcherOf(t, s)
+		start := time.Now()
+		var at time.Time
+		var err error
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, _, err = b.renew(t.Context(), start.Add(50*time.Millisecond), lease.Keys{Lease: "a"}, "va", fakeTTL, start.Add(time.Second), start)
+			at = time.Now()
+		})
+		wg.Go(func() {
+			_, _, _ = b.renew(t.Context(), start.Add(time.Minute), lease.Keys{Lease: "b"}, "vb", fakeTTL, start.Add(100*time.Millisecond), start)
+		})
+		wg.Wait()
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Equal(t, start.Add(50*time.Millisecond), at, "answered at its deadline")
+		calls := s.calls()
+		require.Len(t, calls, 1)
+		assert.Equal(t, []string{"vb"}, calls[0].values, "a is not sent past its deadline")
+		assert.Equal(t, start.Add(50*time.Millisecond), calls[0].sent)
+	})
+}
+
 // TestBatcherDropsMembersThatLeft checks that a member that gives up before
 // its batch is sent is left out of it, and that a batch in flight whose
 // every member gave up is cancelled.
