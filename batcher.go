@@ -113,6 +113,9 @@ type batcher struct {
 	ctx  context.Context
 	stop context.CancelFunc
 	done chan struct{} // closed when run has returned
+	// calls counts the batches in flight and their deadline timers' runs
+	// (armed or running), which run waits for when the batcher stops.
+	calls sync.WaitGroup
 }
 
 // askGroup is the pending renewals of one batch group, and the earliest
@@ -358,12 +361,11 @@ func (b *batcher) flushAll() {
 // still pending and waits for its calls in flight.
 func (b *batcher) run() {
 	defer close(b.done)
-	var calls sync.WaitGroup
 	t := newStoppedTimer()
 	defer t.Stop()
 	for {
 		for _, bt := range b.take(time.Now()) {
-			calls.Go(func() { b.send(bt) })
+			b.calls.Go(func() { b.send(bt) })
 		}
 		b.mu.Lock()
 		next := b.armed
@@ -387,7 +389,7 @@ func (b *batcher) run() {
 			}
 			b.groups, b.due, b.closed = nil, nil, true
 			b.mu.Unlock()
-			calls.Wait()
+			b.calls.Wait()
 			return
 		}
 		t.Stop()
@@ -470,8 +472,8 @@ func (b *batcher) send(bt *renewBatch) {
 	err := b.store.RenewBatch(bt.ctx, items, out)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if bt.timer != nil {
-		bt.timer.Stop()
+	if bt.timer != nil && bt.timer.Stop() {
+		b.calls.Done() // the run it was armed for will not come
 	}
 	for i, a := range bt.asks {
 		if err != nil {
@@ -484,8 +486,9 @@ func (b *batcher) send(bt *renewBatch) {
 
 // armExpiry answers the members of bt whose deadline has come by now, and
 // arms bt's timer for the earliest deadline of the others that comes
-// before the call's own (the latest: the call's context ends it). The
-// caller holds b.mu.
+// before the call's own (the latest: the call's context ends it). It is
+// called by send, before the call, and by the timer. Each arming counts in
+// b.calls until its run ends or send stops it. The caller holds b.mu.
 func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 	var next time.Time
 	callEnd, _ := bt.ctx.Deadline()
@@ -499,17 +502,20 @@ func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 			next = a.deadline
 		}
 	}
-	switch {
-	case next.IsZero():
-	case bt.timer == nil:
+	if next.IsZero() {
+		return
+	}
+	b.calls.Add(1)
+	if bt.timer == nil {
 		bt.timer = time.AfterFunc(next.Sub(now), func() {
+			defer b.calls.Done()
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			b.armExpiry(bt, time.Now())
 		})
-	default:
-		bt.timer.Reset(next.Sub(now))
+		return
 	}
+	bt.timer.Reset(next.Sub(now)) // from its own run: it is not armed
 }
 
 // groupHeap orders the groups with pending renewals by their earliest
