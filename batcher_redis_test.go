@@ -87,3 +87,50 @@ func TestBatchRenewalCluster(t *testing.T) {
 	assert.Zero(t, obs.failures.Load(), "failed renewals: %v", obs.errs)
 	assert.Zero(t, obs.lost.Load(), "Lost events")
 }
+
+// TestBatchRenewalRestartNoticed holds many locks when Redis restarts
+// empty: the keeper's poke has every guard renew at once, through the
+// batcher, so they all learn they are Lost within a round trip of the
+// server answering again, in a few commands rather than one per guard.
+func TestBatchRenewalRestartNoticed(t *testing.T) {
+	const (
+		locks = 1000
+		ttl   = 3 * time.Second
+		// Well before the next scheduled renewal (TTL/3 after the first).
+		within = 500 * time.Millisecond
+	)
+	srv := redistest.Start(t)
+	c, counter := srv.CountingClient(t)
+	guards := make([]*distlock.Guard, locks)
+	for i := range guards {
+		m, err := distlock.NewMutex(c, "restart:"+strconv.Itoa(i), distlock.WithTTL(ttl))
+		require.NoError(t, err)
+		guards[i], err = m.Lock(t.Context())
+		require.NoError(t, err)
+	}
+	// Past the first renewal, every guard has its actor, which the
+	// keeper watches.
+	time.Sleep(ttl/3 + 100*time.Millisecond)
+	srv.Restart()
+	restarted, cmds := time.Now(), counter.Load()
+	lost := func() int {
+		n := 0
+		for _, g := range guards {
+			if g.State() == distlock.Lost {
+				n++
+			}
+		}
+		return n
+	}
+	for lost() < locks && time.Since(restarted) < ttl/3 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	took, sent := time.Since(restarted), counter.Load()-cmds
+	t.Logf("%d of %d guards Lost %v after the restart, with %d commands", lost(), locks, took, sent)
+	assert.Equal(t, locks, lost(), "guards Lost after the restart")
+	assert.Less(t, took, within, "the guards learnt of the restart at their next renewal, not at once")
+	assert.Less(t, sent, int64(locks/20), "commands from the restart until every guard was Lost")
+	for _, g := range guards {
+		_, _ = g.Release(t.Context())
+	}
+}
