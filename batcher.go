@@ -65,8 +65,9 @@ import (
 // since each renewal needs its own WAIT; so does one whose store cannot
 // batch (the tests' fakes). On a Redis Cluster a batch holds the leases of
 // one slot (lease.Client.BatchGroup; lease/batch.go says what batching per
-// node would need); on a standalone server or behind Sentinel, every lease
-// of the client.
+// node would need), on a client that shards by hash tag (go-redis's Ring)
+// one lock's; on a standalone server or behind Sentinel, every lease of
+// the client.
 //
 // # Who owns it
 //
@@ -81,7 +82,7 @@ import (
 // (*lease.Client does).
 type batchRenewer interface {
 	RenewBatch(ctx context.Context, items []lease.RenewItem, out []lease.Renewal) error
-	BatchGroup(k lease.Keys) int
+	BatchGroup(k lease.Keys) string
 }
 
 // errBatcherStopped answers a renewal still pending when its batcher
@@ -103,11 +104,11 @@ type batcher struct {
 	refs   int // actors that renew through it, under set.mu
 
 	mu     sync.Mutex
-	groups map[int]*askGroup // the groups with renewals pending
-	due    groupHeap         // the same groups, the earliest latest first
-	armed  time.Time         // when the loop wakes next; zero when it waits for an ask
-	flush  bool              // send every pending renewal now (flushAll)
-	closed bool              // the batcher has stopped
+	groups map[string]*askGroup // the groups with renewals pending
+	due    groupHeap            // the same groups, the earliest latest first
+	armed  time.Time            // when the loop wakes next; zero when it waits for an ask
+	flush  bool                 // send every pending renewal now (flushAll)
+	closed bool                 // the batcher has stopped
 
 	wake chan struct{} // one slot: something is due before armed
 	ctx  context.Context
@@ -122,7 +123,7 @@ type batcher struct {
 // latest among them (it does not move later when one of them leaves: the
 // group is then sent a little early, within the others' slack).
 type askGroup struct {
-	id     int
+	id     string
 	asks   []*renewAsk
 	latest time.Time
 	index  int // in the heap
@@ -132,7 +133,7 @@ type askGroup struct {
 // reply are the batcher's, under its mu.
 type renewAsk struct {
 	item     lease.RenewItem
-	group    int
+	group    string
 	latest   time.Time
 	deadline time.Time // the member's lease deadline; zero when it has none
 	asked    time.Time // when the member asked, the send time of an answer without a batch
@@ -197,7 +198,7 @@ func (s *batcherSet) join(e *engine) *batcher {
 			s.m = make(map[any]*batcher)
 		}
 		ctx, stop := context.WithCancel(context.Background())
-		b = &batcher{set: s, client: e.client, store: br, groups: make(map[int]*askGroup),
+		b = &batcher{set: s, client: e.client, store: br, groups: make(map[string]*askGroup),
 			wake: make(chan struct{}, 1), ctx: ctx, stop: stop, done: make(chan struct{})}
 		s.m[e.client] = b
 		go b.run()

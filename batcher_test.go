@@ -107,7 +107,7 @@ func (s *batchStore) RenewBatch(ctx context.Context, items []lease.RenewItem, ou
 	return nil
 }
 
-func (s *batchStore) BatchGroup(lease.Keys) int { return 0 }
+func (s *batchStore) BatchGroup(lease.Keys) string { return "" }
 
 func (s *batchStore) Release(ctx context.Context, k lease.Keys, value string) (lease.Release, error) {
 	s.mu.Lock()

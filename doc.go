@@ -259,7 +259,8 @@
 // The guards of one client renew through one script for many leases: each
 // guard's renewal may go up to a twentieth of TTL/3 early (250 ms at most),
 // so that the renewals due about the same time share a script (up to 500
-// leases, of every kind; on a Redis Cluster, those of one hash slot). A
+// leases, of every kind; on a Redis Cluster, those of one hash slot; on
+// a go-redis Ring, those of one lock). A
 // guard alone is renewed when it is due, as ever; each guard keeps its own
 // deadline and its own answer, and a renewal refused for one lease of a
 // batch makes that guard alone Lost. 100,000 locks held with a 6 s TTL make

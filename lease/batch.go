@@ -29,10 +29,13 @@ import (
 // span slots (CROSSSLOT), and rueidis refuses to build such a command on a
 // cluster client (it panics). So on a Cluster a batch holds the leases of
 // one slot ([Client.BatchGroup] says which leases may share a batch), and
-// on a standalone server or behind Sentinel, every lease of the client.
-// A [Redis] tells which it is by implementing [Topology]; one that does
-// not is taken for a Cluster, which is right everywhere, only with smaller
-// batches where it is not one.
+// on a standalone server or behind Sentinel, every lease of the client. A
+// client that spreads keys over servers by itself, such as go-redis's
+// Ring (which places a key by its hash tag, not by slot), batches the
+// leases of one hash tag: one lock's. A [Redis] tells which it is by
+// implementing [Topology]; one that does not is taken for one that shards
+// by hash tag, which is right for every client that can run the lease
+// scripts at all (their keys share one tag), only with smaller batches.
 //
 // Batching per node rather than per slot (16,384 slots: 100,000 locks are
 // about six per slot) would need
@@ -65,21 +68,42 @@ import (
 const MaxRenewBatch = 500
 
 // ErrBadBatch is returned by [Client.RenewBatch] for a batch it cannot
-// send: too many leases, leases of several slots on a Cluster, or a Client
+// send: too many leases, leases of several groups (see
+// [Client.BatchGroup]), or a Client
 // that waits for replicas (see [NewWithAck]; its renewals go one at a
 // time, each with its WAIT).
 var ErrBadBatch = errors.New("lease: invalid renewal batch")
 
-// Topology is implemented by a [Redis] that knows whether it talks to a
-// Redis Cluster, where a script's keys must share one slot. The rueidis
-// seam ([FromRueidis]) and the go-redis adapter implement it.
+// Sharding says how a client spreads keys over servers, and so which keys
+// one script may touch.
+type Sharding int
+
+const (
+	// ShardedByTag: the client places each key by its hash tag (go-redis's
+	// Ring), or says nothing: a script's keys must share one hash tag.
+	ShardedByTag Sharding = iota
+	// Unsharded: one server (or one primary, behind Sentinel) holds every
+	// key; a script may touch any keys.
+	Unsharded
+	// ShardedBySlot: a Redis Cluster; a script's keys must share one slot.
+	ShardedBySlot
+)
+
+// Topology is implemented by a [Redis] that knows how its client spreads
+// keys over servers. The rueidis seam ([FromRueidis]) and the go-redis
+// adapter implement it.
 type Topology interface {
-	// IsCluster reports whether the client is a Redis Cluster client.
-	IsCluster() bool
+	Sharding() Sharding
 }
 
-// IsCluster reports whether rueidis runs in cluster mode.
-func (r rueidisRedis) IsCluster() bool { return r.rc.Mode() == rueidis.ClientModeCluster }
+// Sharding reports ShardedBySlot for a rueidis cluster client and Unsharded
+// for the others (a standalone server, Sentinel).
+func (r rueidisRedis) Sharding() Sharding {
+	if r.rc.Mode() == rueidis.ClientModeCluster {
+		return ShardedBySlot
+	}
+	return Unsharded
+}
 
 // RenewItem is one lease of a [Client.RenewBatch]: what [Client.Renew]
 // takes.
@@ -90,20 +114,26 @@ type RenewItem struct {
 }
 
 // BatchGroup returns which leases may be renewed in one [Client.RenewBatch]:
-// those whose group is equal. On a Redis Cluster it is the slot of k's
-// lease key; on any other Redis it is 0 for every lease.
-func (c *Client) BatchGroup(k Keys) int {
-	if !c.cluster() {
-		return 0
+// those whose group is equal. It is "" for every lease on one server
+// (Unsharded), the slot of k's lease key on a Redis Cluster (as a decimal
+// number), and k's hash tag (the lock's name) for a client that shards by
+// hash tag or does not say (see [Topology]).
+func (c *Client) BatchGroup(k Keys) string {
+	switch c.sharding() {
+	case Unsharded:
+		return ""
+	case ShardedBySlot:
+		return strconv.Itoa(int(keySlot(k.Lease)))
 	}
-	return int(keySlot(k.Lease))
+	return "{" + hashTag(k.Lease) + "}"
 }
 
-// cluster reports whether c's Redis may be a Cluster (one that does not
-// say is taken for one).
-func (c *Client) cluster() bool {
-	t, ok := c.r.(Topology)
-	return !ok || t.IsCluster()
+// sharding returns how c's Redis spreads keys (see [Topology]).
+func (c *Client) sharding() Sharding {
+	if t, ok := c.r.(Topology); ok {
+		return t.Sharding()
+	}
+	return ShardedByTag
 }
 
 // RenewBatch renews every lease of items, as [Client.Renew] would each of
@@ -134,14 +164,14 @@ func (c *Client) RenewBatch(ctx context.Context, items []RenewItem, out []Renewa
 	case c.ack.Replicas > 0:
 		return fmt.Errorf("%w: a client that waits for replicas renews one lease at a time", ErrBadBatch)
 	}
-	cluster := c.cluster()
-	slot := keySlot(items[0].Keys.Lease)
+	group := c.BatchGroup(items[0].Keys)
 	for i := range items {
 		if items[i].TTL < time.Millisecond {
 			return ErrBadTTL
 		}
-		if cluster && keySlot(items[i].Keys.Lease) != slot {
-			return fmt.Errorf("%w: %s and %s are in different cluster slots", ErrBadBatch, items[0].Keys.Lease, items[i].Keys.Lease)
+		if i > 0 && group != "" && c.BatchGroup(items[i].Keys) != group {
+			return fmt.Errorf("%w: %s and %s are in different groups (%s, %s)", ErrBadBatch,
+				items[0].Keys.Lease, items[i].Keys.Lease, group, c.BatchGroup(items[i].Keys))
 		}
 	}
 	keys, args, order := batchArgs(items)
@@ -346,15 +376,22 @@ end
 return out
 `)
 
-// keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its
-// hash tag, the part between the first '{' and the next '}' when that is
-// not empty, or of the whole key, modulo 16,384.
-func keySlot(key string) uint16 {
+// hashTag returns the part of key that Redis Cluster (and go-redis's Ring)
+// hashes: the text between the first '{' and the next '}' when that is not
+// empty, or the whole key.
+func hashTag(key string) string {
 	if open := strings.IndexByte(key, '{'); open >= 0 {
 		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
-			key = key[open+1 : open+1+end]
+			return key[open+1 : open+1+end]
 		}
 	}
+	return key
+}
+
+// keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its
+// hash tag, modulo 16,384.
+func keySlot(key string) uint16 {
+	key = hashTag(key)
 	var crc uint16
 	for i := 0; i < len(key); i++ {
 		crc = crc<<8 ^ crc16Table[byte(crc>>8)^key[i]]

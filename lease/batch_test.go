@@ -185,7 +185,7 @@ func TestRenewBatchBadInput(t *testing.T) {
 	ack, err := lease.NewWithAck(e.srv.Client(), lease.Ack{Replicas: 1, Timeout: time.Second})
 	require.NoError(t, err)
 	assert.ErrorIs(t, ack.RenewBatch(ctx, []lease.RenewItem{{Keys: k, Value: "v", TTL: time.Second}}, out), lease.ErrBadBatch)
-	assert.Equal(t, 0, e.lc.BatchGroup(k), "a standalone server: one group")
+	assert.Equal(t, "", e.lc.BatchGroup(k), "a standalone server: one group")
 }
 
 // fakeRedis answers every script with reply.
@@ -230,9 +230,29 @@ func TestRenewBatchBadReply(t *testing.T) {
 			out := []lease.Renewal{{OK: true}, {OK: true}}
 			err = lc.RenewBatch(context.Background(), items, out)
 			require.Error(t, err)
-			assert.Equal(t, keySlot(k1.Lease), lc.BatchGroup(k1), "a Redis that does not say is taken for a Cluster")
+			assert.Equal(t, "{"+hashTag(k1.Lease)+"}", lc.BatchGroup(k1), "a Redis that does not say: one lock's leases to a batch")
 		})
 	}
+}
+
+// TestRenewBatchByTag checks a Redis that shards by hash tag, or does not
+// say how it shards: only the leases of one lock (the read-write lock's
+// holders of one name, a semaphore's permits) share a batch, and leases of
+// two locks are refused before anything is sent.
+func TestRenewBatchByTag(t *testing.T) {
+	one, err := lease.NewKeys("t", "a")
+	require.NoError(t, err)
+	other, err := lease.NewKeys("t", "b")
+	require.NoError(t, err)
+	lc, err := lease.NewOn(fakeRedis{lease.ArrayReply([]lease.Reply{lease.IntReply(1), lease.IntReply(1)})}, lease.Ack{})
+	require.NoError(t, err)
+	out := make([]lease.Renewal, 2)
+	require.NoError(t, lc.RenewBatch(context.Background(), []lease.RenewItem{
+		{Keys: one.RW(lease.Read), Value: "r1", TTL: time.Second}, {Keys: one.RW(lease.Read), Value: "r2", TTL: time.Second}}, out))
+	assert.Equal(t, []lease.Renewal{{OK: true}, {OK: true}}, out)
+	err = lc.RenewBatch(context.Background(), []lease.RenewItem{
+		{Keys: one, Value: "v", TTL: time.Second}, {Keys: other, Value: "v", TTL: time.Second}}, out)
+	assert.ErrorIs(t, err, lease.ErrBadBatch)
 }
 
 // TestRenewBatchCluster renews a batch of two locks of one slot on a
@@ -258,7 +278,7 @@ func TestRenewBatchCluster(t *testing.T) {
 	}
 	assert.Equal(t, lc.BatchGroup(first), lc.BatchGroup(same))
 	assert.NotEqual(t, lc.BatchGroup(first), lc.BatchGroup(other))
-	assert.Equal(t, keySlot(first.Lease), lc.BatchGroup(first), "the group is the slot")
+	assert.Equal(t, strconv.Itoa(keySlot(first.Lease)), lc.BatchGroup(first), "the group is the slot")
 	for _, k := range []lease.Keys{first, same} {
 		g, err := lc.Acquire(ctx, k, "v", shortTTL)
 		require.NoError(t, err)
