@@ -257,6 +257,17 @@
 // stays Lost until it is released ([Guard.Release] then returns Lost at
 // once, without calling Redis).
 //
+// The guards of one client renew through one script for many leases: each
+// guard's renewal may go up to a twentieth of TTL/3 early (250 ms at most),
+// so that the renewals due about the same time share a script (up to 500
+// leases, of every kind; on a Redis Cluster, those of one hash slot; on
+// a go-redis Ring, those of one lock). A
+// guard alone is renewed when it is due, as ever; each guard keeps its own
+// deadline and its own answer, and a renewal refused for one lease of a
+// batch makes that guard alone Lost. 100,000 locks held with a 6 s TTL make
+// 50,000 renewals a second and about 100 commands. A client that waits for
+// replicas ([WithReplicaAck]) renews one lease at a time.
+//
 // # Waiting
 //
 // [Mutex.Lock] does not poll, and waiters are served first come, first
@@ -370,6 +381,11 @@
 //	a client's keeper (while any of  the process     its last watched guard ends   that guard's actor's exit,
 //	  its guards is held past its                      or is refused                 or Settle when a caller
 //	  first renewal)                                                                 ended a dormant guard
+//	a client's renewal batcher       the process     its last guard's actor        that actor's exit
+//	  (while any of its guards                         exits
+//	  has an actor)
+//	a batch of renewals in flight    the batcher     the latest deadline of its    the batcher's stop
+//	                                                   leases, or nobody waiting
 //	an election's watcher, and its   the Election    its last observer leaves      the observers' channels
 //	  subscription and reads                                                         close after it
 //

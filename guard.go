@@ -145,7 +145,7 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 	if lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
 	}
-	g.renewal.Store(time.AfterFunc(sent.Add(renewAfter(ttl)).Sub(now), g.activate))
+	g.renewal.Store(time.AfterFunc(sent.Add(renewAfter(ttl)-e.renewSlack(renewAfter(ttl))).Sub(now), g.activate))
 	return g
 }
 

@@ -78,6 +78,11 @@ type guardActor struct {
 	// It is made with the actor, since the keeper may read it as soon as
 	// the actor owns the guard.
 	renewNow chan struct{}
+	// batcher sends the renewals of the client's guards in batches
+	// (batcher.go), from the actor's first renewal on; nil when its
+	// renewals go alone (with WithReplicaAck, or a store that cannot
+	// batch).
+	batcher  *batcher
 	retiring bool // a renewal was refused: exit once nothing is in flight
 	retired  bool // it retired: the guard is no longer its own
 	byTimer  bool // the renewal timer activated it
@@ -255,6 +260,9 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		if k != nil {
 			k.stop()
 		}
+		if l.batcher != nil {
+			l.batcher.leave()
+		}
 	}()
 	for !l.exit {
 		var lockDone <-chan struct{}
@@ -358,6 +366,9 @@ func (l *guardActor) deactivate(next time.Duration) {
 	}
 	l.dormant, l.exit = true, true
 	t := g.renewalTimer()
+	// Through the batcher, the renewal starts within its slack, as the
+	// first one does (see renewIn): the timer takes the slack.
+	next -= min(next, g.e.renewSlack(renewAfter(g.e.ttl)))
 	g.owner.Store(nil)
 	// The guard is not this actor's any more: only the timer, which is
 	// safe for concurrent use, is touched from here on.
@@ -367,9 +378,24 @@ func (l *guardActor) deactivate(next time.Duration) {
 	}
 }
 
-// renewIn schedules the next renewal d from now.
+// renewIn schedules the next renewal d from now. Through the batcher, the
+// child starts a little earlier (the slack of the renewal period, or
+// at once when less than that is left: a retry, the first renewal, whose
+// timer took the slack already) and asks for the renewal to be sent by d
+// from now: it goes then, or earlier with the renewals of other guards
+// that are due within their own slack.
 func (l *guardActor) renewIn(d time.Duration) {
-	l.stopRenewal = l.a.GoAfter(d, l.renew)
+	e := l.g.e
+	if l.batcher == nil {
+		l.batcher = proc.batchers.join(e)
+	}
+	if l.batcher == nil {
+		l.stopRenewal = l.a.GoAfter(d, l.renew)
+		return
+	}
+	latest := time.Now().Add(d)
+	slack := min(max(d, 0), renewSlack(renewAfter(e.ttl)))
+	l.stopRenewal = l.a.GoAfter(d-slack, func(actx context.Context) { l.renewBy(actx, latest) })
 }
 
 // unschedule stops a renewal that is scheduled and has not started, and
@@ -406,7 +432,14 @@ func (l *guardActor) armDeadline() {
 // guard (l.ended) ends it too. A lease whose deadline has passed
 // before the deadline timer said so gets a call that fails at once, and
 // the answer makes the guard Lost, as the timer would.
-func (l *guardActor) renew(actx context.Context) {
+func (l *guardActor) renew(actx context.Context) { l.renewBy(actx, time.Time{}) }
+
+// renewBy is renew through the batcher, when the actor has one, which
+// sends the renewal by latest. Its answer means what a lone renewal's
+// does; the send time is the batch's (no later than the script's start,
+// so the lease deadline counts from it as from a lone renewal's), or the
+// time of the ask when none was sent before the call's context ended.
+func (l *guardActor) renewBy(actx context.Context, latest time.Time) {
 	g := l.g
 	e := g.e
 	s := g.pub.st.Load()
@@ -415,9 +448,16 @@ func (l *guardActor) renew(actx context.Context) {
 	if s.state == Acquired {
 		dl = s.deadline
 	}
-	ctx, cancel := context.WithDeadline(l.ended, dl)
-	defer cancel()
-	r, err := e.store.Renew(ctx, e.keys, g.value, e.ttl)
+	var r lease.Renewal
+	var err error
+	if l.batcher != nil {
+		// The batcher keeps dl itself (see batcher.go, "Deadlines").
+		sent, r, err = l.batcher.renew(l.ended, dl, e.keys, g.value, e.ttl, latest, sent)
+	} else {
+		ctx, cancel := context.WithDeadline(l.ended, dl)
+		r, err = e.store.Renew(ctx, e.keys, g.value, e.ttl)
+		cancel()
+	}
 	_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
 }
 

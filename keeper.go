@@ -197,10 +197,17 @@ func (k *keeper) run(ctx context.Context) {
 // renewAll asks every guard the keeper watches to renew now. It runs in
 // the subscription's ready callback, so it never blocks (see
 // Guard.renewSoon).
+//
+// Through the client's batcher (batcher.go), the renewals that this asks
+// for go out together: each is asked for with no slack left, and the
+// renewals already waiting for their batch are sent now too.
 func (k *keeper) renewAll() {
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	for g := range k.guards {
 		g.renewSoon()
+	}
+	k.mu.Unlock()
+	if b := proc.batchers.get(k.client); b != nil {
+		b.flushAll()
 	}
 }

@@ -37,6 +37,10 @@ type process struct {
 	// keepers watch the clients' connections for the guards that have an
 	// actor (keeper.go).
 	keepers keeperSet
+
+	// batchers send the renewals of each client's guards in batches
+	// (batcher.go).
+	batchers batcherSet
 }
 
 // proc is the process's state.

@@ -772,8 +772,89 @@ func (w *wire) Dedicated(fn func(rueidis.DedicatedClient) error) error {
 	return dedicatedVia(w.Client, fn, w.do)
 }
 
+// batchCalls recognises a batch of renewals (lease.Client.RenewBatch) by
+// its arguments: the first lists runs of "<kind> <ttl ms> <count>", and
+// one value follows for each key. It returns one renewal call per lease,
+// in the script's order.
+func batchCalls(args []string) ([]wireCall, bool) {
+	if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
+		return nil, false
+	}
+	n, err := strconv.Atoi(args[2])
+	if err != nil || n < 1 || len(args) != 3+n+1+n {
+		return nil, false
+	}
+	keys, argv := args[3:3+n], args[3+n:]
+	f := strings.Fields(argv[0])
+	if len(f)%3 != 0 {
+		return nil, false
+	}
+	calls := make([]wireCall, 0, n)
+	for r := 0; r < len(f); r += 3 {
+		ttl, err1 := strconv.ParseInt(f[r+1], 10, 64)
+		count, err2 := strconv.Atoi(f[r+2])
+		if len(f[r]) != 1 || !strings.Contains("lrs", f[r]) || err1 != nil || err2 != nil || len(calls)+count > n {
+			return nil, false
+		}
+		for range count {
+			i := len(calls)
+			calls = append(calls, wireCall{kind: renewCall, key: keys[i], value: argv[i+1], ttl: time.Duration(ttl) * time.Millisecond})
+		}
+	}
+	return calls, len(calls) == n
+}
+
+// finishBatch records the reply of a batch of renewals sent at start in
+// each of its calls: an error of the whole batch in every one, or whether
+// Redis extended each lease.
+func finishBatch(calls []wireCall, start time.Time, res rueidis.RedisResult) {
+	end := time.Now()
+	err := res.Error()
+	arr, aerr := res.ToArray()
+	if err == nil && (aerr != nil || len(arr) != len(calls)) {
+		err = fmt.Errorf("a batch reply of %d outcomes for %d leases (%v)", len(arr), len(calls), aerr)
+	}
+	for i := range calls {
+		c := &calls[i]
+		c.start, c.end, c.done, c.err = start, end, true, err
+		if err == nil {
+			n, nerr := arr[i].AsInt64()
+			c.ok = nerr == nil && n == 1
+		}
+	}
+}
+
+// doBatch runs a batch of renewals through send and records one renewal
+// call per lease, each confirmed when the batch's reply says so for it.
+func (w *wire) doBatch(ctx context.Context, cmd rueidis.Completed, send sendFunc, calls []wireCall) rueidis.RedisResult {
+	start := time.Now()
+	w.mu.Lock()
+	first := len(w.calls)
+	for i := range calls {
+		calls[i].start = start
+		w.calls = append(w.calls, calls[i])
+	}
+	w.mu.Unlock()
+	res := send(ctx, cmd)
+	finishBatch(calls, start, res)
+	w.mu.Lock()
+	copy(w.calls[first:], calls)
+	w.mu.Unlock()
+	for _, c := range calls {
+		if c.ok {
+			w.tokens.confirm(w.rec, c.value, history.Op{Kind: history.Confirmed, At: history.At(c.end),
+				Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))),
+				Key:   c.key, Client: lease.Owner(c.value)})
+		}
+	}
+	return res
+}
+
 // do runs cmd through send and records it if it is a lease script.
 func (w *wire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rueidis.RedisResult {
+	if calls, ok := batchCalls(cmd.Commands()); ok {
+		return w.doBatch(ctx, cmd, send, calls)
+	}
 	c, ok := classify(cmd.Commands())
 	if !ok {
 		return send(ctx, cmd)

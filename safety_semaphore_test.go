@@ -99,6 +99,17 @@ func (w *permitWire) Dedicated(fn func(rueidis.DedicatedClient) error) error {
 
 // do runs cmd through send and records it if it is a lease script.
 func (w *permitWire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rueidis.RedisResult {
+	if calls, ok := batchCalls(cmd.Commands()); ok {
+		start := time.Now()
+		res := send(ctx, cmd)
+		finishBatch(calls, start, res)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, c := range calls {
+			w.renewed(c)
+		}
+		return res
+	}
 	c, ok := classify(cmd.Commands())
 	if !ok {
 		return send(ctx, cmd)
@@ -132,13 +143,7 @@ func (w *permitWire) do(ctx context.Context, cmd rueidis.Completed, send sendFun
 		fence, _ := arr[5].AsInt64()
 		w.queued = append(w.queued, permitCall{key: c.key, value: c.value, start: c.start, fence: fence, claim: c.claim})
 	case c.kind == renewCall:
-		if token, known := w.tokens[c.value]; known {
-			c.token = token
-			w.renews[token] = append(w.renews[token], c)
-		}
-		if c.ok {
-			w.confirm(c.value, confirmed)
-		}
+		w.renewed(c)
 	}
 	if w.ordered && c.kind == acquireCall && c.err == nil && !w.asked[c.value] {
 		// The first answered call: in line if its reply gave a rank.
@@ -151,6 +156,18 @@ func (w *permitWire) do(ctx context.Context, cmd rueidis.Completed, send sendFun
 			Key: c.key, Client: lease.Owner(c.value), Held: rank >= 0})
 	}
 	return res
+}
+
+// renewed records a finished renewal call. The caller holds w.mu.
+func (w *permitWire) renewed(c wireCall) {
+	if token, known := w.tokens[c.value]; known {
+		c.token = token
+		w.renews[token] = append(w.renews[token], c)
+	}
+	if c.ok {
+		w.confirm(c.value, history.Op{Kind: history.Confirmed, Sent: history.At(c.start), At: history.At(c.end),
+			Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))), Key: c.key, Client: lease.Owner(c.value)})
+	}
 }
 
 // confirm records op for value now if its token is known, or holds it

@@ -223,3 +223,20 @@ func replyError(err error) error {
 // 64 goroutines on 64 keys go through it and 8 goroutines that take turns
 // on one lock do not (benchmarks module, scenarios keys64 and goroutines8).
 const pipelineAbove = 8
+
+// Sharding says how the client spreads keys (lease.Topology), which
+// decides which leases distlock renews in one script: a *redis.ClusterClient
+// (NewClusterClient, and a UniversalClient made for several addresses) is
+// a Redis Cluster, where they must share a slot; a *redis.Client (one
+// server, or NewFailoverClient behind Sentinel) holds them all; anything
+// else, such as a *redis.Ring (which places a key by its hash tag among
+// its shards), renews only the leases of one lock together.
+func (r *adapter) Sharding() lease.Sharding {
+	switch r.rdb.(type) {
+	case *redis.ClusterClient:
+		return lease.ShardedBySlot
+	case *redis.Client:
+		return lease.Unsharded
+	}
+	return lease.ShardedByTag
+}

@@ -40,12 +40,12 @@ import (
 // sent meanwhile were missed, and the caller must know.
 func (r *adapter) Subscribe(ctx context.Context, channel string, sharded bool, ready func(), message func(string)) error {
 	kind, unkind := "subscribe", "unsubscribe"
-	var ps *redis.PubSub
 	if sharded {
 		kind, unkind = "ssubscribe", "sunsubscribe"
-		ps = r.rdb.SSubscribe(ctx) // no channel yet: no connection either
-	} else {
-		ps = r.rdb.Subscribe(ctx)
+	}
+	ps, sent, err := r.newPubSub(ctx, channel, sharded)
+	if err != nil {
+		return err
 	}
 	// When ctx ends, closing the PubSub unblocks Receive. The goroutine
 	// that context.AfterFunc runs this in is waited for before returning.
@@ -63,10 +63,11 @@ func (r *adapter) Subscribe(ctx context.Context, channel string, sharded bool, r
 
 	// This dials the connection (on a Cluster, to the node of the channel's
 	// slot) and sends the command; Redis answers in Receive.
-	var err error
-	if sharded {
+	switch {
+	case sent:
+	case sharded:
 		err = ps.SSubscribe(ctx, channel)
-	} else {
+	default:
 		err = ps.Subscribe(ctx, channel)
 	}
 	if err != nil {
@@ -123,4 +124,31 @@ func (r *adapter) receiveError(ctx context.Context, err error) error {
 		cc.ReloadState(ctx)
 	}
 	return lease.NewReplyError(rerr.Error(), err)
+}
+
+// newPubSub returns the PubSub that Subscribe reads, and whether it has
+// sent the subscription already. A *redis.Client or *redis.ClusterClient
+// makes it without a channel (no connection yet, and no command), and
+// Subscribe sends the command itself. A *redis.Ring cannot: it picks the
+// shard by the channel, so it gets the channel at once and sends the
+// command then, and it panics without a channel, or when no shard is up
+// (go-redis v9.23); that panic is returned as an error, a failure to
+// subscribe like a refused dial, which the caller tries again.
+func (r *adapter) newPubSub(ctx context.Context, channel string, sharded bool) (ps *redis.PubSub, sent bool, err error) {
+	ring, ok := r.rdb.(*redis.Ring)
+	if !ok {
+		if sharded {
+			return r.rdb.SSubscribe(ctx), false, nil // no channel yet: no connection either
+		}
+		return r.rdb.Subscribe(ctx), false, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			ps, sent, err = nil, false, fmt.Errorf("goredis: subscribing to %s on a Ring: %v", channel, p)
+		}
+	}()
+	if sharded {
+		return ring.SSubscribe(ctx, channel), true, nil
+	}
+	return ring.Subscribe(ctx, channel), true, nil
 }

@@ -99,7 +99,7 @@ func TestScriptCost(t *testing.T) {
 			start := time.Now()
 			e.serial(t, p, n)
 			tm.serial = append(tm.serial, costUsPer(time.Since(start), n))
-			tm.server = append(tm.server, e.serverUsec(t, p.command)*float64(max(p.calls, 1)))
+			tm.server = append(tm.server, e.serverUsec(t, p.command)*float64(max(p.calls, 1))/float64(max(p.per, 1)))
 			if p.calls > 1 {
 				continue // a round's calls follow one another, on one key
 			}
@@ -153,6 +153,9 @@ const costInFlight = 16
 type costPath struct {
 	name    string
 	command string // the command INFO commandstats times: evalsha, set, del or ping
+	// per is how many calls of the path one command serves (a batch's
+	// leases), by which Redis's time per command is divided; 0 is 1.
+	per     int
 	prepare func(e *costEnv, k lease.Keys, i int) error
 	call    func(e *costEnv, k lease.Keys, i int) error
 	calls   int // commands per call, for a round of several (0: one); a round is not sent in flight
@@ -226,6 +229,36 @@ func costPaths() []costPath {
 		}
 		return err
 	}
+	// renewBatch renews per leases in one lease.Client.RenewBatch: the
+	// call of every per-th lease renews it and the per-1 before it, the
+	// others send nothing, so that the figures per call are per lease.
+	// The warm-up call (the last key) renews its own lease alone.
+	renewBatch := func(kind func(lease.Keys) lease.Keys, per int) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, k lease.Keys, i int) error {
+			first := i - per + 1
+			switch {
+			case i == len(e.keys)-1:
+				first = i
+			case i%per != per-1:
+				return nil
+			}
+			items := make([]lease.RenewItem, 0, per)
+			for j := first; j <= i; j++ {
+				items = append(items, lease.RenewItem{Keys: kind(e.keys[j]), Value: costValue(j), TTL: costTTL})
+			}
+			out := make([]lease.Renewal, len(items))
+			if err := e.lc.RenewBatch(context.Background(), items, out); err != nil {
+				return err
+			}
+			for j, r := range out {
+				if !r.OK {
+					return fmt.Errorf("renew %s in a batch: got %+v, want OK", costValue(first+j), r)
+				}
+			}
+			return nil
+		}
+	}
+	lock := func(k lease.Keys) lease.Keys { return k }
 	election := func(k lease.Keys) lease.Keys { return k.Election() }
 	semaphore := func(k lease.Keys) lease.Keys { return k.Semaphore(4) }
 	reader := func(k lease.Keys) lease.Keys { return k.RW(lease.Read) }
@@ -325,6 +358,8 @@ func costPaths() []costPath {
 			return err
 		}},
 		{name: "lock renew", command: "evalsha", prepare: held, call: renew},
+		{name: "lock renew, batch of 100: per lease", command: "evalsha", per: 100, prepare: held, call: renewBatch(lock, 100)},
+		{name: "lock renew, batch of 500: per lease", command: "evalsha", per: 500, prepare: held, call: renewBatch(lock, 500)},
 		{name: "lock cancel: held, nobody in line", command: "evalsha", prepare: both(warm, held), call: func(e *costEnv, k lease.Keys, i int) error {
 			r, err := e.lc.Cancel(context.Background(), k, costValue(i), costTTL)
 			if err == nil && !r.Deleted {
@@ -345,6 +380,7 @@ func costPaths() []costPath {
 			return err
 		})},
 		{name: "semaphore renew", command: "evalsha", prepare: with(semaphore, held), call: with(semaphore, renew)},
+		{name: "semaphore renew, batch of 100: per lease", command: "evalsha", per: 100, prepare: with(semaphore, held), call: renewBatch(semaphore, 100)},
 		{name: "rwmutex read acquire: free, nobody in line", command: "evalsha", prepare: with(reader, warm), call: with(reader, held)},
 		{name: "rwmutex read release: nobody in line", command: "evalsha", prepare: with(reader, both(warm, held)), call: with(reader, release)},
 		{name: "rwmutex read acquire: readers hold", command: "evalsha", prepare: with(reader, heldByAnother), call: with(reader, held)},
@@ -383,6 +419,7 @@ func costPaths() []costPath {
 		})},
 		{name: "rwmutex renew (reader)", command: "evalsha", prepare: with(reader, held), call: with(reader, renew)},
 		{name: "rwmutex renew (writer)", command: "evalsha", prepare: with(writer, held), call: with(writer, renew)},
+		{name: "rwmutex renew (reader), batch of 100: per lease", command: "evalsha", per: 100, prepare: with(reader, held), call: renewBatch(reader, 100)},
 		{name: "rwmutex downgrade: nobody in line", command: "evalsha", prepare: with(writer, held), call: with(writer, func(e *costEnv, k lease.Keys, i int) error {
 			ok, _, err := e.lc.Downgrade(context.Background(), k, costValue(i), costTTL)
 			if err == nil && !ok {

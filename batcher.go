@@ -1,0 +1,543 @@
+package distlock
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// Renewals in batches: the guards of one client renew through one batcher,
+// which sends one script for many leases (lease.Client.RenewBatch).
+//
+// # A transport, not a window
+//
+// The batcher changes how a renewal travels, not when it is due or what
+// its answer means. Each guard stays its own actor: its renewal child asks
+// the batcher, with the guard's own deadline (the lease deadline D, as for
+// a renewal sent alone) and the context that the guard's end cancels, and
+// gets its own answer, which renewed reads exactly as the answer of
+// lease.Client.Renew.
+//
+// A renewal has slack: a lease renewed a little before it is due is just
+// as safe (it is only renewed more often). So the actor starts the child
+// renewSlack before the renewal is due, and the child asks with latest =
+// the due time. The batcher sends a group's pending renewals when the
+// earliest latest among them arrives, or at once when a renewal is asked
+// for with latest already past (a retry, the keeper's restart poke),
+// taking every renewal of the group pending then, MaxRenewBatch to a
+// script. A lone guard's renewal is so sent when it is due, as it was
+// without the batcher; many guards' renewals that fall due within the
+// slack of each other share a script. Their answers date their leases
+// from the batch's send time, so renewing together keeps them together:
+// after one batch, its members are due together again.
+//
+// # Deadlines (L1)
+//
+// Every member's wait ends at its own deadline: a member whose deadline D
+// comes before the batch's reply is answered context.DeadlineExceeded at
+// D, as a renewal sent alone returns when its context's deadline passes
+// (renewed makes the guard Lost for it), and the batch's answer, when it
+// comes, is dropped for it. The batcher keeps those deadlines itself, with
+// one timer per batch in flight rather than a context and a timer per
+// renewal: with 100,000 held locks, a context.WithDeadline per renewal
+// was a fifth of the client's CPU. A member that gives up (the guard
+// ends) before its batch is sent is taken out of it; one whose deadline
+// passes before it is sent is answered and not sent. The batch's own call
+// is bounded by the latest deadline among its members: those whose
+// deadline is later still want the answer, and those whose deadline is
+// earlier have been answered at their own. Splitting batches by deadline would only
+// matter if a member's renewal could do harm after its D, and it cannot:
+// the script extends a lease only while it holds the member's value, and
+// never re-creates one (L4), and the guard, Lost at D, regains only
+// through a renewal that it sends and sees confirmed. When every member of
+// a batch in flight has given up, the call is cancelled.
+//
+// # What is batched
+//
+// Every kind of lease (Mutex, Election, RWMutex in either mode, Semaphore)
+// may share a batch: the script renews each as its kind's own script does.
+// A guard whose engine waits for replicas (WithReplicaAck) renews alone,
+// since each renewal needs its own WAIT; so does one whose store cannot
+// batch (the tests' fakes). On a Redis Cluster a batch holds the leases of
+// one slot (lease.Client.BatchGroup; lease/batch.go says what batching per
+// node would need), on a client that shards by hash tag (go-redis's Ring)
+// one lock's; on a standalone server or behind Sentinel, every lease of
+// the client.
+//
+// # Who owns it
+//
+// The batchers belong to the process (proc.batchers), one per client
+// identity while any guard of that client has an actor that renews
+// through it: an actor joins at its first renewal and leaves when it
+// exits; the last one out stops the batcher's goroutine and waits for it,
+// and the goroutine waits for its calls in flight (cancelled by then: no
+// member is left to want them).
+
+// batchRenewer is what a store offers to renew in batches
+// (*lease.Client does).
+type batchRenewer interface {
+	RenewBatch(ctx context.Context, items []lease.RenewItem, out []lease.Renewal) error
+	BatchGroup(k lease.Keys) string
+}
+
+// errBatcherStopped answers a renewal still pending when its batcher
+// stops, which happens only when no actor uses it (so no one is there to
+// read it): a failed attempt, like any call without a reply.
+var errBatcherStopped = errors.New("distlock: renewal batcher stopped")
+
+// batcherSet is the process's batchers, by client identity.
+type batcherSet struct {
+	mu sync.Mutex
+	m  map[any]*batcher
+}
+
+// batcher sends the renewals of one client's guards in batches; see above.
+type batcher struct {
+	set    *batcherSet
+	client any
+	store  batchRenewer
+	refs   int // actors that renew through it, under set.mu
+
+	mu     sync.Mutex
+	groups map[string]*askGroup // the groups with renewals pending
+	due    groupHeap            // the same groups, the earliest latest first
+	armed  time.Time            // when the loop wakes next; zero when it waits for an ask
+	flush  bool                 // send every pending renewal now (flushAll)
+	closed bool                 // the batcher has stopped
+
+	wake chan struct{} // one slot: something is due before armed
+	ctx  context.Context
+	stop context.CancelFunc
+	done chan struct{} // closed when run has returned
+	// calls counts the batches in flight and their deadline timers' runs
+	// (armed or running), which run waits for when the batcher stops.
+	calls sync.WaitGroup
+}
+
+// askGroup is the pending renewals of one batch group, and the earliest
+// latest among them (it does not move later when one of them leaves: the
+// group is then sent a little early, within the others' slack).
+type askGroup struct {
+	id     string
+	asks   []*renewAsk
+	latest time.Time
+	index  int // in the heap
+}
+
+// renewAsk is one guard's renewal, pending or in flight. Its fields after
+// reply are the batcher's, under its mu.
+type renewAsk struct {
+	item     lease.RenewItem
+	group    string
+	latest   time.Time
+	deadline time.Time // the member's lease deadline; zero when it has none
+	asked    time.Time // when the member asked, the send time of an answer without a batch
+	reply    chan renewAnswer
+
+	batch    *renewBatch // the batch it went into, once sent
+	gone     bool        // the member stopped waiting
+	answered bool        // reply holds its one answer
+}
+
+// renewAnswer is the answer to one member: the batch's send time, and its
+// outcome or the batch's error.
+type renewAnswer struct {
+	sent time.Time
+	r    lease.Renewal
+	err  error
+}
+
+// renewBatch is one script in flight; live counts the members that still
+// wait for it (under batcher.mu).
+type renewBatch struct {
+	asks   []*renewAsk
+	ctx    context.Context
+	cancel context.CancelFunc
+	live   int
+	timer  *time.Timer // at the earliest deadline of a member not answered yet
+}
+
+// batcherFor returns the store's batch renewal if the engine's renewals
+// may be batched (see "What is batched").
+func batcherFor(e *engine) (batchRenewer, bool) {
+	if e.ack.Replicas > 0 {
+		return nil, false
+	}
+	br, ok := e.store.(batchRenewer)
+	return br, ok
+}
+
+// renewSlack is the slack of the engine's renewals of a lease renewed
+// every period: renewSlack's when they are batched, none when they go
+// alone (nothing to wait for).
+func (e *engine) renewSlack(period time.Duration) time.Duration {
+	if _, ok := batcherFor(e); !ok {
+		return 0
+	}
+	return renewSlack(period)
+}
+
+// join returns the batcher of the guard's client, starting it if there is
+// none, or nil when the guard renews alone. The actor leaves it when it
+// exits.
+func (s *batcherSet) join(e *engine) *batcher {
+	br, ok := batcherFor(e)
+	if !ok {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.m[e.client]
+	if b == nil {
+		if s.m == nil {
+			s.m = make(map[any]*batcher)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		b = &batcher{set: s, client: e.client, store: br, groups: make(map[string]*askGroup),
+			wake: make(chan struct{}, 1), ctx: ctx, stop: stop, done: make(chan struct{})}
+		s.m[e.client] = b
+		go b.run()
+	}
+	b.refs++
+	return b
+}
+
+// leave counts an actor out; the last one out stops the batcher and waits
+// for its goroutine (which waits for its calls in flight, cancelled).
+func (b *batcher) leave() {
+	s := b.set
+	s.mu.Lock()
+	b.refs--
+	last := b.refs == 0
+	if last {
+		delete(s.m, b.client)
+		if len(s.m) == 0 {
+			s.m = nil
+		}
+	}
+	s.mu.Unlock()
+	if last {
+		b.stop()
+		<-b.done
+	}
+}
+
+// get returns the batcher of client, or nil.
+func (s *batcherSet) get(client any) *batcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[client]
+}
+
+// renew asks for one renewal of value's lease, to be sent by latest, and
+// waits for its answer, for its deadline dl (zero: none) or for ended's
+// end, whichever comes first. At dl it returns context.DeadlineExceeded,
+// and when ended ends ended's error, with asked as the send time (for the
+// latency), as a renewal sent alone returns its context's error. Otherwise
+// it returns the batch's send time, from which the lease is dated when
+// confirmed.
+func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
+	switch {
+	case ended.Err() != nil:
+		return asked, lease.Renewal{}, ended.Err()
+	case !dl.IsZero() && !asked.Before(dl):
+		return asked, lease.Renewal{}, context.DeadlineExceeded
+	}
+	if !dl.IsZero() && dl.Before(latest) {
+		// Sent by its deadline at the latest, where take answers it
+		// instead: a pending member also learns its deadline on time.
+		latest = dl
+	}
+	a := &renewAsk{item: lease.RenewItem{Keys: k, Value: value, TTL: ttl}, group: b.store.BatchGroup(k),
+		latest: latest, deadline: dl, asked: asked, reply: make(chan renewAnswer, 1)}
+	b.add(a)
+	select {
+	case ans := <-a.reply:
+		return ans.sent, ans.r, ans.err
+	case <-ended.Done():
+	}
+	b.drop(a)
+	select {
+	case ans := <-a.reply:
+		// Answered as the guard ended: the answer counts (and the actor,
+		// ending, reads none).
+		return ans.sent, ans.r, ans.err
+	default:
+	}
+	return asked, lease.Renewal{}, ended.Err()
+}
+
+// answer gives a its one answer, unless it has one; the caller holds b.mu.
+// The reply slot holds one answer, so this never blocks.
+func (a *renewAsk) answer(ans renewAnswer) {
+	if !a.answered {
+		a.answered = true
+		a.reply <- ans
+	}
+}
+
+// expired is the answer of a member whose deadline passed first.
+func (a *renewAsk) expired() renewAnswer {
+	return renewAnswer{sent: a.asked, err: context.DeadlineExceeded}
+}
+
+// add puts a in its group, and wakes the loop if a is due before the loop
+// would wake.
+func (b *batcher) add(a *renewAsk) {
+	b.mu.Lock()
+	if b.closed {
+		a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
+		b.mu.Unlock()
+		return
+	}
+	g := b.groups[a.group]
+	switch {
+	case g == nil:
+		g = &askGroup{id: a.group, latest: a.latest}
+		b.groups[a.group] = g
+		heap.Push(&b.due, g)
+	case a.latest.Before(g.latest):
+		g.latest = a.latest
+		heap.Fix(&b.due, g.index)
+	}
+	g.asks = append(g.asks, a)
+	wake := b.armed.IsZero() || a.latest.Before(b.armed)
+	if wake {
+		b.armed = a.latest
+	}
+	b.mu.Unlock()
+	if wake {
+		b.poke()
+	}
+}
+
+// poke wakes the loop without blocking.
+func (b *batcher) poke() {
+	select {
+	case b.wake <- struct{}{}:
+	default: // woken already
+	}
+}
+
+// drop records that a's member stopped waiting: a pending renewal is left
+// out of its batch, and a batch in flight that nobody waits for any more is
+// cancelled.
+func (b *batcher) drop(a *renewAsk) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if a.gone || a.answered {
+		return
+	}
+	a.gone = true
+	if bt := a.batch; bt != nil {
+		bt.left()
+	}
+}
+
+// left counts a member out of bt, and cancels bt's call when nobody waits
+// for it any more; the caller holds b.mu.
+func (bt *renewBatch) left() {
+	if bt.live--; bt.live == 0 {
+		bt.cancel()
+	}
+}
+
+// flushAll has every pending renewal sent now: the keeper's restart poke,
+// after which every guard should learn at once whether the server still
+// holds its lease.
+func (b *batcher) flushAll() {
+	b.mu.Lock()
+	b.flush = true
+	b.mu.Unlock()
+	b.poke()
+}
+
+// run is the batcher's goroutine: it sends each group when its earliest
+// latest arrives, until the batcher stops; then it answers whatever is
+// still pending and waits for its calls in flight.
+func (b *batcher) run() {
+	defer close(b.done)
+	t := newStoppedTimer()
+	defer t.Stop()
+	for {
+		for _, bt := range b.take(time.Now()) {
+			b.calls.Go(func() { b.send(bt) })
+		}
+		b.mu.Lock()
+		next := b.armed
+		b.mu.Unlock()
+		if !next.IsZero() {
+			t.Reset(time.Until(next))
+		}
+		select {
+		case <-b.wake:
+			// An ask already due: let the other goroutines that are ready
+			// to ask (a retry after a failed batch, the keeper's poke of
+			// every guard) join it, without waiting on a clock.
+			runtime.Gosched()
+		case <-t.C:
+		case <-b.ctx.Done():
+			b.mu.Lock()
+			for _, g := range b.groups {
+				for _, a := range g.asks {
+					a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
+				}
+			}
+			b.groups, b.due, b.closed = nil, nil, true
+			b.mu.Unlock()
+			b.calls.Wait()
+			return
+		}
+		t.Stop()
+	}
+}
+
+// take returns the batches to send at now: every group whose earliest
+// latest has come (every group when flushing), MaxRenewBatch renewals to a
+// batch, leaving out the members that stopped waiting and answering those
+// whose deadline has passed; and arms the loop for the next group's.
+func (b *batcher) take(now time.Time) []*renewBatch {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*renewBatch
+	for len(b.due) > 0 && (b.flush || !b.due[0].latest.After(now)) {
+		g := heap.Pop(&b.due).(*askGroup)
+		delete(b.groups, g.id)
+		asks := g.asks[:0]
+		for _, a := range g.asks {
+			switch {
+			case a.gone:
+			case !a.deadline.IsZero() && !now.Before(a.deadline):
+				a.answer(a.expired())
+			default:
+				asks = append(asks, a)
+			}
+		}
+		for len(asks) > 0 {
+			n := min(len(asks), lease.MaxRenewBatch)
+			out = append(out, b.newBatch(asks[:n:n]))
+			asks = asks[n:]
+		}
+	}
+	b.flush = false
+	b.armed = time.Time{}
+	if len(b.due) > 0 {
+		b.armed = b.due[0].latest
+	}
+	return out
+}
+
+// newBatch makes a batch of asks, whose call ends at the latest of their
+// deadlines (see "Deadlines"), or when the batcher stops.
+func (b *batcher) newBatch(asks []*renewAsk) *renewBatch {
+	var dl time.Time
+	for _, a := range asks {
+		if a.deadline.IsZero() {
+			dl = time.Time{}
+			break
+		}
+		if a.deadline.After(dl) {
+			dl = a.deadline
+		}
+	}
+	bt := &renewBatch{asks: asks, live: len(asks)}
+	if dl.IsZero() {
+		bt.ctx, bt.cancel = context.WithCancel(b.ctx)
+	} else {
+		bt.ctx, bt.cancel = context.WithDeadline(b.ctx, dl)
+	}
+	for _, a := range asks {
+		a.batch = bt
+	}
+	return bt
+}
+
+// send makes one batch's call and answers each member that has no answer
+// yet; until the reply, a timer answers each member at its deadline.
+func (b *batcher) send(bt *renewBatch) {
+	defer bt.cancel()
+	items := make([]lease.RenewItem, len(bt.asks))
+	for i, a := range bt.asks {
+		items[i] = a.item
+	}
+	out := make([]lease.Renewal, len(items))
+	sent := time.Now()
+	b.mu.Lock()
+	b.armExpiry(bt, sent)
+	b.mu.Unlock()
+	err := b.store.RenewBatch(bt.ctx, items, out)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if bt.timer != nil && bt.timer.Stop() {
+		b.calls.Done() // the run it was armed for will not come
+	}
+	for i, a := range bt.asks {
+		if err != nil {
+			a.answer(renewAnswer{sent: sent, err: err})
+			continue
+		}
+		a.answer(renewAnswer{sent: sent, r: out[i]})
+	}
+}
+
+// armExpiry answers the members of bt whose deadline has come by now, and
+// arms bt's timer for the earliest deadline of the others that comes
+// before the call's own (the latest: the call's context ends it). It is
+// called by send, before the call, and by the timer. Each arming counts in
+// b.calls until its run ends or send stops it. The caller holds b.mu.
+func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
+	var next time.Time
+	callEnd, _ := bt.ctx.Deadline()
+	for _, a := range bt.asks {
+		switch {
+		case a.answered || a.gone || a.deadline.IsZero():
+		case !now.Before(a.deadline):
+			a.answer(a.expired())
+			bt.left()
+		case a.deadline.Before(callEnd) && (next.IsZero() || a.deadline.Before(next)):
+			next = a.deadline
+		}
+	}
+	if next.IsZero() {
+		return
+	}
+	b.calls.Add(1)
+	if bt.timer == nil {
+		bt.timer = time.AfterFunc(next.Sub(now), func() {
+			defer b.calls.Done()
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.armExpiry(bt, time.Now())
+		})
+		return
+	}
+	bt.timer.Reset(next.Sub(now)) // from its own run: it is not armed
+}
+
+// groupHeap orders the groups with pending renewals by their earliest
+// latest (container/heap).
+type groupHeap []*askGroup
+
+func (h groupHeap) Len() int           { return len(h) }
+func (h groupHeap) Less(i, j int) bool { return h[i].latest.Before(h[j].latest) }
+func (h groupHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *groupHeap) Push(x any) {
+	g := x.(*askGroup)
+	g.index = len(*h)
+	*h = append(*h, g)
+}
+func (h *groupHeap) Pop() any {
+	old := *h
+	g := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return g
+}

@@ -1,0 +1,476 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// The batcher's tests run in synctest bubbles against batchStore, a fake
+// lease store of many keys that renews in batches, so that when each
+// batch is sent, and with what, can be checked to the nanosecond.
+
+// batchCall is one RenewBatch call of batchStore.
+type batchCall struct {
+	sent     time.Time
+	deadline time.Time
+	values   []string
+	ctxErr   error // the call's context's error when it returned
+}
+
+// batchStore is a lease store of many keys (by lease key), which renews
+// them in batches as lease.Client.RenewBatch does.
+type batchStore struct {
+	mu      sync.Mutex
+	holders map[string]string // lease key → value
+	token   int64
+	refuse  map[string]bool // lease keys whose renewals are refused (held by "other#1")
+	fail    error           // when set, RenewBatch fails with it
+	gate    chan struct{}   // when set, RenewBatch waits for it to close, or for its context
+	batches []batchCall
+	lone    int // Renew calls
+}
+
+func newBatchStore() *batchStore {
+	return &batchStore{holders: map[string]string{}, refuse: map[string]bool{}}
+}
+
+func (s *batchStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.holders[k.Lease]; h != "" && h != value {
+		return lease.Grant{Holder: h, HolderTTL: ttl}, nil
+	}
+	s.holders[k.Lease] = value
+	s.token++
+	return lease.Grant{Acquired: true, Token: s.token}, nil
+}
+
+func (s *batchStore) AcquireOrQueue(ctx context.Context, k lease.Keys, value string, ttl time.Duration, p lease.Place) (lease.Grant, error) {
+	return s.Acquire(ctx, k, value, ttl)
+}
+
+func (s *batchStore) Renew(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Renewal, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lone++
+	return s.outcome(k, value), nil
+}
+
+// outcome is a renewal's answer; the caller holds s.mu.
+func (s *batchStore) outcome(k lease.Keys, value string) lease.Renewal {
+	if s.refuse[k.Lease] {
+		return lease.Renewal{Holder: "other#1"}
+	}
+	h := s.holders[k.Lease]
+	return lease.Renewal{OK: h == value, Holder: h}
+}
+
+func (s *batchStore) RenewBatch(ctx context.Context, items []lease.RenewItem, out []lease.Renewal) error {
+	s.mu.Lock()
+	dl, _ := ctx.Deadline()
+	c := batchCall{sent: time.Now(), deadline: dl}
+	for _, it := range items {
+		c.values = append(c.values, it.Value)
+	}
+	i := len(s.batches)
+	s.batches = append(s.batches, c)
+	gate, fail := s.gate, s.fail
+	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batches[i].ctxErr = ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if fail != nil {
+		return fail
+	}
+	for j, it := range items {
+		out[j] = s.outcome(it.Keys, it.Value)
+	}
+	return nil
+}
+
+func (s *batchStore) BatchGroup(lease.Keys) string { return "" }
+
+func (s *batchStore) Release(ctx context.Context, k lease.Keys, value string) (lease.Release, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holders[k.Lease] == value {
+		delete(s.holders, k.Lease)
+		return lease.Release{Deleted: true}, nil
+	}
+	return lease.Release{}, nil
+}
+
+func (s *batchStore) Cancel(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Release, error) {
+	return s.Release(ctx, k, value)
+}
+
+func (s *batchStore) CancelDedicated(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Release, error) {
+	return s.Release(ctx, k, value)
+}
+
+func (s *batchStore) Subscribe(ctx context.Context, k lease.Keys, room string, ready func(), granted func(string, int64)) error {
+	ready()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *batchStore) calls() []batchCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]batchCall(nil), s.batches...)
+}
+
+func (s *batchStore) set(f func(s *batchStore)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(s)
+}
+
+// batchMutexes returns n mutexes of s ("job0", "job1", ...), with opts.
+func batchMutexes(t *testing.T, s *batchStore, n int, opts ...Option) []*Mutex {
+	t.Helper()
+	ms := make([]*Mutex, n)
+	for i := range ms {
+		m, err := newMutex("job"+strconv.Itoa(i), append([]Option{WithTTL(fakeTTL)}, opts...))
+		require.NoError(t, err)
+		m.e.client, m.e.store = s, s
+		ms[i] = m
+	}
+	return ms
+}
+
+// releaseAll releases every guard, so that the bubble's goroutines end.
+func releaseAll(t *testing.T, gs []*Guard) {
+	t.Helper()
+	for _, g := range gs {
+		_, err := g.Release(t.Context())
+		require.NoError(t, err)
+	}
+}
+
+// TestBatcherLoneRenewalOnTime checks that a guard alone on its client
+// renews through the batcher exactly when due, every third of the TTL, as
+// without it: the slack lets a renewal wait for company, never longer than
+// it is due. Each call's deadline is the guard's lease deadline (L1).
+func TestBatcherLoneRenewalOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		g, err := batchMutexes(t, s, 1)[0].Lock(t.Context())
+		require.NoError(t, err)
+		start := time.Now()
+		time.Sleep(10*fakeTTL/3 + time.Millisecond)
+		calls := s.calls()
+		require.Len(t, calls, 10)
+		for i, c := range calls {
+			assert.Equal(t, time.Duration(i+1)*fakeTTL/3, c.sent.Sub(start), "renewal %d: sent late or early", i)
+			assert.Equal(t, []string{g.value}, c.values, "renewal %d", i)
+			wantD := c.sent.Add(-fakeTTL / 3).Add(fakeTTL - margin(fakeTTL))
+			assert.Equal(t, wantD, c.deadline, "deadline of renewal %d", i)
+		}
+		assert.Equal(t, 0, s.lone, "renewals sent alone")
+		assert.Equal(t, Acquired, g.State())
+		assert.Equal(t, calls[9].sent.Add(fakeTTL-margin(fakeTTL)), g.Deadline(), "the deadline counts from the batch's send time")
+		releaseAll(t, []*Guard{g})
+	})
+}
+
+// TestBatcherManyGuardsOneCommand holds MaxRenewBatch+100 locks on one
+// client, acquired over less than a renewal's slack: their renewals go out
+// together, two scripts a round (MaxRenewBatch in the first), at the time
+// the first of them is due, and stay together round after round.
+func TestBatcherManyGuardsOneCommand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		n := lease.MaxRenewBatch + 100
+		start := time.Now()
+		gs := make([]*Guard, n)
+		for i, m := range batchMutexes(t, s, n) {
+			g, err := m.Lock(t.Context())
+			require.NoError(t, err)
+			gs[i] = g
+			time.Sleep(renewSlack(renewAfter(fakeTTL)) / time.Duration(n))
+		}
+		const rounds = 3
+		time.Sleep(rounds*renewAfter(fakeTTL) + renewSlack(renewAfter(fakeTTL)))
+		calls := s.calls()
+		require.Len(t, calls, 2*rounds, "scripts for %d rounds of %d renewals", rounds, n)
+		for r := range rounds {
+			a, b := calls[2*r], calls[2*r+1]
+			assert.ElementsMatch(t, []int{lease.MaxRenewBatch, n - lease.MaxRenewBatch}, []int{len(a.values), len(b.values)},
+				"round %d: the renewals per script", r)
+			assert.Equal(t, a.sent, b.sent, "round %d: both scripts at once", r)
+			assert.Equal(t, time.Duration(r+1)*renewAfter(fakeTTL), a.sent.Sub(start), "round %d: sent when the first was due", r)
+		}
+		assert.Equal(t, 0, s.lone)
+		for i, g := range gs {
+			assert.Equal(t, Acquired, g.State(), "guard %d", i)
+		}
+		releaseAll(t, gs)
+	})
+}
+
+// TestBatcherRefusedMemberAlone checks L4 in a batch: the member whose
+// renewal Redis refused turns Lost for good (its actor retires and renews
+// no more), and the others of its batch are confirmed.
+func TestBatcherRefusedMemberAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		ms := batchMutexes(t, s, 3)
+		gs := make([]*Guard, len(ms))
+		for i, m := range ms {
+			g, err := m.Lock(t.Context())
+			require.NoError(t, err)
+			gs[i] = g
+		}
+		s.set(func(s *batchStore) { s.refuse[ms[1].Key()] = true })
+		time.Sleep(2*renewAfter(fakeTTL) + time.Millisecond)
+		calls := s.calls()
+		require.Len(t, calls, 2)
+		assert.Len(t, calls[0].values, 3, "the first batch has all three")
+		assert.ElementsMatch(t, []string{gs[0].value, gs[2].value}, calls[1].values, "the refused guard renews no more")
+		assert.Equal(t, Acquired, gs[0].State())
+		assert.Equal(t, Acquired, gs[2].State())
+		assert.Equal(t, Lost, gs[1].State())
+		var lost *LostError
+		require.ErrorAs(t, context.Cause(gs[1].Context()), &lost)
+		assert.Equal(t, LostRefused, lost.Reason)
+		assert.Equal(t, calls[1].sent.Add(fakeTTL-margin(fakeTTL)), gs[0].Deadline(), "the others are confirmed")
+		releaseAll(t, gs)
+	})
+}
+
+// TestBatcherFailedBatchFailsEveryMember checks that a batch that fails
+// as a whole (no reply, an error reply, a reply that cannot be read) is a
+// failed attempt for every member (L1b): each reports it and stays
+// Acquired with its deadline unmoved (never a false confirmation), and
+// retries; the retries, due at about the same time, share a batch again.
+func TestBatcherFailedBatchFailsEveryMember(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		ms := batchMutexes(t, s, 3)
+		gs := make([]*Guard, len(ms))
+		events := make([]<-chan Event, len(ms))
+		for i, m := range ms {
+			g, err := m.Lock(t.Context())
+			require.NoError(t, err)
+			gs[i] = g
+			events[i] = g.Subscribe(t.Context())
+			require.Equal(t, Acquired, (<-events[i]).State)
+		}
+		deadline := gs[0].Deadline()
+		reset := errors.New("connection reset by peer")
+		s.set(func(s *batchStore) { s.fail = reset })
+		time.Sleep(renewAfter(fakeTTL))
+		synctest.Wait()
+		require.Len(t, s.calls(), 1)
+		for i, g := range gs {
+			assert.Equal(t, Acquired, g.State(), "guard %d", i)
+			assert.Equal(t, deadline, g.Deadline(), "guard %d: a failed batch confirmed nothing", i)
+			select {
+			case ev := <-events[i]:
+				var rerr *RenewError
+				require.ErrorAs(t, ev.Err, &rerr, "guard %d: the failure is reported", i)
+				assert.ErrorIs(t, rerr, reset)
+			default:
+				t.Errorf("guard %d: no event for the failed renewal", i)
+			}
+		}
+		s.set(func(s *batchStore) { s.fail = nil })
+		time.Sleep(renewAfter(fakeTTL))
+		calls := s.calls()
+		require.Greater(t, len(calls), 1, "the renewals were retried")
+		for i, g := range gs {
+			assert.Equal(t, Acquired, g.State(), "guard %d", i)
+			assert.True(t, g.Deadline().After(deadline), "guard %d: the retry confirmed", i)
+		}
+		releaseAll(t, gs)
+	})
+}
+
+// batcherOf returns a batcher of s, left when the test's bubble ends.
+func batcherOf(t *testing.T, s *batchStore) *batcher {
+	t.Helper()
+	b := proc.batchers.join(&engine{client: s, store: s})
+	require.NotNil(t, b)
+	t.Cleanup(b.leave)
+	return b
+}
+
+// TestBatcherMemberDeadline checks L1 for a member of a batch in flight:
+// its wait ends at its own deadline, with its context's error, while the
+// member whose deadline is later gets the batch's answer; the batch's call
+// is bounded by the latest of its members' deadlines.
+func TestBatcherMemberDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		gate := make(chan struct{})
+		s.set(func(s *batchStore) { s.gate = gate; s.holders["a"], s.holders["b"] = "va", "vb" })
+		b := batcherOf(t, s)
+		start := time.Now()
+		ka, kb := lease.Keys{Lease: "a"}, lease.Keys{Lease: "b"}
+		type result struct {
+			at   time.Time
+			sent time.Time
+			r    lease.Renewal
+			err  error
+		}
+		var ra, rb result
+		var wg sync.WaitGroup
+		ask := func(k lease.Keys, value string, d time.Duration, res *result) {
+			wg.Go(func() {
+				res.sent, res.r, res.err = b.renew(t.Context(), start.Add(d), k, value, fakeTTL, start.Add(10*time.Millisecond), time.Now())
+				res.at = time.Now()
+			})
+		}
+		ask(ka, "va", 100*time.Millisecond, &ra)
+		ask(kb, "vb", time.Second, &rb)
+		time.Sleep(500 * time.Millisecond)
+		close(gate)
+		wg.Wait()
+		calls := s.calls()
+		require.Len(t, calls, 1)
+		assert.Len(t, calls[0].values, 2)
+		assert.Equal(t, start.Add(10*time.Millisecond), calls[0].sent)
+		assert.Equal(t, start.Add(time.Second), calls[0].deadline, "the batch's bound: the latest member deadline")
+		assert.ErrorIs(t, ra.err, context.DeadlineExceeded, "a: its own deadline")
+		assert.Equal(t, start.Add(100*time.Millisecond), ra.at, "a returned at its deadline, not the batch's reply")
+		assert.Equal(t, start, ra.sent, "a: no batch answered it; the time it asked")
+		require.NoError(t, rb.err)
+		assert.True(t, rb.r.OK, "b: the batch's answer")
+		assert.Equal(t, start.Add(500*time.Millisecond), rb.at)
+		assert.Equal(t, calls[0].sent, rb.sent, "b: the batch's send time")
+	})
+}
+
+// TestBatcherPendingPastDeadline checks L1 for a member still pending: one
+// whose deadline comes before its latest is answered at its deadline and
+// not sent; the other renewal pending then goes out at that moment, as
+// with any group that falls due.
+func TestBatcherPendingPastDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		b := batcherOf(t, s)
+		start := time.Now()
+		var at time.Time
+		var err error
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, _, err = b.renew(t.Context(), start.Add(50*time.Millisecond), lease.Keys{Lease: "a"}, "va", fakeTTL, start.Add(time.Second), start)
+			at = time.Now()
+		})
+		wg.Go(func() {
+			_, _, _ = b.renew(t.Context(), start.Add(time.Minute), lease.Keys{Lease: "b"}, "vb", fakeTTL, start.Add(100*time.Millisecond), start)
+		})
+		wg.Wait()
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Equal(t, start.Add(50*time.Millisecond), at, "answered at its deadline")
+		calls := s.calls()
+		require.Len(t, calls, 1)
+		assert.Equal(t, []string{"vb"}, calls[0].values, "a is not sent past its deadline")
+		assert.Equal(t, start.Add(50*time.Millisecond), calls[0].sent)
+	})
+}
+
+// TestBatcherDropsMembersThatLeft checks that a member that gives up before
+// its batch is sent is left out of it, and that a batch in flight whose
+// every member gave up is cancelled.
+func TestBatcherDropsMembersThatLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		gate := make(chan struct{})
+		s.set(func(s *batchStore) { s.gate = gate })
+		b := batcherOf(t, s)
+		start := time.Now()
+		latest := start.Add(100 * time.Millisecond)
+		ctxA, cancelA := context.WithCancel(t.Context())
+		ctxB, cancelB := context.WithCancel(t.Context())
+		var errA, errB error
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, _, errA = b.renew(ctxA, time.Time{}, lease.Keys{Lease: "a"}, "va", fakeTTL, latest, time.Now())
+		})
+		wg.Go(func() {
+			_, _, errB = b.renew(ctxB, time.Time{}, lease.Keys{Lease: "b"}, "vb", fakeTTL, latest, time.Now())
+		})
+		time.Sleep(50 * time.Millisecond)
+		cancelA()
+		time.Sleep(100 * time.Millisecond)
+		calls := s.calls()
+		require.Len(t, calls, 1)
+		assert.Equal(t, []string{"vb"}, calls[0].values, "a left before the batch was sent")
+		assert.Equal(t, latest, calls[0].sent)
+		cancelB()
+		wg.Wait()
+		synctest.Wait()
+		assert.ErrorIs(t, errA, context.Canceled)
+		assert.ErrorIs(t, errB, context.Canceled)
+		assert.ErrorIs(t, s.calls()[0].ctxErr, context.Canceled, "nobody waits for the batch: its call is cancelled")
+		close(gate)
+	})
+}
+
+// TestBatcherDueAtOnceAndFlush checks that a renewal asked for with its
+// latest already past is sent at once, with every renewal pending then,
+// and that flushAll (the keeper's restart poke) sends every pending
+// renewal at once.
+func TestBatcherDueAtOnceAndFlush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		b := batcherOf(t, s)
+		start := time.Now()
+		var wg sync.WaitGroup
+		ask := func(k string, latest time.Time) {
+			wg.Go(func() {
+				_, _, _ = b.renew(t.Context(), time.Time{}, lease.Keys{Lease: k}, "v", fakeTTL, latest, time.Now())
+			})
+		}
+		ask("a", start.Add(time.Second))
+		synctest.Wait()
+		ask("b", start)
+		synctest.Wait()
+		calls := s.calls()
+		require.Len(t, calls, 1)
+		assert.Equal(t, start, calls[0].sent, "sent at once")
+		assert.ElementsMatch(t, []string{"v", "v"}, calls[0].values, "with the one pending")
+		wg.Wait()
+
+		ask("c", start.Add(time.Second))
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		b.flushAll()
+		wg.Wait()
+		calls = s.calls()
+		require.Len(t, calls, 2)
+		assert.Equal(t, start.Add(10*time.Millisecond), calls[1].sent, "flushed at once")
+	})
+}
+
+// TestBatcherNotForReplicaAck checks that a guard whose engine waits for
+// replicas renews alone: each renewal needs its own WAIT.
+func TestBatcherNotForReplicaAck(t *testing.T) {
+	s := newBatchStore()
+	e := &engine{client: s, store: s}
+	e.ack.Replicas = 1
+	assert.Nil(t, proc.batchers.join(e))
+	_, ok := batcherFor(&engine{client: s, store: &fakeStore{}})
+	assert.False(t, ok, "a store that cannot batch")
+}
