@@ -106,8 +106,12 @@ func checkMonoClock(b *testing.B) {
 }
 
 // stampKey marks the context of a release whose reply's arrival the
-// stamping Redis records.
-type stampKey struct{}
+// stamping Redis records; queuedKey the context of a Lock whose calls'
+// replies the stamping Redis reports on the chan struct{} it carries.
+type (
+	stampKey  struct{}
+	queuedKey struct{}
+)
 
 // stamp is when a call was sent and when its reply came back.
 type stamp struct{ sent, replied int64 }
@@ -124,6 +128,12 @@ func (s stampRedis) Eval(ctx context.Context, sc *lease.Script, keys, args []str
 	r := s.Redis.Eval(ctx, sc, keys, args)
 	if p != nil {
 		p.replied = monoNow()
+	}
+	if q, ok := ctx.Value(queuedKey{}).(chan struct{}); ok {
+		select {
+		case q <- struct{}{}:
+		default:
+		}
 	}
 	return r
 }
@@ -168,10 +178,19 @@ func runHandoffHelper() int {
 		return 1
 	}
 	defer rc.Close()
+	// The bare subscriber of the waiter's room listens on a client of its
+	// own: the room unsubscribes its channel on its connection when it
+	// closes, which would end a subscription of the same channel there.
+	rc2, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{os.Getenv(helperAddrVar)}, DisableCache: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "handoff helper:", err)
+		return 1
+	}
+	defer rc2.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	heard, pushed := make(chan int64, 1), make(chan int64, 1)
-	listen := func(channel string, at chan int64) string {
+	listen := func(rc rueidis.Client, channel string, at chan int64) string {
 		ready := make(chan struct{})
 		var once sync.Once
 		sctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
@@ -223,7 +242,7 @@ func runHandoffHelper() int {
 		case cmd.Lock != "":
 			if !listening[cmd.Room] {
 				listening[cmd.Room] = true
-				if r.Err = listen(cmd.Room, pushed); r.Err != "" {
+				if r.Err = listen(rc2, cmd.Room, pushed); r.Err != "" {
 					break
 				}
 			}
@@ -252,7 +271,7 @@ func runHandoffHelper() int {
 				r.Err = err.Error()
 			}
 		case cmd.Listen != "":
-			r.Err = listen(cmd.Listen, heard)
+			r.Err = listen(rc, cmd.Listen, heard)
 		case cmd.Heard:
 			select {
 			case r.At = <-heard:
@@ -277,9 +296,10 @@ func runHandoffHelper() int {
 // the waiter's process heard the grant; 0 if it did not), usage reads the
 // waiter's CPU and allocations where it is another process.
 type handoffSide struct {
-	lock  func()
-	at    func() (returned, pushed int64)
-	usage func() (time.Duration, uint64)
+	lock   func()
+	inLine func() (polls int) // waits until the waiter stands in line
+	at     func() (returned, pushed int64)
+	usage  func() (time.Duration, uint64)
 }
 
 // handoffFigures are one kind's figures over the run: the times from the
@@ -315,10 +335,13 @@ func BenchmarkHandoff(b *testing.B) {
 			b.Fatal(err)
 		}
 		keys, _ := lease.NewKeys("distlock", "handoff")
-		start, held := make(chan struct{}), make(chan int64, 1)
+		start, held, queued := make(chan struct{}), make(chan int64, 1), make(chan struct{}, 1)
 		go func() {
+			// The waiter's calls report their replies on queued: once the
+			// first is back, the waiter stands in line.
+			ctx := context.WithValue(context.Background(), queuedKey{}, queued)
 			for range start {
-				g, err := waiter.Lock(context.Background())
+				g, err := waiter.Lock(ctx)
 				at := monoNow()
 				if err == nil {
 					_, err = g.Release(context.Background())
@@ -337,7 +360,17 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 		}()
 		defer close(wake)
-		lockSide := handoffSide{lock: func() { start <- struct{}{} }, at: func() (int64, int64) { return <-held, 0 }}
+		lockSide := handoffSide{
+			lock: func() {
+				select {
+				case <-queued:
+				default:
+				}
+				start <- struct{}{}
+			},
+			inLine: func() int { <-queued; return 0 },
+			at:     func() (int64, int64) { return <-held, 0 },
+		}
 		baseSide := handoffSide{lock: func() {}, at: func() (int64, int64) { return <-woke, 0 }}
 		send := func() stamp {
 			t0 := monoNow()
@@ -396,7 +429,8 @@ func BenchmarkHandoff(b *testing.B) {
 				r := recv()
 				return r.At, r.Pushed
 			},
-			usage: usage,
+			inLine: func() int { return handoffInLine(b, c, keys) },
+			usage:  usage,
 		}
 		baseSide := handoffSide{lock: func() {}, at: func() (int64, int64) { return ask(handoffCmd{Heard: true}).At, 0 }, usage: usage}
 		send := func() stamp {
@@ -433,8 +467,10 @@ func runHandoffs(b *testing.B, c rueidis.Client, holder *distlock.Mutex, keys le
 	b.Helper()
 	var lock, base handoffFigures
 	ctx := context.Background()
+	lastPolls := 0
 	one := func(f *handoffFigures, lockTurn bool) {
 		var t0 stamp
+		var polls int
 		side := baseSide
 		if lockTurn {
 			side = lockSide
@@ -443,19 +479,24 @@ func runHandoffs(b *testing.B, c rueidis.Client, holder *distlock.Mutex, keys le
 				b.Fatal(err)
 			}
 			lockSide.lock()
-			benchWaitInLine(b, c, keys, 1)
+			polls = lockSide.inLine()
 			time.Sleep(handoffSettle)
 			if _, err := g.Release(context.WithValue(ctx, stampKey{}, &t0)); err != nil {
 				b.Fatal(err)
 			}
 		} else {
-			// The same harness steps as a hand-off: one poll of Redis and
-			// the settling pause.
-			benchWaitInLine(b, c, keys, 0)
+			// The same harness steps as the last hand-off: its polls of
+			// Redis and the settling pause.
+			for range lastPolls {
+				handoffPoll(b, c, keys)
+			}
 			time.Sleep(handoffSettle)
 			t0 = send()
 		}
 		t1, pushed := side.at()
+		if lockTurn {
+			lastPolls = polls
+		}
 		if f == nil {
 			return
 		}
@@ -523,6 +564,31 @@ func runHandoffs(b *testing.B, c rueidis.Client, holder *distlock.Mutex, keys le
 	}
 	b.Logf("  client CPU per cycle %v (baseline %v), allocations %.1f (baseline %.1f)",
 		lock.cpu/time.Duration(n), base.cpu/time.Duration(n), float64(lock.allocs)/float64(n), float64(base.allocs)/float64(n))
+}
+
+// handoffPoll polls the length of keys's line once, with benchWaitInLine's
+// pause, and returns it.
+func handoffPoll(b *testing.B, c rueidis.Client, keys lease.Keys) int64 {
+	n, err := c.Do(context.Background(), c.B().Zcard().Key(keys.Queue).Build()).AsInt64()
+	if err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(time.Millisecond) // polling Redis, not a synchronisation by sleep
+	return n
+}
+
+// handoffInLine waits until a waiter stands in keys's line, and returns how
+// many times it polled.
+func handoffInLine(b *testing.B, c rueidis.Client, keys lease.Keys) int {
+	deadline := time.Now().Add(queueTimeout)
+	for polls := 1; ; polls++ {
+		if handoffPoll(b, c, keys) > 0 {
+			return polls
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("no waiter in %s's line after %v", keys.Queue, queueTimeout)
+		}
+	}
 }
 
 // quantiles returns the median, p90 and p99 of ds.
