@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock/lease"
 )
 
 // TestRoomLingersFromItsLastLeave checks the room's linger (W5, and the
@@ -50,4 +52,55 @@ func TestRoomLingersFromItsLastLeave(t *testing.T) {
 		time.Sleep(2 * slack)
 		require.Equal(t, 0, rooms(), "rooms roomLinger after the last leave")
 	})
+}
+
+// TestDeliverPassesWakesTheWaiter checks that a release's reply wakes the
+// waiters of this process it passed the lock (or permits) to, and only
+// them, with the release's send time, and costs no allocation.
+func TestDeliverPassesWakesTheWaiter(t *testing.T) {
+	e := &fakeMutex(t, &fakeStore{}).e
+	r, _ := proc.enterRoom(e, true)
+	w, other := r.join("next"), r.join("other")
+	defer r.leave(other)
+	defer r.leave(w)
+	sent := time.Now()
+	rel := lease.Release{Deleted: true, Passed: lease.Pass{Value: "next", Token: 7, Room: proc.roomID}}
+	deliverPasses(e.roomKey(), rel, sent)
+	select {
+	case n := <-w.grant:
+		require.Equal(t, grantNote{token: 7, sent: sent}, n)
+	default:
+		t.Fatal("the waiter the lock was passed to was not woken")
+	}
+	select {
+	case n := <-other.grant:
+		t.Fatalf("another waiter was woken: %+v", n)
+	default:
+	}
+	elsewhere := rel
+	elsewhere.Passed.Room = "another process"
+	deliverPasses(e.roomKey(), elsewhere, sent)
+	select {
+	case n := <-w.grant:
+		t.Fatalf("woken by a pass to another process's room: %+v", n)
+	default:
+	}
+	// A semaphore's release passes several permits: the first here to
+	// another process, the next to w.
+	several := elsewhere
+	several.More = []lease.Pass{{Value: "next", Token: 8, Room: proc.roomID}}
+	deliverPasses(e.roomKey(), several, sent)
+	select {
+	case n := <-w.grant:
+		require.Equal(t, grantNote{token: 8, sent: sent}, n)
+	default:
+		t.Fatal("the waiter a later permit was passed to was not woken")
+	}
+	for _, rel := range []lease.Release{rel, several} {
+		allocs := testing.AllocsPerRun(100, func() {
+			deliverPasses(e.roomKey(), rel, sent)
+			<-w.grant
+		})
+		require.Zero(t, allocs, "allocations per pass delivered, %d passes", len(rel.Passes()))
+	}
 }
