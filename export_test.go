@@ -53,3 +53,8 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 	}
 	return m, nil
 }
+
+// RoomID returns the name of this process's waiting rooms in Redis: a
+// waiter of this process hears of its grant on [lease.Keys.WakeChannel] of
+// it.
+func RoomID() string { return proc.roomID }

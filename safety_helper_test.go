@@ -63,6 +63,8 @@ func runHelper(role string) int {
 		return runSemHelper() // bench_sem_test.go
 	case electRole:
 		return runElectHelper() // bench_sem_test.go
+	case handoffRole:
+		return runHandoffHelper() // bench_handoff_test.go
 	}
 	if role != holderRole {
 		fmt.Fprintln(os.Stderr, "unknown helper role", role)

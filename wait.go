@@ -3,6 +3,7 @@ package distlock
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"time"
 
@@ -77,7 +78,6 @@ func (a *acquirer) queue() (*Guard, error) {
 	defer func() {
 		if r != nil {
 			r.leave(a.waiter)
-			r.exit()
 		}
 	}()
 	enter := func(create bool) {
@@ -265,7 +265,15 @@ type room struct {
 	mu      sync.Mutex
 	refs    int                // Lock calls waiting in it
 	waiters map[string]*waiter // by value
-	linger  *time.Timer
+	// The linger: lingering says that the timer linger (made the first
+	// time the room is left idle, then reused) will run lingered, which
+	// closes the room if it has been idle for roomLinger since idleSince.
+	// Entering the room does not stop the timer, and leaving it does not
+	// arm it again while it runs, so a lock passed back and forth between
+	// the waiters of this process costs no timer operation per hand-off.
+	linger    *time.Timer
+	lingering bool
+	idleSince time.Time
 
 	// The subscription. up reports whether announcements arrive; noPubSub
 	// that the server refused pub/sub, and the waiters poll.
@@ -296,8 +304,8 @@ type grantNote struct {
 	sent time.Time
 }
 
-// enterRoom returns e's room and counts the caller in; the caller must call
-// exit when done. When there is no room, it creates one if create is set
+// enterRoom returns e's room and counts the caller in; the caller must
+// join it and leave it when done. When there is no room, it creates one if create is set
 // (fresh reports that it did) and returns nil otherwise.
 func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
 	k := e.roomKey()
@@ -319,10 +327,6 @@ func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.refs++
-	if r.linger != nil {
-		r.linger.Stop()
-		r.linger = nil
-	}
 	return r, fresh
 }
 
@@ -334,19 +338,52 @@ func (p *process) lookupRoom(k roomKey) *room {
 	return s.m[k]
 }
 
-// exit counts a caller of enterRoom out. The last one out closes the room:
-// at once if it has no subscription, after roomLinger otherwise.
-func (r *room) exit() {
+// leave removes w and counts its caller out of the room, in one step. The
+// last one out closes the room: at once if it has no subscription, after
+// roomLinger otherwise.
+func (r *room) leave(w *waiter) {
 	r.mu.Lock()
+	if r.waiters[w.value] == w {
+		delete(r.waiters, w.value)
+	}
 	r.refs--
 	idle, listening := r.refs == 0, r.listening
-	if idle && listening && r.linger == nil {
-		r.linger = time.AfterFunc(roomLinger, r.closeAndWait)
+	if idle && listening {
+		r.idleSince = time.Now()
+		if !r.lingering {
+			r.lingering = true
+			if r.linger == nil {
+				r.linger = time.AfterFunc(roomLinger, r.lingered)
+			} else {
+				r.linger.Reset(roomLinger)
+			}
+		}
 	}
 	r.mu.Unlock()
 	if idle && !listening {
 		r.close()
 	}
+}
+
+// lingered is the linger timer's function: it closes the room if nobody
+// has been in it for roomLinger, and otherwise runs again when that will
+// be the case, unless a caller is in the room (the last one out arms the
+// timer again).
+func (r *room) lingered() {
+	r.mu.Lock()
+	if r.refs > 0 {
+		r.lingering = false
+		r.mu.Unlock()
+		return
+	}
+	if left := roomLinger - time.Since(r.idleSince); left > 0 {
+		r.linger.Reset(left)
+		r.mu.Unlock()
+		return
+	}
+	r.lingering = false
+	r.mu.Unlock()
+	r.closeAndWait()
 }
 
 // close removes an idle room and ends its subscription, unless a caller
@@ -374,9 +411,8 @@ func (r *room) close() <-chan struct{} {
 	return r.subDone
 }
 
-// closeAndWait is the linger timer's function: it closes the room and waits
-// for the subscription goroutine to end (it unsubscribes, bounded by
-// lease's unsubscribe timeout).
+// closeAndWait closes the room and waits for the subscription goroutine to
+// end (it unsubscribes, bounded by lease's unsubscribe timeout).
 func (r *room) closeAndWait() {
 	if done := r.close(); done != nil {
 		<-done
@@ -390,15 +426,6 @@ func (r *room) join(value string) *waiter {
 	defer r.mu.Unlock()
 	r.waiters[value] = w
 	return w
-}
-
-// leave removes w.
-func (r *room) leave(w *waiter) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.waiters[w.value] == w {
-		delete(r.waiters, w.value)
-	}
 }
 
 // listen starts the room's subscription, unless it runs already or the
@@ -416,17 +443,20 @@ func (r *room) listen() bool {
 	return r.up
 }
 
-// granted wakes the waiter for value, if it is in the room.
-func (r *room) granted(value string, n grantNote) {
+// granted wakes the waiter for value, if it is in the room, and reports
+// whether it did.
+func (r *room) granted(value string, n grantNote) bool {
 	r.mu.Lock()
 	w := r.waiters[value]
 	r.mu.Unlock()
 	if w == nil {
-		return
+		return false
 	}
 	select {
 	case w.grant <- n:
+		return true
 	default:
+		return false
 	}
 }
 
@@ -511,6 +541,13 @@ func resubscribe(ctx context.Context, pause *backoff, subscribe func() error, do
 // deliverPasses tells the waiters of this process that a release sent at
 // sent passed the lease (or a semaphore's permits) to, if there are any:
 // they wake at once instead of waiting for the announcement.
+//
+// Having woken one, it yields the processor (runtime.Gosched), as
+// sync.Mutex's Unlock does when it hands the mutex to a starving waiter:
+// the woken waiter runs next on this processor, rather than after the
+// caller has finished its release and parked, or after another processor
+// has stolen it (which the runtime does only after a pause), and the
+// caller goes on as soon as a processor is free.
 func deliverPasses(k roomKey, r lease.Release, sent time.Time) {
 	if r.Passed.Value == "" {
 		return
@@ -519,9 +556,16 @@ func deliverPasses(k roomKey, r lease.Release, sent time.Time) {
 	if room == nil {
 		return
 	}
-	for _, p := range r.Passes() {
+	woke := false
+	if r.Passed.Room == proc.roomID {
+		woke = room.granted(r.Passed.Value, grantNote{token: r.Passed.Token, sent: sent})
+	}
+	for _, p := range r.More {
 		if p.Room == proc.roomID {
-			room.granted(p.Value, grantNote{token: p.Token, sent: sent})
+			woke = room.granted(p.Value, grantNote{token: p.Token, sent: sent}) || woke
 		}
+	}
+	if woke {
+		runtime.Gosched()
 	}
 }

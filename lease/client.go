@@ -381,18 +381,18 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 // array, whose first element says whether the script did it (which Redis
 // builds at a cost of about 4,500 instructions, so the common cases do
 // without).
+//
+// It looks at the reply's kind first, so that an array (a release that
+// passed the lock on, a place in line) costs no error value.
 func scriptReply(res Reply) (n int64, arr []Reply, err error) {
-	if n, err := res.AsInt64(); err == nil {
-		return n, nil, nil
+	if res.kind != replyArray {
+		n, err = res.AsInt64()
+		return n, nil, err
 	}
-	arr, err = res.ToArray()
-	if err != nil {
-		return 0, nil, err
-	}
-	if len(arr) == 0 {
+	if len(res.arr) == 0 {
 		return 0, nil, fmt.Errorf("%w: an empty array", ErrProtocol)
 	}
-	return 0, arr, nil
+	return 0, res.arr, nil
 }
 
 func parseRelease(arr []Reply) (Release, error) {

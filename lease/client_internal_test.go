@@ -1,0 +1,45 @@
+package lease
+
+import (
+	"errors"
+	"testing"
+)
+
+// TestScriptReplyReadsEachKind checks scriptReply on each kind of reply,
+// and that an array, the reply of a release that passed the lock on and of
+// a call that stands in line, costs no allocation to read.
+func TestScriptReplyReadsEachKind(t *testing.T) {
+	refused := NewReplyError("NOSCRIPT No matching script", nil)
+	arr := []Reply{IntReply(1), IntReply(7), StringReply("v"), StringReply("room")}
+	cases := []struct {
+		name    string
+		reply   Reply
+		n       int64
+		arr     int
+		wantErr error
+	}{
+		{"number", IntReply(3), 3, 0, nil},
+		{"number as a string", StringReply("4"), 4, 0, nil},
+		{"array", ArrayReply(arr), 0, len(arr), nil},
+		{"empty array", ArrayReply(nil), 0, 0, ErrProtocol},
+		{"nil", NilReply(), 0, 0, ErrProtocol},
+		{"not a number", StringReply("x"), 0, 0, ErrProtocol},
+		{"error", ErrorReply(refused), 0, 0, refused},
+	}
+	for _, c := range cases {
+		n, got, err := scriptReply(c.reply)
+		if c.wantErr != nil {
+			if !errors.Is(err, c.wantErr) {
+				t.Errorf("%s: got error %v, want %v", c.name, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil || n != c.n || len(got) != c.arr {
+			t.Errorf("%s: got %d, %d elements, %v; want %d, %d elements, no error", c.name, n, len(got), err, c.n, c.arr)
+		}
+	}
+	reply := ArrayReply(arr)
+	if allocs := testing.AllocsPerRun(100, func() { _, _, _ = scriptReply(reply) }); allocs != 0 {
+		t.Errorf("reading an array: got %v allocations, want 0", allocs)
+	}
+}
