@@ -251,6 +251,19 @@ func (w *semWire) Dedicated(fn func(rueidis.DedicatedClient) error) error {
 
 // do runs cmd through send and records it if it is a lease script.
 func (w *semWire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rueidis.RedisResult {
+	if calls, ok := batchCalls(cmd.Commands()); ok {
+		// A batch of renewals (the client's batcher): one renewal call per
+		// lease, each confirmed when the batch's reply says so for it.
+		start := time.Now()
+		res := send(ctx, cmd)
+		finishBatch(calls, start, res)
+		w.mu.Lock()
+		for _, c := range calls {
+			w.calls = append(w.calls, semCall{wireCall: c, rank: -1})
+		}
+		w.mu.Unlock()
+		return res
+	}
 	wc, ok := classify(cmd.Commands())
 	if !ok {
 		return send(ctx, cmd)
