@@ -31,6 +31,12 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 //
 // leanClockLua sets t to the server's clock (TIME's seconds and µs, as
 // text) and us to its µs as six digits; the includer declares both.
+// leanPadLua is its second half, for a t read already.
+//
+// leanNextTokenLua makes the token as nextToken (in protocolLua) does, and
+// its text s, from the clock in t and us and the fencing key's raw (a
+// token, or none): token is nil when the next one would pass 2^53-1. The
+// includer declares token, s and now (set to the clock in µs).
 //
 // cancelLua is where the full path of a release starts for Cancel
 // (KEYS[6], the void key, given): it takes value out of line (only Cancel
@@ -41,9 +47,9 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 // reply {deleted}, and returns it when the line's keys are of the wrong
 // type; the includer declares value and deleted, and protocolLua's leave.
 //
-// leanTokenLua reads the fencing key and the clock, and makes the token as
-// nextToken (in protocolLua) does, and its text: the clock's seconds and µs
-// side by side spare a string.format. (Arithmetic on a string reads it as a
+// leanTokenLua reads the fencing key and the clock, and makes the token
+// and its text (leanNextTokenLua): the clock's seconds and µs side by side
+// spare a string.format. (Arithmetic on a string reads it as a
 // number at half the cost of tonumber.) It declares token, s, now (the
 // clock in µs), t and us; token is nil when the fencing key holds no token
 // that can be followed (fence's rule) or the next token would pass
@@ -66,28 +72,106 @@ if err then
   return out
 end
 `
-	leanClockLua = `
-t = redis.call('TIME')
+	leanPadLua = `
 us = t[2]
 if #us < 6 then
   us = string.rep('0', 6 - #us) .. us
+end
+`
+	leanClockLua = `
+t = redis.call('TIME')
+` + leanPadLua
+	leanNextTokenLua = `
+now = t[1] * 1000000 + t[2]
+token, s = now, t[1] .. us
+local last = raw and raw + 0 or 0
+if token <= last then
+  token = last + 1
+  s = string.format('%.0f', token)
+end
+if token > 9007199254740991 then
+  token = nil
 end
 `
 	leanTokenLua = `
 local token, s, now, t, us
 local raw = redis.pcall('GET', KEYS[2])
 if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
-` + leanClockLua + `
-  now = t[1] * 1000000 + t[2]
-  token, s = now, t[1] .. us
-  local last = raw and raw + 0 or 0
-  if token <= last then
-    token = last + 1
-    s = string.format('%.0f', token)
+` + leanClockLua + leanNextTokenLua + `
+end
+`
+)
+
+// The lean contended paths of every face share these pieces.
+//
+// leanPlaceLua takes or keeps value's place in line, once its entry is
+// written (the includer's HSET, the first write, which fails on a waiters'
+// key of another type): a place it has keeps its ticket; a new one gets
+// the ticket the caller brings (ARGV[5]), or the clock in µs as text (a
+// string.format spared), above the last ticket in line (ZCOUNT, a number
+// in, tells whether any is as high, without reading a score out); and both
+// keys of the line are kept at least the claim window (keep). The includer
+// declares value, t, us, keep, fresh (the line's keys did not exist: they
+// are new now, so their TTL is set without asking it, and value is first)
+// and rank (value's rank, or false when it is not in line); leanPlaceLua
+// declares ticket (text) and leaves rank the place's.
+//
+// leanHeadLua reads the first place in line and its entry: v, lapse,
+// claim, room, and m, the entry's mode ("r" or "w" for a read-write lock's
+// entry, "x" for one without; room is then the room alone), all nil when
+// nobody or something unreadable is there.
+//
+// leanWakeLua tells room of a grant, msg ("<token>\n<value>"), as
+// protocolLua's publish does.
+var (
+	leanPlaceLua = `
+local ticket
+if rank then
+  ticket = redis.call('ZSCORE', KEYS[3], value)
+else
+  ticket = ARGV[5]
+  if not ticket or ticket == '0' then
+    ticket = t[1] .. us
+    if not fresh and redis.call('ZCOUNT', KEYS[3], ticket, '+inf') > 0 then
+      local tail = redis.call('ZRANGE', KEYS[3], '-1', '-1', 'WITHSCORES')
+      ticket = string.format('%.0f', tail[2] + 1)
+    end
   end
-  if token > 9007199254740991 then
-    token = nil
+  redis.call('ZADD', KEYS[3], ticket, value)
+end
+if fresh then
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  rank = 0
+else
+  if redis.call('PTTL', KEYS[3]) < keep then
+    redis.call('PEXPIRE', KEYS[3], ARGV[3])
   end
+  if redis.call('PTTL', KEYS[4]) < keep then
+    redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  end
+  if not rank then
+    rank = redis.call('ZRANK', KEYS[3], value)
+  end
+end
+`
+	leanHeadLua = `
+local head = redis.pcall('ZRANGE', KEYS[3], '0', '0')
+local v = not head.err and head[1]
+local entry = v and redis.pcall('HGET', KEYS[4], v)
+local lapse, claim, room, m
+if type(entry) == 'string' then
+  lapse, claim, room = string.match(entry, '^(%d+) (%d+) (.+)$')
+  m = 'x'
+  if room and string.byte(room, 2) == 32 then
+    m, room = string.sub(room, 1, 1), string.sub(room, 3)
+  end
+end
+`
+	leanWakeLua = `
+local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
+if type(r) == 'table' and r.err then
+  redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
 end
 `
 )
@@ -109,9 +193,9 @@ end
 // A new place's ticket is the one the caller brings (ARGV[5]), or the
 // clock in µs, above the last ticket in line; with nobody in line, the
 // caller is first (rank 0) and the line's keys are new, so they are kept
-// for the claim window without asking their TTL. The lapse is written as
-// ms + claim in Lua's own format, exact for a 13-digit number; the ticket
-// goes to ZADD as a number, which Redis prints exactly (%.17g).
+// for the claim window without asking their TTL (leanPlaceLua). The lapse
+// is written as ms + claim with string.format('%d'), cheaper than Lua's
+// own number format.
 //
 // leanPassLua is the lean path of releaseScript for a release of value's
 // string when someone is in line (line), for Release (not Cancel: KEYS[6]
@@ -132,8 +216,8 @@ if n > 0 and ARGV[3] then
   local raw = redis.pcall('GET', KEYS[2])
   if type(cur) == 'string' and cur ~= value and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
       and (n == 1 or redis.call('EXISTS', KEYS[6]) == 0) then
-    local rank = false
-    if n > 1 then
+    local fresh, rank = n == 1, false
+    if not fresh then
       rank = redis.pcall('ZRANK', KEYS[3], value)
     end
     if type(rank) ~= 'table' then
@@ -142,35 +226,7 @@ if n > 0 and ARGV[3] then
       local keep = ARGV[3] + 0
       local ok = redis.pcall('HSET', KEYS[4], value, string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
       if type(ok) == 'number' then
-        local ticket
-        if rank then
-          ticket = redis.call('ZSCORE', KEYS[3], value)
-        else
-          ticket = ARGV[5]
-          if not ticket or ticket == '0' then
-            ticket = t[1] .. us
-            if n > 1 and redis.call('ZCOUNT', KEYS[3], ticket, '+inf') > 0 then
-              local tail = redis.call('ZRANGE', KEYS[3], '-1', '-1', 'WITHSCORES')
-              ticket = string.format('%.0f', tail[2] + 1)
-            end
-          end
-          redis.call('ZADD', KEYS[3], ticket, value)
-        end
-        if n == 1 then
-          redis.call('PEXPIRE', KEYS[3], ARGV[3])
-          redis.call('PEXPIRE', KEYS[4], ARGV[3])
-          rank = 0
-        else
-          if redis.call('PTTL', KEYS[3]) < keep then
-            redis.call('PEXPIRE', KEYS[3], ARGV[3])
-          end
-          if redis.call('PTTL', KEYS[4]) < keep then
-            redis.call('PEXPIRE', KEYS[4], ARGV[3])
-          end
-          if not rank then
-            rank = redis.call('ZRANK', KEYS[3], value)
-          end
-        end
+` + leanPlaceLua + `
         return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket + 0, raw and raw + 0 or 0}
       end
     end
@@ -179,28 +235,20 @@ end
 `
 	leanPassLua = `
 if line and not KEYS[6] then
-  local head = redis.pcall('ZRANGE', KEYS[3], '0', '0')
-  local v = not head.err and head[1]
-  local entry = v and redis.pcall('HGET', KEYS[4], v)
-  if type(entry) == 'string' then
-    local lapse, claim, room = string.match(entry, '^(%d+) (%d+) (.+)$')
-    if room and string.byte(room, 2) ~= 32 then
+` + leanHeadLua + `
+  if room and m == 'x' then
 ` + leanTokenLua + `
-      if token and lapse + 0 > math.floor(now / 1000) then
-        redis.call('ZREM', KEYS[3], v)
-        redis.call('HDEL', KEYS[4], v)
-        redis.call('SET', KEYS[1], v, 'PX', claim)
-        redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
-        local msg = s .. '\n' .. v
-        local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
-        if type(r) == 'table' and r.err then
-          redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
-        end
-        if ARGV[2] == '1' then
+    if token and lapse + 0 > math.floor(now / 1000) then
+      redis.call('ZREM', KEYS[3], v)
+      redis.call('HDEL', KEYS[4], v)
+      redis.call('SET', KEYS[1], v, 'PX', claim)
+      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+      local msg = s .. '\n' .. v
+` + leanWakeLua + `
+      if ARGV[2] == '1' then
 ` + leanAnnounceLua + `
-        end
-        return {1, token, v, room}
       end
+      return {1, token, v, room}
     end
   end
 end
@@ -242,42 +290,14 @@ if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[6]) == 0) then
     local ms = t[1] * 1000 + math.floor(t[2] / 1000)
     if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 1, 3))) == 'number'
         and redis.call('ZCARD', KEYS[1]) >= ARGV[2] + 0 and not redis.call('ZSCORE', KEYS[1], value) then
-      local rank = false
-      if n > 0 then
+      local fresh, rank = n == 0, false
+      if not fresh then
         rank = redis.pcall('ZRANK', KEYS[3], value)
       end
       local keep = ARGV[3] + 0
       local ok = type(rank) ~= 'table' and redis.pcall('HSET', KEYS[4], value, string.format('%d', ms + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
       if type(ok) == 'number' then
-        local ticket
-        if rank then
-          ticket = redis.call('ZSCORE', KEYS[3], value)
-        else
-          ticket = ARGV[5]
-          if not ticket or ticket == '0' then
-            ticket = t[1] .. us
-            if n > 0 and redis.call('ZCOUNT', KEYS[3], ticket, '+inf') > 0 then
-              local tail = redis.call('ZRANGE', KEYS[3], '-1', '-1', 'WITHSCORES')
-              ticket = string.format('%.0f', tail[2] + 1)
-            end
-          end
-          redis.call('ZADD', KEYS[3], ticket, value)
-        end
-        if n == 0 then
-          redis.call('PEXPIRE', KEYS[3], ARGV[3])
-          redis.call('PEXPIRE', KEYS[4], ARGV[3])
-          rank = 0
-        else
-          if redis.call('PTTL', KEYS[3]) < keep then
-            redis.call('PEXPIRE', KEYS[3], ARGV[3])
-          end
-          if redis.call('PTTL', KEYS[4]) < keep then
-            redis.call('PEXPIRE', KEYS[4], ARGV[3])
-          end
-          if not rank then
-            rank = redis.call('ZRANK', KEYS[3], value)
-          end
-        end
+` + leanPlaceLua + `
         local soon = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
         return {0, soon[2] - ms, soon[1], rank, ticket + 0, raw and raw + 0 or 0}
       end
@@ -287,33 +307,22 @@ end
 `
 	leanSemPassLua = `
 if not KEYS[6] and redis.call('ZCARD', KEYS[1]) + 1 == ARGV[2] + 0 then
-  local head = redis.pcall('ZRANGE', KEYS[3], '0', '0')
-  local v = not head.err and head[1]
-  local entry = v and redis.pcall('HGET', KEYS[4], v)
-  local raw = type(entry) == 'string' and redis.pcall('GET', KEYS[2])
-  if type(entry) == 'string' and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$')) then
-    local lapse, claim, room = string.match(entry, '^(%d+) (%d+) (.+)$')
-    local token, text = now, t[1] .. us
-    local last = raw and raw + 0 or 0
-    if token <= last then
-      token = last + 1
-      text = string.format('%.0f', token)
-    end
-    if room and token <= 9007199254740991 and lapse + 0 > math.floor(now / 1000) then
+` + leanHeadLua + `
+  local raw = room and redis.pcall('GET', KEYS[2])
+  if room and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$')) then
+    local token, s
+` + leanNextTokenLua + `
+    if token and lapse + 0 > math.floor(now / 1000) then
       redis.call('ZREM', KEYS[3], v)
       redis.call('HDEL', KEYS[4], v)
-      local e = math.ceil(now / 1000) + claim
-      redis.call('ZADD', KEYS[1], string.format('%d', e), v)
+      redis.call('ZADD', KEYS[1], string.format('%d', math.ceil(now / 1000) + claim), v)
       if redis.call('PTTL', KEYS[1]) < claim + 0 then
         redis.call('PEXPIRE', KEYS[1], claim)
       end
       redis.call('SET', KEYS[1] .. ':permits', ARGV[2], 'PX', ` + retentionMs + `)
-      redis.call('SET', KEYS[2], text, 'PX', ` + retentionMs + `)
-      local msg = text .. '\n' .. v
-      local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
-      if type(r) == 'table' and r.err then
-        redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
-      end
+      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+      local msg = s .. '\n' .. v
+` + leanWakeLua + `
       return {deleted, token, v, room}
     end
   end
@@ -361,43 +370,15 @@ if n > 0 and ARGV[3] then
       local t, us
 ` + leanClockLua + `
       local ms = t[1] * 1000 + math.floor(t[2] / 1000)
-      local rank = false
-      if n > 1 then
+      local fresh, rank = n == 1, false
+      if not fresh then
         rank = redis.pcall('ZRANK', KEYS[3], value)
       end
       local keep = ARGV[3] + 0
       local ok = e + 0 > ms and type(rank) ~= 'table' and
         redis.pcall('HSET', KEYS[4], value, string.format('%d', ms + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
       if type(ok) == 'number' then
-        local ticket
-        if rank then
-          ticket = redis.call('ZSCORE', KEYS[3], value)
-        else
-          ticket = ARGV[5]
-          if not ticket or ticket == '0' then
-            ticket = t[1] .. us
-            if n > 1 and redis.call('ZCOUNT', KEYS[3], ticket, '+inf') > 0 then
-              local tail = redis.call('ZRANGE', KEYS[3], '-1', '-1', 'WITHSCORES')
-              ticket = string.format('%.0f', tail[2] + 1)
-            end
-          end
-          redis.call('ZADD', KEYS[3], ticket, value)
-        end
-        if n == 1 then
-          redis.call('PEXPIRE', KEYS[3], ARGV[3])
-          redis.call('PEXPIRE', KEYS[4], ARGV[3])
-          rank = 0
-        else
-          if redis.call('PTTL', KEYS[3]) < keep then
-            redis.call('PEXPIRE', KEYS[3], ARGV[3])
-          end
-          if redis.call('PTTL', KEYS[4]) < keep then
-            redis.call('PEXPIRE', KEYS[4], ARGV[3])
-          end
-          if not rank then
-            rank = redis.call('ZRANK', KEYS[3], value)
-          end
-        end
+` + leanPlaceLua + `
         if redis.call('PTTL', KEYS[1]) < keep then
           redis.call('PEXPIRE', KEYS[1], ARGV[3])
         end
@@ -409,46 +390,24 @@ end
 `
 	leanRWPassLua = `
 if gone and line and not KEYS[6] then
-  local head = redis.pcall('ZRANGE', KEYS[3], '0', '0')
-  local v = not head.err and head[1]
-  local entry = v and redis.pcall('HGET', KEYS[4], v)
-  local lapse, claim, room, m
-  if type(entry) == 'string' then
-    lapse, claim, room = string.match(entry, '^(%d+) (%d+) (.+)$')
-    m = 'x'
-    if room and string.byte(room, 2) == 32 then
-      m, room = string.sub(room, 1, 1), string.sub(room, 3)
-    end
-  end
+` + leanHeadLua + `
   local exclusive = room and m ~= 'r'
   local raw = exclusive and redis.pcall('GET', KEYS[2])
   if exclusive and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$')) then
-    local us = t[2]
-    if #us < 6 then
-      us = string.rep('0', 6 - #us) .. us
-    end
-    local now = t[1] * 1000000 + t[2]
-    local token, text = now, t[1] .. us
-    local last = raw and raw + 0 or 0
-    if token <= last then
-      token = last + 1
-      text = string.format('%.0f', token)
-    end
-    if token <= 9007199254740991 and lapse + 0 > math.floor(now / 1000) then
+    local token, s, now, us
+` + leanPadLua + leanNextTokenLua + `
+    if token and lapse + 0 > math.floor(now / 1000) then
       redis.call('ZREM', KEYS[3], v)
       redis.call('HDEL', KEYS[4], v)
       if m == 'x' then
         redis.call('SET', KEYS[1], v, 'PX', claim)
       else
-        redis.call('HSET', KEYS[1], v, math.ceil(now / 1000) + claim .. ' ' .. text, '~w', v, '~', 'rw')
+        redis.call('HSET', KEYS[1], v, math.ceil(now / 1000) + claim .. ' ' .. s, '~w', v, '~', 'rw')
         redis.call('PEXPIRE', KEYS[1], claim)
       end
-      redis.call('SET', KEYS[2], text, 'PX', ` + retentionMs + `)
-      local msg = text .. '\n' .. v
-      local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
-      if type(r) == 'table' and r.err then
-        redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
-      end
+      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+      local msg = s .. '\n' .. v
+` + leanWakeLua + `
       return {deleted, token, v, room}
     end
   end
