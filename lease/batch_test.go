@@ -101,8 +101,23 @@ func TestRenewBatchKinds(t *testing.T) {
 	items = append(items, lease.RenewItem{Keys: held2, Value: "v9", TTL: 30 * time.Second})
 	cases = append(cases, batchCase{name: "lock held, another TTL", keys: held2, value: "v9", want: lease.Renewal{OK: true}})
 
+	pttl := func(key string) time.Duration {
+		n, err := e.srv.MustDo("PTTL", key).AsInt64()
+		require.NoError(t, err)
+		return time.Duration(n) * time.Millisecond
+	}
 	out := make([]lease.Renewal, len(items))
 	require.NoError(t, e.lc.RenewBatch(ctx, items, out))
+	// What the batch itself extended, before the lone renewals below
+	// extend the same leases again.
+	for _, c := range cases {
+		if c.renewed {
+			assert.Greater(t, pttl(c.keys.Lease), batchTTL-pttlSlack, "%s: extended by the batch", c.name)
+		}
+	}
+	if d := pttl(held2.Lease); d <= 30*time.Second-pttlSlack || d > 30*time.Second {
+		t.Errorf("the other run's TTL after the batch: got %v, want about 30s", d)
+	}
 	for i, c := range cases {
 		assert.Equal(t, c.want, out[i], "%s: outcome", c.name)
 		// The lone renewal agrees (it runs after the batch: a lease the
@@ -110,11 +125,6 @@ func TestRenewBatchKinds(t *testing.T) {
 		lone, err := e.lc.Renew(ctx, c.keys, c.value, items[i].TTL)
 		require.NoError(t, err, c.name)
 		assert.Equal(t, c.want, lone, "%s: the lone renewal's outcome", c.name)
-	}
-	pttl := func(key string) time.Duration {
-		n, err := e.srv.MustDo("PTTL", key).AsInt64()
-		require.NoError(t, err)
-		return time.Duration(n) * time.Millisecond
 	}
 	assert.Greater(t, pttl(held.Lease), batchTTL-pttlSlack, "lock held: extended")
 	assert.Greater(t, pttl(sem.Lease), batchTTL-pttlSlack, "semaphore: extended")
@@ -135,17 +145,23 @@ func TestRenewBatchRefusedAreNotExtended(t *testing.T) {
 	g, err := e.lc.Acquire(ctx, k, "holder", shortTTL)
 	require.NoError(t, err)
 	require.True(t, g.Acquired)
-	gone := keys(t).Election()
-	out := make([]lease.Renewal, 2)
+	same := keys(t).Election()
+	gone, err := lease.NewKeys("distlock-test", t.Name()+":gone")
+	require.NoError(t, err)
+	out := make([]lease.Renewal, 3)
 	require.NoError(t, e.lc.RenewBatch(ctx, []lease.RenewItem{
 		{Keys: k, Value: "me", TTL: batchTTL},
+		{Keys: same, Value: "me", TTL: batchTTL},
 		{Keys: gone, Value: "me", TTL: batchTTL},
 	}, out))
-	assert.Equal(t, []lease.Renewal{{Holder: "holder"}, {Holder: "holder"}}, out,
-		"the election's key is the lock's: one lock per name")
+	assert.Equal(t, []lease.Renewal{{Holder: "holder"}, {Holder: "holder"}, {}}, out,
+		"the election's key is the lock's (one lock per name); the third lease is missing")
 	n, err := e.srv.MustDo("PTTL", k.Lease).AsInt64()
 	require.NoError(t, err)
 	assert.LessOrEqual(t, time.Duration(n)*time.Millisecond, shortTTL)
+	n, err = e.srv.MustDo("PTTL", gone.Lease).AsInt64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(-2), n, "a missing lease stays missing")
 }
 
 // TestRenewBatchLarge renews MaxRenewBatch leases in one call, and checks
@@ -206,11 +222,12 @@ func (f fakeRedis) Identity() any { return f }
 // every lease, or answers in a form no lease's outcome has, fails the
 // whole batch: no member may read a refusal or a confirmation from it.
 func TestRenewBatchBadReply(t *testing.T) {
+	// Two holders of one read-write lock: one group on a Redis that does
+	// not say how it shards, so that every case reaches the reply.
 	k1, err := lease.NewKeys("t", "a")
 	require.NoError(t, err)
-	k2, err := lease.NewKeys("t", "b")
-	require.NoError(t, err)
-	items := []lease.RenewItem{{Keys: k1, Value: "v", TTL: time.Second}, {Keys: k2, Value: "v", TTL: time.Second}}
+	k1 = k1.RW(lease.Read)
+	items := []lease.RenewItem{{Keys: k1, Value: "r1", TTL: time.Second}, {Keys: k1, Value: "r2", TTL: time.Second}}
 	one := lease.IntReply(1)
 	for _, tt := range []struct {
 		name  string
@@ -230,9 +247,12 @@ func TestRenewBatchBadReply(t *testing.T) {
 			out := []lease.Renewal{{OK: true}, {OK: true}}
 			err = lc.RenewBatch(context.Background(), items, out)
 			require.Error(t, err)
-			assert.Equal(t, "{"+hashTag(k1.Lease)+"}", lc.BatchGroup(k1), "a Redis that does not say: one lock's leases to a batch")
+			assert.NotErrorIs(t, err, lease.ErrBadBatch, "the batch was sent")
 		})
 	}
+	lc, err := lease.NewOn(fakeRedis{}, lease.Ack{})
+	require.NoError(t, err)
+	assert.Equal(t, "{"+hashTag(k1.Lease)+"}", lc.BatchGroup(k1), "a Redis that does not say: one lock's leases to a batch")
 }
 
 // TestRenewBatchByTag checks a Redis that shards by hash tag, or does not
