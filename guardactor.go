@@ -306,8 +306,16 @@ func (l *guardActor) handle(m guardMsg) {
 			l.afterBegin()
 			return
 		}
+		if l.retiring {
+			// The loss became final while this renewal was in flight (a
+			// refused Downgrade): its answer, from a script that ran
+			// before the refusal, must not make the guard Acquired again
+			// (L4). It is dropped.
+			l.retire()
+			return
+		}
 		next, final := g.renewed(m.sent, m.r, m.err)
-		if final || l.retiring {
+		if final {
 			l.retire()
 			return
 		}
