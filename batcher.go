@@ -499,7 +499,9 @@ func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 		case !now.Before(a.deadline):
 			a.answer(a.expired())
 			bt.left()
-		case a.deadline.Before(callEnd) && (next.IsZero() || a.deadline.Before(next)):
+		case (callEnd.IsZero() || a.deadline.Before(callEnd)) && (next.IsZero() || a.deadline.Before(next)):
+			// (A call without a deadline has a member without one; the
+			// others are still answered at theirs.)
 			next = a.deadline
 		}
 	}

@@ -361,6 +361,37 @@ func TestBatcherMemberDeadline(t *testing.T) {
 	})
 }
 
+// TestBatcherMemberDeadlineBesideNone: a batch with a member that has no
+// deadline (so the call has none) still answers a member that has one at
+// its own deadline.
+func TestBatcherMemberDeadlineBesideNone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBatchStore()
+		gate := make(chan struct{})
+		s.set(func(s *batchStore) { s.gate = gate; s.holders["a"], s.holders["b"] = "va", "vb" })
+		b := batcherOf(t, s)
+		start := time.Now()
+		var errA, errB error
+		var atA time.Time
+		var wg sync.WaitGroup
+		latest := start.Add(10 * time.Millisecond)
+		wg.Go(func() {
+			_, _, errA = b.renew(t.Context(), start.Add(100*time.Millisecond), lease.Keys{Lease: "a"}, "va", fakeTTL, latest, start)
+			atA = time.Now()
+		})
+		wg.Go(func() {
+			_, _, errB = b.renew(t.Context(), time.Time{}, lease.Keys{Lease: "b"}, "vb", fakeTTL, latest, start)
+		})
+		time.Sleep(500 * time.Millisecond)
+		close(gate)
+		wg.Wait()
+		require.Len(t, s.calls(), 1)
+		assert.ErrorIs(t, errA, context.DeadlineExceeded, "a: its own deadline")
+		assert.Equal(t, start.Add(100*time.Millisecond), atA, "a returned at its deadline, not the batch's reply")
+		assert.NoError(t, errB, "b: the batch's answer")
+	})
+}
+
 // TestBatcherPendingPastDeadline checks L1 for a member still pending: one
 // whose deadline comes before its latest is answered at its deadline and
 // not sent; the other renewal pending then goes out at that moment, as

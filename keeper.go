@@ -98,14 +98,6 @@ func (s *keeperSet) watch(g *Guard) *keeper {
 	return k
 }
 
-// leave removes a guard that ends or whose loss is final, and, if it was
-// the last, stops the keeper (see stop).
-func (k *keeper) leave(g *Guard) {
-	if k.detach(g) {
-		k.stop()
-	}
-}
-
 // detach removes a guard and reports whether it was the last: then the
 // keeper is no longer in the process's set, and whoever detached it must
 // stop it. It never waits, so a caller that ends a dormant guard can call
