@@ -364,19 +364,13 @@ func (g *Guard) warnLockDeadline() {
 // own goroutine: nothing to send for Leave, or for a guard whose renewal
 // was refused, and otherwise the final delete, tried until bound (zero: the
 // end of the lease). A Release whose ctx can end must not wait on the
-// delete past it, so it has the guard's actor send it instead, starting
-// one. byWatch says the caller is the watch on the Lock context.
+// delete past it, so it hands the delete to a new actor (handOver), which
+// sends nothing else. byWatch says the caller is the watch on the Lock
+// context.
 func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bool) {
 	for {
 		switch a := g.owner.Load(); a {
 		case nil, retired:
-			if a == nil && how == endRelease && ctx.Done() != nil {
-				// The delete must be able to outlast ctx: an actor sends it.
-				if act := g.takeOver(nil); act != nil {
-					go act.a.Run(act.loop)
-				}
-				continue
-			}
 			if !g.owner.CompareAndSwap(a, ending) {
 				continue
 			}
@@ -404,6 +398,12 @@ func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bo
 			}
 			if how == endLeave || a == retired {
 				g.finish(releaseResult{})
+				return
+			}
+			if ctx.Done() != nil {
+				// The delete must be able to outlast ctx: an actor sends
+				// it, and only it (the end has begun: no renewal).
+				g.handOver()
 				return
 			}
 			g.deleteLease(ctx, bound)
@@ -437,12 +437,19 @@ func (g *Guard) deleteLease(ctx context.Context, bound time.Time) {
 	g.sendDelete(ctx, dl)
 	if !g.deleting.answered && dl.Before(leaseEnd) {
 		// The caller's wait is over, the lease is not: hand the rest over.
-		act := newGuardActor(g)
-		g.owner.Store(act)
-		go act.a.Run(act.loop)
+		g.handOver()
 		return
 	}
 	g.finishDelete()
+}
+
+// handOver gives the rest of the end, the final delete's tries, to a new
+// actor: the caller owns the end (owner ending) and has begun it, so the
+// actor starts at the delete (ending → actor).
+func (g *Guard) handOver() {
+	act := newGuardActor(g)
+	g.owner.Store(act)
+	go act.a.Run(act.loop)
 }
 
 // waitBound returns until when Release or Leave waits: ctx's deadline, or
