@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -128,14 +127,16 @@ func holdMany(tb testing.TB, cfg heldConfig) heldResult {
 		res.firstLockErr = e
 	}
 
-	cpu0, self0 := redisCPU(tb, srv), processCPU(tb)
+	cpu0 := redisCPU(tb, srv)
+	self0, _ := clientUsage()
 	cmds0, renewals0, failures0 := counter.Load(), obs.renewals.Load(), obs.failures.Load()
 	time.Sleep(cfg.hold)
 	res.commands = counter.Load() - cmds0
 	res.renewals = obs.renewals.Load() - renewals0
 	res.renewFailures = obs.failures.Load() - failures0
 	res.redisCPU = redisCPU(tb, srv) - cpu0
-	res.clientCPU = processCPU(tb) - self0
+	self1, _ := clientUsage()
+	res.clientCPU = self1 - self0
 
 	runtime.GC()
 	var after runtime.MemStats
@@ -184,16 +185,6 @@ func redisCPU(tb testing.TB, srv *redistest.Server) time.Duration {
 		total += time.Duration(s * float64(time.Second))
 	}
 	return total
-}
-
-// processCPU returns the CPU time this process has used, user and system.
-func processCPU(tb testing.TB) time.Duration {
-	tb.Helper()
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // leftKeys returns the keys left in the server but the fencing keys (kept
