@@ -387,10 +387,7 @@ func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bo
 				// The last of the keeper's guards ended while dormant: the
 				// keeper's stop may wait for the server, and the caller
 				// must not (Settle waits for it).
-				proc.goWork(func() {
-					defer proc.work.done()
-					k.stop()
-				})
+				stopInBackground(k.stop)
 			}
 			g.begin(how)
 			if byWatch {

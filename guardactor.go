@@ -258,7 +258,9 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 			k = g.leaveKeeper()
 		}
 		if k != nil {
-			k.stop()
+			// Its stop may wait for the server: not in the actor's exit,
+			// where a caller's Call could wait for it (Settle does).
+			stopInBackground(k.stop)
 		}
 		if l.batcher != nil {
 			l.batcher.leave()

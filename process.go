@@ -72,6 +72,16 @@ func (p *process) goWork(f func()) {
 	go f()
 }
 
+// stopInBackground runs stop, the end of something the process owns that
+// may wait for the server (a keeper's unsubscribe, a batcher's calls in
+// flight), as background work, which Settle waits for.
+func stopInBackground(stop func()) {
+	proc.goWork(func() {
+		defer proc.work.done()
+		stop()
+	})
+}
+
 // workCount counts goroutines and tells whoever waits when none is left.
 // Counting costs no allocation; a waiter's channel is made only when
 // someone waits.
