@@ -91,6 +91,11 @@ type Guard struct {
 	// pub is what the guard shows to every goroutine: its status, its
 	// context and its subscriptions.
 	pub signals
+
+	// set is, for a MultiMutex's guard, every name it holds: its renewals
+	// and its final delete are of every name (see multi.go). Nil for
+	// every other guard.
+	set *setHold
 }
 
 // endHow says how a guard ends.
@@ -130,9 +135,15 @@ const ReleaseTimeout = 2 * time.Second
 // the first renewal is due, and the Lock context is watched with
 // context.AfterFunc.
 func (e *engine) newGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool) *Guard {
+	return e.newGuardOf(lockCtx, value, token, attempt, sent, ttl, void, nil)
+}
+
+// newGuardOf is newGuard for the guard of a set of locks (set not nil:
+// see MultiMutex), or of e's lock alone.
+func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool, set *setHold) *Guard {
 	now := time.Now()
 	g := &Guard{e: e, value: value, token: token, attempt: attempt, void: void, lockCtx: lockCtx, acquired: now,
-		done: make(chan struct{}), lastSent: sent, leaseTTL: ttl}
+		done: make(chan struct{}), lastSent: sent, leaseTTL: ttl, set: set}
 	g.pub.first = status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)}
 	g.pub.st.Store(&g.pub.first)
 	if e.debug() {
@@ -145,7 +156,11 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 	if lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
 	}
-	g.renewal.Store(time.AfterFunc(sent.Add(renewAfter(ttl)-e.renewSlack(renewAfter(ttl))).Sub(now), g.activate))
+	slack := e.renewSlack(renewAfter(ttl))
+	if set != nil {
+		slack = 0 // a set's renewals are its own batches
+	}
+	g.renewal.Store(time.AfterFunc(sent.Add(renewAfter(ttl)-slack).Sub(now), g.activate))
 	return g
 }
 
@@ -535,6 +550,11 @@ func (g *Guard) sendDelete(ctx context.Context, dl time.Time) {
 		sent := time.Now()
 		var r lease.Release
 		var err error
+		if g.set != nil {
+			r, err = g.set.releaseAll(ctx, g.value, g.void)
+			d.deleted = r.Deleted
+			return err
+		}
 		if g.void {
 			r, err = e.store.Cancel(ctx, e.keys, g.value, e.ttl)
 		} else {

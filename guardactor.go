@@ -396,7 +396,8 @@ func (l *guardActor) deactivate(next time.Duration) {
 // that are due within their own slack.
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
-	if l.batcher == nil {
+	if l.batcher == nil && l.g.set == nil {
+		// (A set's renewals go as batches of their own, one per group.)
 		l.batcher = proc.batchers.join(e)
 	}
 	if l.batcher == nil {
@@ -460,10 +461,15 @@ func (l *guardActor) renewBy(actx context.Context, latest time.Time) {
 	}
 	var r lease.Renewal
 	var err error
-	if l.batcher != nil {
+	switch {
+	case l.batcher != nil:
 		// The batcher keeps dl itself (see batcher.go, "Deadlines").
 		sent, r, err = l.batcher.renew(l.ended, dl, e.keys, g.value, e.ttl, latest, sent)
-	} else {
+	case g.set != nil:
+		ctx, cancel := context.WithDeadline(l.ended, dl)
+		r, err = g.set.renewAll(ctx, g.value, e.ttl)
+		cancel()
+	default:
 		ctx, cancel := context.WithDeadline(l.ended, dl)
 		r, err = e.store.Renew(ctx, e.keys, g.value, e.ttl)
 		cancel()

@@ -1,0 +1,777 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/distkit-go/distlock/lease"
+)
+
+// A MultiMutex is a distributed lock over several names at once: Lock
+// returns holding every name, or holds none. Each name is the same lock as
+// a [Mutex] of that name (and as the exclusive side of an [RWMutex] of
+// it): a MultiMutex on {a, b} excludes NewMutex(client, "a"), and waits
+// behind it in a's line like any other waiter.
+//
+// # Order, deadlock and fairness
+//
+// Whatever order the names are given in, a request takes them in one
+// order that every process agrees on: by Redis Cluster slot, then by key
+// (see [lease.SortSet]). It holds the names it has taken while it waits
+// for the next one, standing in that name's line, and it stands in every
+// line with one ticket, taken the first time it stood in line. So:
+//
+//   - It cannot deadlock, with other MultiMutexes or with single locks. A
+//     request holds only names that come before the one it waits for, and
+//     the holder of a single lock waits for nothing; every wait therefore
+//     points at the holder of a later name, or at a request ahead in the
+//     same line that waits for the same holder, and no chain of waits can
+//     close into a circle. Two requests on {a, b} and {b, a}, or a chain
+//     {a, b}, {b, c}, {c, a}, take their shared names in the same order.
+//   - Every line orders the requests in it by their ticket, the moment each
+//     first stood in line, so a request that waits for a name is served
+//     before every request that began to wait after it, in every line it
+//     meets them in; within a line, a MultiMutex and the Mutexes of the
+//     name are served first come, first served.
+//   - What a waiting request costs the others: the names before the one it
+//     waits for stay held while it waits (that is the price of deadlock
+//     freedom without giving them back), but each with a lease of only the
+//     claim window ([WithClaimWindow]), renewed while the request waits.
+//     A waiter that dies frees them within its claim window. A later
+//     request may take a free name that an earlier request has not reached
+//     yet; it never takes one that the earlier request waits for.
+//
+// Once every name is held, Lock returns one [Guard] for the set: one actor
+// renews every name (one script per slot, as batched renewals are), and
+// the guard is Lost when any name's lease is in doubt past its deadline or
+// refused; Release and Leave end every name. [Guard.Token] is the token of
+// the first name given, [Guard.TokenOf] each name's.
+//
+// # Costs
+//
+// On one Redis server, or when the names share a Cluster slot (a shared
+// hash tag is not possible: each name is its own tag), an acquisition
+// costs one script and a release one script, whatever the number of names.
+// Names over several slots cost one script per slot, taken in order, for
+// each of the acquisition, every renewal and the release (lease/COSTS.md).
+//
+// A MultiMutex is safe for concurrent use; the zero MultiMutex cannot be
+// used: make one with [NewMultiMutex].
+type MultiMutex struct {
+	names []string
+	set   *lockSet
+}
+
+// lockSet is what a MultiMutex's guard shares with it: the engines of its
+// names, in the order the set takes them, and where each group (the names
+// one script may serve) begins.
+type lockSet struct {
+	engines []engine     // a Mutex's engine for each name, in the set's order
+	keys    []lease.Keys // engines[i].keys
+	given   []int        // given[j]: the index in engines of the j-th name given
+	groups  []int        // the first index of each group, and len(engines)
+	store   setStore
+}
+
+// setStore is the lease protocol of a set, as *lease.Client serves it.
+type setStore interface {
+	AcquireAll(ctx context.Context, ks []lease.Keys, value string, ttl time.Duration, p *lease.Place) (lease.SetGrant, error)
+	ReleaseAll(ctx context.Context, ks []lease.Keys, value string) ([]lease.Release, error)
+	CancelAll(ctx context.Context, ks []lease.Keys, value string, ttl time.Duration) ([]lease.Release, error)
+	CancelAllDedicated(ctx context.Context, ks []lease.Keys, value string, ttl time.Duration) ([]lease.Release, error)
+	RenewBatch(ctx context.Context, items []lease.RenewItem, out []lease.Renewal) error
+	BatchGroup(k lease.Keys) string
+}
+
+// kindMultiMutex names a MultiMutex in the Observer's infos.
+const kindMultiMutex = "multimutex"
+
+// NewMultiMutex returns a MultiMutex over names, reached through client.
+// Each name follows the rules of [NewMutex]'s key; there must be 1 to 64
+// ([lease.MaxSet]) of them, none twice. The options are a Mutex's, and
+// apply to every name. Like NewMutex it sends nothing to Redis, and
+// returns an error matching [ErrInvalidOption] for a bad name or option.
+func NewMultiMutex(client rueidis.Client, names []string, opts ...Option) (*MultiMutex, error) {
+	return NewMultiMutexOn(lease.FromRueidis(client), names, opts...)
+}
+
+// NewMultiMutexOn is [NewMultiMutex] on any client that implements the
+// seam [lease.Redis]; the module github.com/distkit-go/distlock/goredis
+// calls it for a go-redis client.
+func NewMultiMutexOn(client lease.Redis, names []string, opts ...Option) (*MultiMutex, error) {
+	switch {
+	case len(names) == 0:
+		return nil, invalid("names", "is empty")
+	case len(names) > lease.MaxSet:
+		return nil, invalid("names", "has %d names, more than %d", len(names), lease.MaxSet)
+	}
+	s := &lockSet{engines: make([]engine, len(names)), keys: make([]lease.Keys, len(names)), given: make([]int, len(names))}
+	for i, name := range names {
+		for _, other := range names[:i] {
+			if other == name {
+				return nil, invalid("names", "has %q twice", name)
+			}
+		}
+		if err := s.engines[i].init(client, name, kindMutex, 0, opts); err != nil {
+			return nil, err
+		}
+		s.keys[i] = s.engines[i].keys
+	}
+	st, ok := s.engines[0].store.(setStore)
+	if !ok {
+		return nil, invalid("client", "cannot serve a set of locks")
+	}
+	s.store = st
+	// The set's order: sort the keys, then lay the engines out likewise.
+	sorted := append([]lease.Keys(nil), s.keys...)
+	if err := lease.SortSet(sorted); err != nil {
+		return nil, invalid("names", "%v", err)
+	}
+	engines := make([]engine, len(names))
+	for i, k := range sorted {
+		for j := range s.keys {
+			if s.keys[j].Lease == k.Lease {
+				s.given[j] = i
+				engines[i].adopt(&s.engines[j])
+			}
+		}
+	}
+	s.engines, s.keys = engines, sorted
+	for i := range s.engines {
+		s.engines[i].kind = kindMultiMutex
+		if i == 0 || st.BatchGroup(s.keys[i]) != st.BatchGroup(s.keys[i-1]) {
+			s.groups = append(s.groups, i)
+		}
+	}
+	s.groups = append(s.groups, len(s.engines))
+	return &MultiMutex{names: append([]string(nil), names...), set: s}, nil
+}
+
+// adopt makes e the engine from, which nothing uses yet (an engine holds a
+// mutex, and must not be copied once in use).
+func (e *engine) adopt(from *engine) {
+	e.client, e.kind, e.store, e.keys, e.owner = from.client, from.kind, from.store, from.keys, from.owner
+	e.ttl, e.claim, e.maxWait, e.retryInterval, e.polling = from.ttl, from.claim, from.maxWait, from.retryInterval, from.polling
+	e.log, e.obs, e.ack = from.log, from.obs, from.ack
+}
+
+// Names returns the names, in the order they were given.
+func (m *MultiMutex) Names() []string { return append([]string(nil), m.names...) }
+
+// Keys returns the Redis keys that hold the names' leases, in the order
+// the set takes them.
+func (m *MultiMutex) Keys() []string {
+	keys := make([]string, len(m.set.keys))
+	for i, k := range m.set.keys {
+		keys[i] = k.Lease
+	}
+	return keys
+}
+
+// Lock acquires every name, waiting while any is held, as [Mutex.Lock]
+// waits for one: in the names' lines in Redis, without polling, one name
+// after the other in the set's order (see "Order, deadlock and fairness"
+// above). It returns a [Guard] that holds them all, or an error and holds
+// none.
+//
+// ctx bounds the wait and the hold, as for Mutex.Lock. When ctx ends, or
+// the max wait ([WithMaxWait]) runs out, Lock returns at once with an
+// error matching ctx.Err() (or [ErrTimeout]); in the background it gives
+// back every name it held and leaves every line it stood in (the names
+// that a release was passing to it at that moment are passed on within
+// their claim window at worst). It is safe for concurrent use.
+func (m *MultiMutex) Lock(ctx context.Context) (*Guard, error) {
+	if m.set == nil {
+		return nil, zeroValue("MultiMutex")
+	}
+	e := m.set.first()
+	return m.acquire(ctx, e.lockMode(), e.maxWait, e.retryInterval)
+}
+
+// TryLock makes a single attempt to take every name: it takes all of them,
+// or none and leaves every name as it found it (only the fencing tokens
+// of names it could take have moved on). When a name is held it returns an
+// error matching [ErrNotAcquired], a [*NotAcquiredError] that names that
+// name's key and its holder. Like [MultiMutex.Lock], ctx bounds the
+// attempt and the hold.
+func (m *MultiMutex) TryLock(ctx context.Context) (*Guard, error) {
+	if m.set == nil {
+		return nil, zeroValue("MultiMutex")
+	}
+	return m.acquire(ctx, once, 0, 0)
+}
+
+// TryLockFor tries to take every name for up to timeout, polling as
+// [Mutex.TryLockFor] does: each try is a [MultiMutex.TryLock], all or
+// nothing, and retryInterval apart (0: at once). It never stands in line.
+func (m *MultiMutex) TryLockFor(ctx context.Context, timeout, retryInterval time.Duration) (*Guard, error) {
+	if m.set == nil {
+		return nil, zeroValue("MultiMutex")
+	}
+	switch {
+	case timeout < 0:
+		return nil, invalid("timeout", "%v is negative", timeout)
+	case retryInterval < 0:
+		return nil, invalid("retry interval", "%v is negative", retryInterval)
+	case timeout == 0:
+		return m.acquire(ctx, once, 0, 0)
+	}
+	return m.acquire(ctx, polling, timeout, retryInterval)
+}
+
+// first returns the engine of the first name given: the guard's, whose
+// key and token it reports.
+func (s *lockSet) first() *engine { return &s.engines[s.given[0]] }
+
+// group returns the keys of group gi.
+func (s *lockSet) group(gi int) []lease.Keys { return s.keys[s.groups[gi]:s.groups[gi+1]] }
+
+// ngroups returns the number of groups.
+func (s *lockSet) ngroups() int { return len(s.groups) - 1 }
+
+// setAcquirer is the state of one acquire call of a MultiMutex. Its
+// embedded acquirer keeps the call's context, value, limit and timer, and
+// its e is the engine of the name the call waits for (for its room and
+// its errors).
+type setAcquirer struct {
+	acquirer
+	s      *lockSet
+	tokens []int64     // the token of each name held, in the set's order
+	done   int         // the groups held whole
+	sent   []time.Time // for each group held, the send time of the last write of its leases
+	ttl    []time.Duration
+	// ticket is the request's place in every line, once it stood in one.
+	ticket int64
+}
+
+func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interval time.Duration) (*Guard, error) {
+	s := m.set
+	first := s.first()
+	if ctx == nil {
+		return nil, invalid("ctx", "is nil")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, first.ctxError(ctx)
+	}
+	a := &setAcquirer{
+		acquirer: acquirer{e: first, ctx: ctx, start: time.Now(), value: lease.NewValue(first.owner)},
+		s:        s,
+		tokens:   make([]int64, len(s.engines)),
+		sent:     make([]time.Time, s.ngroups()),
+		ttl:      make([]time.Duration, s.ngroups()),
+	}
+	if wait > 0 {
+		a.limit = a.start.Add(wait)
+	}
+	var g *Guard
+	var err error
+	switch mode {
+	case once:
+		g, err = a.once()
+	case polling:
+		g, err = a.poll(interval)
+	default:
+		g, err = a.queue()
+	}
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	if a.stopCalls != nil {
+		a.stopCalls()
+	}
+	if g == nil && a.dirty {
+		// Give back whatever of the value may be in Redis, in every
+		// group, in the background: the caller does not wait on it.
+		value := a.value
+		proc.goWork(func() {
+			defer proc.work.done()
+			s.cleanup(value)
+		})
+	}
+	info := AcquireInfo{Key: first.keys.Lease, Kind: kindMultiMutex, Owner: first.owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
+	if g != nil {
+		info.Token = g.token
+	}
+	first.obs.ObserveAcquire(info)
+	return g, err
+}
+
+// cleanup cancels value on every name (see engine.cleanup): it voids it,
+// takes it out of every line and gives back every name it holds, passing
+// each to its line. It may take up to a TTL, on connections of its own.
+func (s *lockSet) cleanup(value string) {
+	e := &s.engines[0]
+	ctx, cancel := context.WithTimeout(context.Background(), e.ttl)
+	defer cancel()
+	for gi := range s.ngroups() {
+		sent := time.Now()
+		rs, err := s.store.CancelAllDedicated(ctx, s.group(gi), value, e.ttl)
+		if err != nil {
+			e.logger().Warn("distlock: could not clean up after giving up on a set; it expires on its own", "err", err)
+			continue
+		}
+		s.deliver(s.groups[gi], rs, sent)
+	}
+}
+
+// deliver tells the waiters of this process of the passes that the
+// releases rs of the names from index at on made.
+func (s *lockSet) deliver(at int, rs []lease.Release, sent time.Time) {
+	for i, r := range rs {
+		deliverPasses(s.engines[at+i].roomKey(), r, sent)
+	}
+}
+
+// ttlOf returns the TTL that group gi's names are granted: the TTL for
+// the last group, and the claim window for the others, which are held
+// while the request waits for a later group.
+func (a *setAcquirer) ttlOf(gi int) time.Duration {
+	if gi == a.s.ngroups()-1 {
+		return a.e.ttl
+	}
+	return a.e.claim
+}
+
+// call sends AcquireAll for group gi (p nil: a single attempt) with the
+// lease deadline of its TTL, as acquirer.call sends a lock's: on the
+// caller's goroutine when nothing can end the call early, and otherwise
+// in the background while the caller waits for it, ctx and the limit.
+func (a *setAcquirer) call(gi int, p *lease.Place) (sg lease.SetGrant, err, stop error) {
+	s, ttl := a.s, a.ttlOf(gi)
+	ks := s.group(gi)
+	dl := leaseDeadline(time.Now(), ttl)
+	a.attempts++
+	if a.ctx.Done() == nil && a.limit.IsZero() {
+		ctx, cancel := context.WithDeadline(a.ctx, dl)
+		defer cancel()
+		sg, err = s.store.AcquireAll(ctx, ks, a.value, ttl, p)
+		return sg, err, nil
+	}
+	var place *lease.Place
+	if p != nil {
+		cp := *p
+		place = &cp
+	}
+	type result struct {
+		sg  lease.SetGrant
+		err error
+	}
+	done := make(chan result, 1)
+	ctx, value := a.ctx, a.value
+	if !a.limit.IsZero() {
+		if a.stopCalls == nil {
+			a.callCtx, a.stopCalls = context.WithCancel(a.ctx)
+		}
+		ctx = a.callCtx
+	}
+	proc.goWork(func() {
+		defer proc.work.done()
+		ctx, cancel := context.WithDeadline(ctx, dl)
+		defer cancel()
+		var r result
+		r.sg, r.err = s.store.AcquireAll(ctx, ks, value, ttl, place)
+		done <- r
+	})
+	var limit <-chan time.Time
+	if !a.limit.IsZero() {
+		t := time.NewTimer(time.Until(a.limit))
+		defer t.Stop()
+		limit = t.C
+	}
+	select {
+	case r := <-done:
+		return r.sg, r.err, nil
+	case <-a.ctx.Done():
+		return lease.SetGrant{}, nil, a.e.ctxError(a.ctx)
+	case <-limit:
+		return lease.SetGrant{}, nil, &TimeoutError{Key: a.e.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
+	}
+}
+
+// take sends one call for group gi and sorts its outcome: held reports
+// that the group is held whole (its tokens and send time are recorded);
+// otherwise sg says where it stopped. retry reports an error that came
+// without a reply from Redis, which a waiter rides out.
+func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, retry bool, err error) {
+	sent := time.Now()
+	sg, err, stop := a.call(gi, p)
+	if stop != nil {
+		a.dirty, a.uncertain = true, true
+		return sg, false, false, stop
+	}
+	if err != nil {
+		replied := lease.IsReply(err)
+		if !replied {
+			a.dirty, a.uncertain = true, true
+		}
+		if a.ctx.Err() != nil {
+			return sg, false, false, a.e.ctxError(a.ctx)
+		}
+		var ackErr *lease.AckError
+		if errors.Is(err, context.DeadlineExceeded) && !replied {
+			return sg, false, true, &NoReplyError{Key: a.s.keys[a.s.groups[gi]].Lease, After: time.Since(sent)}
+		}
+		return sg, false, !replied && !errors.As(err, &ackErr), fmt.Errorf("distlock: acquiring %s: %w", a.s.keys[a.s.groups[gi]].Lease, err)
+	}
+	at := a.s.groups[gi]
+	copy(a.tokens[at:], sg.Tokens)
+	if sg.Held < len(a.s.group(gi)) {
+		return sg, false, false, nil
+	}
+	if !time.Now().Before(leaseDeadline(sent, a.ttlOf(gi))) {
+		// The reply came too late to trust: ask again, which grants the
+		// names anew with a fresh send time.
+		a.dirty = true
+		return sg, false, true, &NoReplyError{Key: a.s.keys[at].Lease, After: time.Since(sent)}
+	}
+	a.sent[gi], a.ttl[gi] = sent, a.ttlOf(gi)
+	return sg, true, false, nil
+}
+
+// giveBack releases the groups before gi, which a single attempt took
+// before it met a held name: all or nothing. A failure leaves them to
+// expire within the claim window (their TTL) and is logged.
+func (a *setAcquirer) giveBack(gi int) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), min(cleanupTimeout, a.e.claim))
+	defer cancel()
+	for g := range gi {
+		sent := time.Now()
+		rs, err := a.s.store.ReleaseAll(ctx, a.s.group(g), a.value)
+		if err != nil {
+			a.dirty = true
+			continue
+		}
+		a.s.deliver(a.s.groups[g], rs, sent)
+	}
+}
+
+// blocked returns the error of a single attempt that met a held name.
+func (a *setAcquirer) blocked(gi int, sg lease.SetGrant) error {
+	k := a.s.keys[a.s.groups[gi]+sg.Held]
+	return &NotAcquiredError{Key: k.Lease, Holder: lease.Owner(sg.Blocked.Holder), Remaining: sg.Blocked.HolderTTL}
+}
+
+// once makes a single attempt at every group, in order, and gives back
+// what it took when a name is held.
+func (a *setAcquirer) once() (*Guard, error) {
+	for gi := range a.s.ngroups() {
+		sg, held, _, err := a.take(gi, nil)
+		if held {
+			continue
+		}
+		a.giveBack(gi)
+		if err != nil {
+			return nil, err
+		}
+		return nil, a.blocked(gi, sg)
+	}
+	return a.granted()
+}
+
+// poll makes single attempts, interval apart, until one takes every name,
+// the limit passes or ctx ends.
+func (a *setAcquirer) poll(interval time.Duration) (*Guard, error) {
+	for {
+		g, err := a.once()
+		var na *NotAcquiredError
+		if g != nil || (err != nil && !errors.As(err, &na) && !errors.Is(err, ErrNoReply)) {
+			return g, err
+		}
+		if _, _, err := a.wait(interval, nil); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// queue takes the groups in order, standing in the line of the first name
+// it cannot have and sleeping in that name's room until the name is
+// passed to it, its place is due for a refresh, or the holder's lease
+// would end (see acquirer.queue, whose rules it follows for one line at
+// a time). While it waits for group gi it keeps the groups before it
+// (held for the claim window) alive, renewing them at every refresh; if
+// one of them is lost, it gives back everything and starts again from
+// the first group, with the same ticket.
+func (a *setAcquirer) queue() (*Guard, error) {
+	s := a.s
+	place := lease.Place{Claim: a.e.claim, Room: proc.roomID}
+	var (
+		r       *room
+		roomFor = -1 // the index of the name whose room r is
+		pause   = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
+	)
+	leave := func() {
+		if r != nil {
+			r.leave(a.waiter)
+			r, a.waiter, roomFor = nil, nil, -1
+		}
+	}
+	defer leave()
+	gi, lastStop := 0, -1
+	for gi < s.ngroups() {
+		if gi > 0 && !a.keepEarlier(gi) {
+			// A group held while waiting was lost: start again.
+			leave()
+			a.giveBack(gi)
+			gi, lastStop = 0, -1
+			continue
+		}
+		sent := time.Now()
+		place.Ticket = a.ticket
+		sg, held, retry, err := a.take(gi, &place)
+		switch {
+		case held:
+			pause.reset()
+			leave()
+			gi, lastStop = gi+1, -1
+			continue
+		case err != nil && !retry:
+			return nil, err
+		case err != nil:
+			if e := a.e; e.debug() {
+				e.logger().Debug("distlock: asking for a set of locks failed; trying again", "err", err)
+			}
+			if _, _, err := a.wait(pause.next(), a.waiter); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		pause.reset()
+		a.dirty = true
+		stop := s.groups[gi] + sg.Held
+		if lastStop >= 0 && stop < lastStop {
+			// A name before the one it waited for was lost (its claim
+			// window lapsed): the names after it that it still holds
+			// must not be held while it waits, so give everything back
+			// and start again.
+			leave()
+			a.giveBack(gi + 1)
+			gi, lastStop = 0, -1
+			continue
+		}
+		lastStop = stop
+		if sg.Blocked.Ticket > 0 {
+			a.ticket = sg.Blocked.Ticket
+		}
+		if roomFor != stop {
+			leave()
+			a.e = &s.engines[stop]
+			var fresh bool
+			r, fresh = proc.enterRoom(a.e, true)
+			a.waiter, roomFor = r.join(a.value), stop
+			if !fresh {
+				// A grant may have reached the room before we joined it.
+				continue
+			}
+		}
+		wait := refreshAfter(a.e.claim)
+		if !r.listen() {
+			wait = min(wait, DefaultRetryInterval)
+		}
+		if sg.Blocked.Rank == 0 && sg.Blocked.HolderTTL >= 0 {
+			wait = min(wait, sg.Blocked.HolderTTL+expiryGrace)
+		}
+		// Any wake-up asks again: a name passed to the request is taken
+		// with the rest of its group by the next call.
+		if _, _, err := a.wait(max(time.Until(sent.Add(wait)), 0), a.waiter); err != nil {
+			return nil, err
+		}
+	}
+	return a.granted()
+}
+
+// keepEarlier renews the groups before gi, held for the claim window while
+// the request waits for gi, when half of that window has passed since
+// their last write. It reports false when one of them is no longer held,
+// or may not be (no renewal was confirmed before its lease would end).
+func (a *setAcquirer) keepEarlier(gi int) bool {
+	for g := range gi {
+		if time.Since(a.sent[g]) < refreshAfter(a.ttl[g]) {
+			continue
+		}
+		dl := leaseDeadline(a.sent[g], a.ttl[g])
+		ctx, cancel := context.WithDeadline(a.ctx, dl)
+		sent := time.Now()
+		ok, err := a.s.renew(ctx, g, a.value, a.ttl[g])
+		cancel()
+		switch {
+		case err == nil && !ok:
+			return false
+		case err == nil:
+			a.sent[g] = sent
+		case !time.Now().Before(dl):
+			return false
+		}
+	}
+	return true
+}
+
+// granted makes the guard of a set held whole. Its lease deadline is the
+// earliest of the groups': the last group's leases run for the TTL, the
+// others' for the claim window until the guard's first renewal extends
+// every name to the TTL.
+func (a *setAcquirer) granted() (*Guard, error) {
+	if a.ctx.Err() != nil {
+		a.dirty = true
+		return nil, a.e.ctxError(a.ctx)
+	}
+	sent, ttl := a.sent[0], a.ttl[0]
+	for g := 1; g < len(a.sent); g++ {
+		if a.sent[g].Add(a.ttl[g]).Before(sent.Add(ttl)) {
+			sent, ttl = a.sent[g], a.ttl[g]
+		}
+	}
+	if !time.Now().Before(leaseDeadline(sent, ttl)) {
+		a.dirty = true
+		return nil, &NoReplyError{Key: a.s.first().keys.Lease, After: time.Since(sent)}
+	}
+	first := a.s.first()
+	hold := &setHold{set: a.s, tokens: a.tokens}
+	return first.newGuardOf(a.ctx, a.value, a.tokens[a.s.given[0]], a.attempts-1, sent, ttl, a.uncertain, hold), nil
+}
+
+// setHold is what a guard of a MultiMutex holds beyond a Mutex's guard:
+// the set, and the token of each of its names.
+type setHold struct {
+	set    *lockSet
+	tokens []int64 // in the set's order
+	// What the final delete's tries have learnt: the groups answered, and
+	// whether every name answered so far was still held until deleted.
+	// Only the owner of the guard's end touches them.
+	answered []bool
+	notHeld  bool
+}
+
+// renew renews group gi's leases with value to ttl, in one script, and
+// reports whether every one of them was extended.
+func (s *lockSet) renew(ctx context.Context, gi int, value string, ttl time.Duration) (bool, error) {
+	ks := s.group(gi)
+	if s.engines[0].ack.Replicas > 0 {
+		// A client that waits for replicas renews one lease at a time.
+		for _, k := range ks {
+			r, err := s.engines[0].store.Renew(ctx, k, value, ttl)
+			if err != nil || !r.OK {
+				return false, err
+			}
+		}
+		return true, nil
+	}
+	items := make([]lease.RenewItem, len(ks))
+	for i, k := range ks {
+		items[i] = lease.RenewItem{Keys: k, Value: value, TTL: ttl}
+	}
+	out := make([]lease.Renewal, len(ks))
+	if err := s.store.RenewBatch(ctx, items, out); err != nil {
+		return false, err
+	}
+	for _, r := range out {
+		if !r.OK {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// renewAll renews every name of the set with value to ttl, one script per
+// group, and answers as one lease's renewal would: OK when every name was
+// extended, refused (with the holder found) when any was refused, and an
+// error when a group got no answer and none was refused.
+func (h *setHold) renewAll(ctx context.Context, value string, ttl time.Duration) (lease.Renewal, error) {
+	s := h.set
+	var firstErr error
+	for gi := range s.ngroups() {
+		ok, err := s.renew(ctx, gi, value, ttl)
+		switch {
+		case err != nil:
+			if firstErr == nil {
+				firstErr = err
+			}
+		case !ok:
+			return lease.Renewal{}, nil
+		}
+	}
+	if firstErr != nil {
+		return lease.Renewal{}, firstErr
+	}
+	return lease.Renewal{OK: true}, nil
+}
+
+// releaseAll releases (or, with void, cancels) every name of the set, one
+// script per group, and answers as one lease's release would: Deleted
+// when every name still held value until it was deleted. It tells this
+// process's waiters of the passes at once.
+func (h *setHold) releaseAll(ctx context.Context, value string, void bool) (lease.Release, error) {
+	s := h.set
+	if h.answered == nil {
+		h.answered = make([]bool, s.ngroups())
+	}
+	var firstErr error
+	for gi := range s.ngroups() {
+		if h.answered[gi] {
+			continue // a try before this one released it
+		}
+		sent := time.Now()
+		var rs []lease.Release
+		var err error
+		if void {
+			rs, err = s.store.CancelAll(ctx, s.group(gi), value, s.engines[0].ttl)
+		} else {
+			rs, err = s.store.ReleaseAll(ctx, s.group(gi), value)
+		}
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		h.answered[gi] = true
+		s.deliver(s.groups[gi], rs, sent)
+		for _, r := range rs {
+			h.notHeld = h.notHeld || !r.Deleted
+		}
+	}
+	return lease.Release{Deleted: !h.notHeld && firstErr == nil}, firstErr
+}
+
+// TokenOf returns the fencing token of name, one of a [MultiMutex]'s
+// names, issued by that name's own sequence (as a [Mutex] of the name
+// would have been issued). For a name the guard does not hold, and for a
+// guard of any other lock, it returns [Guard.Token] when name is the
+// guard's own lock's name, and 0 otherwise.
+func (g *Guard) TokenOf(name string) int64 {
+	if g.set == nil {
+		if k, err := lease.NewKeys(namespaceOf(g.e.keys.Lease), name); err == nil && k.Lease == g.e.keys.Lease {
+			return g.token
+		}
+		return 0
+	}
+	for i := range g.set.set.engines {
+		if nameOf(g.set.set.keys[i].Lease) == name {
+			return g.set.tokens[i]
+		}
+	}
+	return 0
+}
+
+// nameOf returns the name of a lease key "ns:{name}".
+func nameOf(key string) string {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			return key[i+1 : len(key)-1]
+		}
+	}
+	return key
+}
+
+// namespaceOf returns the namespace of a lease key "ns:{name}".
+func namespaceOf(key string) string {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			return key[:max(i-1, 0)]
+		}
+	}
+	return ""
+}

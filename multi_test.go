@@ -1,0 +1,286 @@
+package distlock_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/internal/redistest"
+)
+
+// multiOpts are the options of the MultiMutexes and Mutexes of these
+// tests: a short claim window, so that what a waiter leaves behind lapses
+// within a test, and a TTL that does not run out during one.
+var multiOpts = []distlock.Option{distlock.WithTTL(6 * time.Second), distlock.WithClaimWindow(2 * time.Second)}
+
+func newMulti(t *testing.T, c rueidis.Client, names []string, opts ...distlock.Option) *distlock.MultiMutex {
+	t.Helper()
+	m, err := distlock.NewMultiMutex(c, names, append(append([]distlock.Option(nil), multiOpts...), opts...)...)
+	require.NoError(t, err)
+	return m
+}
+
+// holderOf returns the value of the lease of name, "" when free.
+func holderOf(t *testing.T, srv *redistest.Server, name string) string {
+	t.Helper()
+	msg := srv.MustDo("GET", "distlock:{"+name+"}")
+	if msg.IsNil() {
+		return ""
+	}
+	s, err := msg.ToString()
+	require.NoError(t, err)
+	return s
+}
+
+func TestMultiMutexInvalidInput(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	cases := map[string][]string{
+		"no names":    nil,
+		"empty name":  {"a", ""},
+		"duplicate":   {"a", "b", "a"},
+		"brace":       {"a", "b{c}"},
+		"65 names":    make65(),
+		"long name":   {strings.Repeat("k", 513)},
+		"newline":     {"a\nb"},
+		"invalid utf": {"a\xff"},
+	}
+	for name, names := range cases {
+		t.Run(name, func(t *testing.T) {
+			m, err := distlock.NewMultiMutex(c, names)
+			require.ErrorIs(t, err, distlock.ErrInvalidOption)
+			assert.Nil(t, m)
+		})
+	}
+	_, err := distlock.NewMultiMutex(c, []string{"a"}, distlock.WithTTL(0))
+	require.ErrorIs(t, err, distlock.ErrInvalidOption)
+	_, err = (&distlock.MultiMutex{}).Lock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrInvalidOption)
+	m := newMulti(t, c, []string{"a", "b"})
+	//lint:ignore SA1012 testing the nil check
+	_, err = m.Lock(nil)
+	require.ErrorIs(t, err, distlock.ErrInvalidOption)
+	_, err = m.TryLockFor(t.Context(), -time.Second, 0)
+	require.ErrorIs(t, err, distlock.ErrInvalidOption)
+	keys := srv.MustDo("KEYS", "*")
+	arr, _ := keys.ToArray()
+	assert.Empty(t, arr, "bad input left something in Redis")
+}
+
+func make65() []string {
+	names := make([]string, 65)
+	for i := range names {
+		names[i] = fmt.Sprint("n", i)
+	}
+	return names
+}
+
+func TestMultiMutexLockRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	names := []string{"c", "a", "b"}
+	m := newMulti(t, c, names)
+	assert.Equal(t, names, m.Names())
+	g, err := m.Lock(t.Context())
+	require.NoError(t, err)
+	tokens := map[string]int64{}
+	for _, n := range names {
+		assert.NotEmpty(t, holderOf(t, srv, n), "%s is not held", n)
+		tokens[n] = g.TokenOf(n)
+		assert.Positive(t, tokens[n], "TokenOf(%q)", n)
+		fence, err := srv.MustDo("GET", "distlock:{"+n+"}:fence").AsInt64()
+		require.NoError(t, err)
+		assert.Equal(t, fence, tokens[n], "%s's token is its own sequence's", n)
+	}
+	assert.Equal(t, g.TokenOf("c"), g.Token(), "Token is the first name's")
+	assert.Zero(t, g.TokenOf("d"))
+	assert.Equal(t, distlock.Acquired, g.State())
+
+	// Each name excludes a Mutex of the name.
+	for _, n := range names {
+		_, err := newMutex(t, c, n).TryLock(t.Context())
+		require.ErrorIs(t, err, distlock.ErrNotAcquired, n)
+	}
+	// And another set that shares one name.
+	_, err = newMulti(t, c, []string{"x", "b"}).TryLock(t.Context())
+	var na *distlock.NotAcquiredError
+	require.ErrorAs(t, err, &na)
+	assert.Equal(t, "distlock:{b}", na.Key)
+	assert.Empty(t, holderOf(t, srv, "x"), "a TryLock that failed kept a name")
+
+	st, err := g.Release(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, distlock.Released, st)
+	for _, n := range names {
+		assert.Empty(t, holderOf(t, srv, n), "%s still held after Release", n)
+	}
+	// The next acquisition gets larger tokens on every name.
+	g2, err := m.TryLock(t.Context())
+	require.NoError(t, err)
+	for _, n := range names {
+		assert.Greater(t, g2.TokenOf(n), tokens[n], n)
+	}
+	_, err = g2.Release(t.Context())
+	require.NoError(t, err)
+}
+
+// A set that waits for a name held by a Mutex holds the names before it,
+// and gets every name once the Mutex releases.
+func TestMultiMutexWaitsBehindMutex(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	mg, err := newMutex(t, c, "y", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	m := newMulti(t, c, []string{"x", "y", "z"})
+	type result struct {
+		g   *distlock.Guard
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		g, err := m.Lock(t.Context())
+		got <- result{g, err}
+	}()
+	// It stands in b's line.
+	require.Eventually(t, func() bool {
+		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
+		return n == 1
+	}, 5*time.Second, 5*time.Millisecond)
+	assert.NotEmpty(t, holderOf(t, srv, "z"), "the set does not hold z, which it takes before y, while it waits")
+	assert.Empty(t, holderOf(t, srv, "x"), "the set holds x, which it takes after y, while it waits")
+	select {
+	case r := <-got:
+		t.Fatalf("Lock returned while b was held: %v", r.err)
+	default:
+	}
+	_, err = mg.Release(t.Context())
+	require.NoError(t, err)
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lock did not return after b was released")
+	}
+	require.NoError(t, r.err)
+	for _, n := range []string{"x", "y", "z"} {
+		assert.NotEmpty(t, holderOf(t, srv, n))
+		pttl, _ := srv.MustDo("PTTL", "distlock:{"+n+"}").AsInt64()
+		assert.Positive(t, pttl, n)
+	}
+	_, err = r.g.Release(t.Context())
+	require.NoError(t, err)
+}
+
+// Issue 25's case: a Mutex holds b; a MultiMutex on {a, b, c} waits; its
+// context is cancelled: within 100 ms a and c can be taken by anyone, and
+// b's holder is undisturbed. The names are x, y and z, which the set takes
+// in the order z, y, x (by slot: 8157, 12222, 16287), so that it holds z
+// while it waits in y's line.
+func TestMultiMutexCancelGivesEverythingBack(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	mg, err := newMutex(t, c, "y", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	m := newMulti(t, c, []string{"x", "y", "z"})
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := m.Lock(ctx)
+		errc <- err
+	}()
+	require.Eventually(t, func() bool {
+		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
+		return n == 1 && holderOf(t, srv, "z") != ""
+	}, 5*time.Second, 5*time.Millisecond, "the set does not hold z and wait in y's line")
+	cancelled := time.Now()
+	cancel()
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Less(t, time.Since(cancelled), 100*time.Millisecond, "Lock returned late")
+	case <-time.After(time.Second):
+		t.Fatal("Lock did not return once its context was cancelled")
+	}
+	// Anyone can take x and z within 100 ms of the cancel.
+	var gx, gz *distlock.Guard
+	mx, mz := newMutex(t, c, "x", multiOpts...), newMutex(t, c, "z", multiOpts...)
+	for (gx == nil || gz == nil) && time.Since(cancelled) < time.Second {
+		if gx == nil {
+			gx, _ = mx.TryLock(t.Context())
+		}
+		if gz == nil {
+			gz, _ = mz.TryLock(t.Context())
+		}
+	}
+	took := time.Since(cancelled)
+	require.NotNil(t, gx, "x could not be taken")
+	require.NotNil(t, gz, "z could not be taken")
+	t.Logf("x and z free %v after the cancel", took)
+	assert.Less(t, took, 100*time.Millisecond)
+	n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
+	assert.Zero(t, n, "the set's place in y's line is still there")
+	assert.Equal(t, distlock.Acquired, mg.State(), "y's holder was disturbed")
+	for _, g := range []*distlock.Guard{mg, gx, gz} {
+		_, err := g.Release(t.Context())
+		require.NoError(t, err)
+	}
+}
+
+// Two sets over the same names in opposite orders, and a chain of sets
+// whose names close a circle, all make progress.
+func TestMultiMutexNoDeadlock(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	sets := [][]string{{"a", "b"}, {"b", "a"}, {"b", "c"}, {"c", "a"}, {"a", "b", "c"}}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	const rounds = 15
+	errc := make(chan error, len(sets))
+	for _, names := range sets {
+		go func() {
+			m := newMulti(t, c, names)
+			for range rounds {
+				g, err := m.Lock(ctx)
+				if err != nil {
+					errc <- fmt.Errorf("%v: %w", names, err)
+					return
+				}
+				time.Sleep(time.Millisecond)
+				if _, err := g.Release(context.WithoutCancel(ctx)); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range sets {
+		require.NoError(t, <-errc)
+	}
+}
+
+func TestMultiMutexTryLockFor(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	mg, err := newMutex(t, c, "b", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	m := newMulti(t, c, []string{"a", "b"})
+	_, err = m.TryLockFor(t.Context(), 100*time.Millisecond, 10*time.Millisecond)
+	require.ErrorIs(t, err, distlock.ErrTimeout)
+	assert.Empty(t, holderOf(t, srv, "a"))
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_, _ = mg.Release(context.Background())
+	}()
+	g, err := m.TryLockFor(t.Context(), 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, err)
+	_, err = g.Release(t.Context())
+	require.NoError(t, err)
+}
