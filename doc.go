@@ -163,6 +163,36 @@
 // service that guards a job with a Mutex and a cron line that runs it
 // under "distlock run" of the same name therefore never run it at once.
 //
+// # Several names at once
+//
+// A [MultiMutex] holds several names as one: [MultiMutex.Lock] returns a
+// single [Guard] that holds every name, or an error and none of them.
+// Each name is the same lock as a Mutex of that name, so a MultiMutex on
+// {"account-17", "account-42"} and a Mutex on "account-42" exclude each
+// other, and wait for each other in the name's line:
+//
+//	m, err := distlock.NewMultiMutex(client, []string{from, to})
+//	...
+//	g, err := m.Lock(ctx) // all of them, or none
+//	if err != nil {
+//		return err
+//	}
+//	defer g.Release(context.WithoutCancel(ctx))
+//	return transfer(g.Context(), g.TokenOf(from), g.TokenOf(to))
+//
+// Callers may give the names in any order: every request takes them in
+// one order (by Redis Cluster slot, then by key), which is why two
+// requests cannot wait for each other in a circle, and stands in each
+// line with one ticket, so every line serves the requests in it in the
+// order they began to wait. While a request waits for a name, it holds the
+// names that come before it, each for its claim window only. A Lock whose
+// context ends returns at once and gives back everything in the
+// background; [MultiMutex.TryLock] takes every name or leaves them all as
+// it found them. Each name keeps its own fencing sequence:
+// [Guard.TokenOf] gives a name's token, [Guard.Token] the first name's.
+// On one server, an acquisition and a release cost one script each; on a
+// Cluster, one script per slot.
+//
 // # What the lock guarantees, and what it cannot
 //
 // A lease is not a mutex. Redis expires the key by its own clock whether or

@@ -537,6 +537,11 @@ func (l *guardActor) retire() {
 	// The keeper's watch ends here, while the guard is still the actor's;
 	// the keeper, if this was its last guard, is stopped on the way out.
 	l.stopKeeper = g.leaveKeeper()
+	if g.set != nil {
+		// A set lost one name: the others are held for nothing, and go
+		// back to their lines now rather than at the end of their leases.
+		g.set.giveUp(g.value, g.void, g.leaseEnd())
+	}
 	g.owner.Store(retired)
 	l.retired, l.exit = true, true
 }

@@ -511,12 +511,25 @@ func (a *setAcquirer) queue() (*Guard, error) {
 	}
 	defer leave()
 	gi, lastStop := 0, -1
-	for gi < s.ngroups() {
+	for {
+		if gi == s.ngroups() {
+			g, err := a.granted()
+			if !errors.Is(err, ErrNoReply) {
+				return g, err
+			}
+			// Held whole, but an earlier group's leases were last written
+			// too long ago to trust: renew them (below), or start again.
+			a.dirty = true
+		}
 		if gi > 0 && !a.keepEarlier(gi) {
-			// A group held while waiting was lost: start again.
+			// A group held while waiting was lost: give back everything,
+			// the names of this group it holds too, and start again.
 			leave()
-			a.giveBack(gi)
+			a.giveBack(min(gi+1, s.ngroups()))
 			gi, lastStop = 0, -1
+			continue
+		}
+		if gi == s.ngroups() {
 			continue
 		}
 		sent := time.Now()
@@ -580,7 +593,6 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			return nil, err
 		}
 	}
-	return a.granted()
 }
 
 // keepEarlier renews the groups before gi, held for the claim window while
@@ -589,7 +601,7 @@ func (a *setAcquirer) queue() (*Guard, error) {
 // or may not be (no renewal was confirmed before its lease would end).
 func (a *setAcquirer) keepEarlier(gi int) bool {
 	for g := range gi {
-		if time.Since(a.sent[g]) < refreshAfter(a.ttl[g]) {
+		if a.sent[g].IsZero() || time.Since(a.sent[g]) < refreshAfter(a.ttl[g]) {
 			continue
 		}
 		dl := leaseDeadline(a.sent[g], a.ttl[g])
@@ -734,6 +746,19 @@ func (h *setHold) releaseAll(ctx context.Context, value string, void bool) (leas
 		}
 	}
 	return lease.Release{Deleted: !h.notHeld && firstErr == nil}, firstErr
+}
+
+// giveUp releases, in the background, the names of a set whose loss is
+// final (one of them was refused), until end at the latest. The guard is
+// retired: nothing else sends for it, so the final delete's state is this
+// goroutine's alone. A failure leaves the names to expire.
+func (h *setHold) giveUp(value string, void bool, end time.Time) {
+	proc.goWork(func() {
+		defer proc.work.done()
+		ctx, cancel := context.WithDeadline(context.Background(), end)
+		defer cancel()
+		_, _ = h.releaseAll(ctx, value, void)
+	})
 }
 
 // TokenOf returns the fencing token of name, one of a [MultiMutex]'s

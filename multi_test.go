@@ -284,3 +284,85 @@ func TestMultiMutexTryLockFor(t *testing.T) {
 	_, err = g.Release(t.Context())
 	require.NoError(t, err)
 }
+
+// Each name is the exclusive side of an RWMutex of it too: readers and a
+// writer of a name exclude a set that holds it, and the set waits for
+// readers to leave.
+func TestMultiMutexAndRWMutex(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	rw, err := distlock.NewRWMutex(c, "y", multiOpts...)
+	require.NoError(t, err)
+	m := newMulti(t, c, []string{"x", "y"})
+	g, err := m.TryLock(t.Context())
+	require.NoError(t, err)
+	_, err = rw.TryRLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "a reader got in beside the set")
+	_, err = rw.TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "a writer got in beside the set")
+	_, err = g.Release(t.Context())
+	require.NoError(t, err)
+
+	r, err := rw.RLock(t.Context())
+	require.NoError(t, err)
+	_, err = m.TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "the set got in beside a reader")
+	got := make(chan error, 1)
+	go func() {
+		g, err := m.Lock(t.Context())
+		if err == nil {
+			_, err = g.Release(context.Background())
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool {
+		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
+		return n == 1
+	}, 5*time.Second, 5*time.Millisecond, "the set does not wait in y's line behind the reader")
+	_, err = r.Release(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, <-got)
+}
+
+// The guard renews every name past the TTL, and is Lost when one name's
+// lease is refused (someone deleted it): its renewal finds it gone.
+func TestMultiMutexRenewsEveryName(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ttl := 1500 * time.Millisecond
+	m := newMulti(t, c, []string{"x", "y", "z"}, distlock.WithTTL(ttl), distlock.WithClaimWindow(ttl))
+	g, err := m.Lock(t.Context())
+	require.NoError(t, err)
+	events := g.Subscribe(t.Context())
+	time.Sleep(2 * ttl) // renewals must keep every name
+	assert.Equal(t, distlock.Acquired, g.State())
+	for _, n := range []string{"x", "y", "z"} {
+		pttl, _ := srv.MustDo("PTTL", "distlock:{"+n+"}").AsInt64()
+		assert.Greater(t, pttl, int64(0), "%s's lease ran out", n)
+	}
+	srv.MustDo("DEL", "distlock:{y}")
+	deadline := time.After(2 * ttl)
+	for {
+		select {
+		case ev := <-events:
+			if ev.State != distlock.Lost {
+				continue
+			}
+			var le *distlock.LostError
+			require.ErrorAs(t, ev.Err, &le)
+			assert.Equal(t, distlock.LostRefused, le.Reason)
+			assert.ErrorIs(t, context.Cause(g.Context()), distlock.ErrLost)
+			// The names still held go back at once, not at the end of
+			// their leases.
+			assert.Eventually(t, func() bool {
+				return holderOf(t, srv, "x") == "" && holderOf(t, srv, "z") == ""
+			}, ttl/2, 5*time.Millisecond, "the names the lost set still held were kept")
+			st, err := g.Release(t.Context())
+			assert.Equal(t, distlock.Lost, st)
+			assert.NoError(t, err)
+			return
+		case <-deadline:
+			t.Fatal("the guard was not Lost after y's lease was deleted")
+		}
+	}
+}

@@ -32,7 +32,7 @@ type Observer interface {
 // Campaign).
 type AcquireInfo struct {
 	Key      string        // the lease key
-	Kind     string        // "mutex", "semaphore", "election" or "rwmutex"
+	Kind     string        // "mutex", "semaphore", "election", "rwmutex" or "multimutex"
 	Mode     string        // for an RWMutex, "read" or "write"; empty for the other kinds
 	Owner    string        // the owner id in the value (an election's candidate value)
 	Wait     time.Duration // from the call to its outcome
@@ -47,7 +47,7 @@ type AcquireInfo struct {
 // RenewInfo describes one renewal attempt.
 type RenewInfo struct {
 	Key     string
-	Kind    string // "mutex", "semaphore", "election" or "rwmutex"
+	Kind    string // "mutex", "semaphore", "election", "rwmutex" or "multimutex"
 	Mode    string // for an RWMutex, "read" or "write" (a downgraded guard's renewals: "read"); empty otherwise
 	Token   int64
 	Latency time.Duration // from sending the renewal to its outcome
@@ -63,7 +63,7 @@ type RenewInfo struct {
 // TransitionInfo describes one change of a guard's state.
 type TransitionInfo struct {
 	Key   string
-	Kind  string // "mutex", "semaphore", "election" or "rwmutex"
+	Kind  string // "mutex", "semaphore", "election", "rwmutex" or "multimutex"
 	Mode  string // for an RWMutex, the mode the guard was acquired in ("read" or "write", also after a Downgrade); empty otherwise
 	Token int64
 	From  State

@@ -171,6 +171,8 @@ var costPairs = []struct {
 	{"semaphore pair, uncontended", []string{"semaphore acquire: free permit", "semaphore release: nobody in line"}},
 	{"rwmutex read pair, uncontended", []string{"rwmutex read acquire: free, nobody in line", "rwmutex read release: nobody in line"}},
 	{"rwmutex write pair, uncontended", []string{"rwmutex write acquire: free, nobody in line", "rwmutex write release: nobody in line"}},
+	{"set of 2 pair, uncontended (one script each)", []string{"set of 2 acquire: free", "set of 2 release: nobody in line"}},
+	{"set of 8 pair, uncontended (one script each)", []string{"set of 8 acquire: free", "set of 8 release: nobody in line"}},
 	{"bare pair: SET NX PX + DEL", []string{"bare SET NX PX", "bare DEL"}},
 }
 
@@ -285,6 +287,69 @@ func costPaths() []costPath {
 			}
 		}
 		return nil
+	}
+	// setOf is the set of n locks of a call: k and n-1 locks named after
+	// it, in the set's order.
+	setOf := func(k lease.Keys, n int) []lease.Keys {
+		open := strings.IndexByte(k.Lease, '{')
+		ns, name := k.Lease[:open-1], k.Lease[open+1:len(k.Lease)-1]
+		ks := []lease.Keys{k}
+		for j := 1; j < n; j++ {
+			kj, err := lease.NewKeys(ns, fmt.Sprintf("%s.%d", name, j))
+			if err != nil {
+				panic(err)
+			}
+			ks = append(ks, kj)
+		}
+		if err := lease.SortSet(ks); err != nil {
+			panic(err)
+		}
+		return ks
+	}
+	setHeld := func(n int) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, k lease.Keys, i int) error {
+			g, err := e.lc.AcquireAll(context.Background(), setOf(k, n), costValue(i), costTTL, nil)
+			if err == nil && g.Held != n {
+				err = fmt.Errorf("acquire a set of %d: got %+v, want it granted", n, g)
+			}
+			return err
+		}
+	}
+	setWarm := func(n int) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, k lease.Keys, i int) error {
+			for _, kj := range setOf(k, n) {
+				if err := warm(e, kj, i); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	setRelease := func(n int) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, k lease.Keys, i int) error {
+			rs, err := e.lc.ReleaseAll(context.Background(), setOf(k, n), costValue(i))
+			for _, r := range rs {
+				if err == nil && (!r.Deleted || r.Passed.Value != "") {
+					err = fmt.Errorf("release a set of %d: got %+v, want each deleted, not passed", n, rs)
+				}
+			}
+			return err
+		}
+	}
+	// setQueue has the call's set take the locks before the middle one,
+	// which another holds, and stand in its line.
+	setQueue := func(n int) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, k lease.Keys, i int) error {
+			ks := setOf(k, n)
+			g, err := e.lc.AcquireAll(context.Background(), ks, costWaiter(i), costTTL, &lease.Place{Claim: costClaim, Room: "room"})
+			if err == nil && (g.Held != n/2 || g.Blocked.Rank != 0) {
+				err = fmt.Errorf("a set of %d stands in line: got %+v, want %d held and rank 0", n, g, n/2)
+			}
+			return err
+		}
+	}
+	setMiddleHeld := func(n int) func(e *costEnv, k lease.Keys, i int) error {
+		return func(e *costEnv, k lease.Keys, i int) error { return heldByAnother(e, setOf(k, n)[n/2], i) }
 	}
 	do := func(e *costEnv, cmd rueidis.Completed) error { return e.rc.Do(context.Background(), cmd).Error() }
 	// round is a contended round between two clients on one key, as the
@@ -433,6 +498,19 @@ func costPaths() []costPath {
 			prepare: listen(func(k lease.Keys) lease.Keys { return k.Semaphore(1) }), call: round(func(k lease.Keys) lease.Keys { return k.Semaphore(1) }, costHolder)},
 		{name: "rwmutex write contended round: take, stand in line, pass, release", command: "evalsha", calls: 4,
 			prepare: listen(writer), call: round(writer, costHolder)},
+		{name: "set of 2 acquire: free", command: "evalsha", prepare: setWarm(2), call: setHeld(2)},
+		{name: "set of 2 release: nobody in line", command: "evalsha", prepare: both(setWarm(2), setHeld(2)), call: setRelease(2)},
+		{name: "set of 8 acquire: free", command: "evalsha", prepare: setWarm(8), call: setHeld(8)},
+		{name: "set of 8 release: nobody in line", command: "evalsha", prepare: both(setWarm(8), setHeld(8)), call: setRelease(8)},
+		{name: "set of 8 acquire: takes 4, stands in line at the 5th", command: "evalsha", prepare: both(setWarm(8), setMiddleHeld(8)), call: setQueue(8)},
+		{name: "set of 8 renew: one batch", command: "evalsha", prepare: setHeld(8), call: func(e *costEnv, k lease.Keys, i int) error {
+			ks := setOf(k, 8)
+			items := make([]lease.RenewItem, len(ks))
+			for j, kj := range ks {
+				items[j] = lease.RenewItem{Keys: kj, Value: costValue(i), TTL: costTTL}
+			}
+			return e.lc.RenewBatch(context.Background(), items, make([]lease.Renewal, len(ks)))
+		}},
 		{name: "bare SET NX PX", command: "set", call: func(e *costEnv, k lease.Keys, i int) error {
 			return do(e, e.rc.B().Set().Key(k.Lease).Value(costValue(i)).Nx().PxMilliseconds(costTTL.Milliseconds()).Build())
 		}},

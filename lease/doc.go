@@ -263,6 +263,56 @@
 // that meets a lock's entry stops without passing; the waiter takes the
 // free lock at its next call, within half a claim window.
 //
+// # Sets of locks
+//
+// A set ([Client.AcquireAll], [Client.ReleaseAll], [Client.CancelAll])
+// holds several locks as one: distlock's MultiMutex. Its scripts run, for
+// each lock of the set in turn, the body of the lock's own acquire or
+// release script, as a Lua function of that lock's keys (acquireAllScript,
+// releaseAllScript). Each lock of a set is therefore the same lock as a
+// Mutex of its name: the same string in the lease key, the same line,
+// fencing sequence, rooms and void markers, and the same decisions, call
+// for call; only the command around them is shared.
+//
+// Order. A set takes its locks in one order that every caller agrees on,
+// whatever order they were named in: by the Redis Cluster slot of the
+// lease key, then by the key ([SortSet]). One script serves the locks of
+// one group (every lock on one server; one slot on a Cluster; see
+// [Client.BatchGroup]); a set over several groups takes one script per
+// group, in order, the next only once the last is held whole.
+//
+// acquireAll grants the locks in order and stops at the first that is not
+// granted. Standing in line (a Place), the caller keeps the locks before
+// that one, each shortened to the claim window (PEXPIRE), and stands in
+// that lock's line; it renews them (a call again, or a batch renewal for
+// earlier groups) at least every half claim window while it waits, and a
+// pass of the lock it waits for is claimed by calling again, which
+// grants the locks it holds anew and goes on to the next. A single
+// attempt (no Place) deletes again the locks it granted when it stops, so
+// it leaves every lock as it found it, but for the fencing tokens it
+// issued. The last group is granted the TTL; the groups before it the
+// claim window, extended to the TTL by the holder's first renewal.
+//
+// Tickets. The caller stands in every line with one ticket: the one the
+// first line it stood in gave it (the server clock when it first waited),
+// passed as the Place's ticket to every later line. A lock's line is
+// ordered by ticket, so every line orders the requests in it alike.
+//
+// Why it cannot deadlock. A request holds only locks that come before the
+// one it waits for in the set's order; a holder of a single lock waits for
+// nothing; a waiter in a line waits for the holder and for the waiters
+// ahead of it, which wait for that holder too. Every wait therefore goes
+// from a request to one holding a later lock, or to one ahead of it in
+// the same line: no chain of waits can return to where it began.
+//
+// Faults. A waiter that dies leaves locks that lapse within its claim
+// window, and a place that lapses likewise. A waiter that finds a lock it
+// held lost (its lease lapsed) gives every lock back and starts again
+// with its ticket, so that it never holds a lock while it waits for an
+// earlier one. A holder's renewal (one batch per group) that is refused
+// for any lock makes the whole set lost, and the holder gives the other
+// locks back at once.
+//
 // # Elections
 //
 // An election ([Keys.Election]) is a lock whose scripts also announce each

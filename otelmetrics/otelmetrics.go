@@ -58,8 +58,8 @@
 //
 // A Semaphore's permit and an Election's term are leases kept exactly as a
 // Mutex's lock is, so the same instruments measure them. Every measurement
-// carries distlock.kind, which is "mutex", "semaphore", "election" or
-// "rwmutex" (the Kind of [distlock.AcquireInfo] and of the other infos),
+// carries distlock.kind, which is "mutex", "semaphore", "election",
+// "rwmutex" or "multimutex" (the Kind of [distlock.AcquireInfo] and of the other infos),
 // and an RWMutex's also distlock.mode, "read" or "write" (their Mode; a
 // guard that Downgrade made a reader renews and ends as "read", while its
 // acquisition and its place in distlock.held were counted as "write"), so
@@ -100,8 +100,9 @@ const ScopeName = "github.com/distkit-go/distlock/otelmetrics"
 
 // Attribute keys.
 const (
-	// KindKey is on every measurement: "mutex", "semaphore", "election"
-	// or "rwmutex".
+	// KindKey is on every measurement: "mutex", "semaphore", "election",
+	// "rwmutex" or "multimutex" (whose measurements carry the key of the
+	// first name given).
 	KindKey = attribute.Key("distlock.kind")
 	// ModeKey is on the measurements of an RWMutex: "read" or "write".
 	ModeKey    = attribute.Key("distlock.mode")
