@@ -14,9 +14,10 @@ import (
 
 // A Guard is one held acquisition: of a [Mutex] (returned by Lock, TryLock
 // and TryLockFor), of a permit of a [Semaphore] (Acquire, TryAcquire,
-// TryAcquireFor), of a term of an [Election] (Campaign) or of an [RWMutex]
-// (RLock and Lock, and their Try forms; see [Guard.Downgrade]). It stays
-// valid until it is released.
+// TryAcquireFor), of a term of an [Election] (Campaign), of an [RWMutex]
+// (RLock and Lock, and their Try forms; see [Guard.Downgrade]) or of every
+// name of a [MultiMutex] (Lock, TryLock, TryLockFor; see [Guard.TokenOf]).
+// It stays valid until it is released.
 //
 // A guard renews the lease every TTL/3, watches the lease deadline and
 // publishes what it learns, from a goroutine of its own, its actor, that
@@ -164,14 +165,17 @@ func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, 
 	return g
 }
 
-// Key returns the Redis key that holds the lease.
+// Key returns the Redis key that holds the lease: for a [MultiMutex]'s
+// guard, the key of the first name given.
 func (g *Guard) Key() string { return g.e.keys.Lease }
 
 // Token returns the fencing token of this acquisition: an integer strictly
 // greater than the token of every earlier acquisition of the same lock. Pass
 // it with every write the lock protects, and have the resource reject a write
 // whose token is lower than the highest it has accepted; that is what keeps a
-// holder that was paused past its lease from doing damage.
+// holder that was paused past its lease from doing damage. For a
+// [MultiMutex]'s guard it is the token of the first name given; each
+// name's is [Guard.TokenOf].
 func (g *Guard) Token() int64 { return g.token }
 
 // Attempt returns how many calls to Redis the acquisition made before its

@@ -762,10 +762,10 @@ func (h *setHold) giveUp(value string, void bool, end time.Time) {
 }
 
 // TokenOf returns the fencing token of name, one of a [MultiMutex]'s
-// names, issued by that name's own sequence (as a [Mutex] of the name
-// would have been issued). For a name the guard does not hold, and for a
-// guard of any other lock, it returns [Guard.Token] when name is the
-// guard's own lock's name, and 0 otherwise.
+// names, drawn from that name's own sequence (as a [Mutex] of the name
+// would have drawn it): guard each name's resource with its own token. On
+// the guard of a single lock it returns [Guard.Token] for that lock's name.
+// For a name the guard does not hold it returns 0.
 func (g *Guard) TokenOf(name string) int64 {
 	if g.set == nil {
 		if k, err := lease.NewKeys(namespaceOf(g.e.keys.Lease), name); err == nil && k.Lease == g.e.keys.Lease {
