@@ -182,7 +182,9 @@
 //
 // Callers may give the names in any order: every request takes them in
 // one order (by Redis Cluster slot, then by key), which is why two
-// requests cannot wait for each other in a circle, and stands in each
+// requests cannot wait for each other in a circle (as long as nobody who
+// holds a lock waits for another outside that order: take names that nest
+// in one MultiMutex), and stands in each
 // line with one ticket, so every line serves the requests in it in the
 // order they began to wait. While a request waits for a name, it holds the
 // names that come before it, each for its claim window only. A Lock whose

@@ -799,7 +799,7 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 	now := time.Now()
 	info := RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token, Latency: now.Sub(sent), Err: err}
 	if err == nil && !r.OK {
-		info.Err = &LostError{Key: e.keys.Lease, Reason: LostRefused, Holder: lease.Owner(r.Holder)}
+		info.Err = &LostError{Key: g.refusedKey(), Reason: LostRefused, Holder: lease.Owner(r.Holder)}
 	}
 	e.obs.ObserveRenew(info)
 	s := g.pub.st.Load()

@@ -32,6 +32,11 @@ import (
 //     same line that waits for the same holder, and no chain of waits can
 //     close into a circle. Two requests on {a, b} and {b, a}, or a chain
 //     {a, b}, {b, c}, {c, a}, take their shared names in the same order.
+//     (This assumes what it says: a holder waits for nothing. A program
+//     that holds a lock and then waits for another, a Mutex inside a
+//     Mutex or a MultiMutex inside a guard, steps outside the order and
+//     can deadlock as nested locks always can. Take such names in one
+//     MultiMutex, or nest them in the order that [MultiMutex.Keys] gives.)
 //   - Every line orders the requests in it by their ticket, the moment each
 //     first stood in line, so a request that waits for a name is served
 //     before every request that began to wait after it, in every line it
@@ -415,11 +420,15 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 		if errors.Is(err, context.DeadlineExceeded) && !replied {
 			return sg, false, true, &NoReplyError{Key: a.s.keys[a.s.groups[gi]].Lease, After: time.Since(sent)}
 		}
-		return sg, false, !replied && !errors.As(err, &ackErr), fmt.Errorf("distlock: acquiring %s: %w", a.s.keys[a.s.groups[gi]].Lease, err)
+		// A TRYAGAIN that outlasted the call (a group taken for the claim
+		// window has a short call) did not run the script: a waiter asks
+		// again, as after a call without a reply.
+		retry := (!replied && !errors.As(err, &ackErr)) || lease.IsTryAgain(err)
+		return sg, false, retry, fmt.Errorf("distlock: acquiring %s: %w", a.s.keys[a.s.groups[gi]].Lease, err)
 	}
 	at := a.s.groups[gi]
 	copy(a.tokens[at:], sg.Tokens)
-	if sg.Held < len(a.s.group(gi)) {
+	if sg.Stopped < len(a.s.group(gi)) {
 		return sg, false, false, nil
 	}
 	if !time.Now().Before(leaseDeadline(sent, a.ttlOf(gi))) {
@@ -451,7 +460,7 @@ func (a *setAcquirer) giveBack(gi int) {
 
 // blocked returns the error of a single attempt that met a held name.
 func (a *setAcquirer) blocked(gi int, sg lease.SetGrant) error {
-	k := a.s.keys[a.s.groups[gi]+sg.Held]
+	k := a.s.keys[a.s.groups[gi]+sg.Stopped]
 	return &NotAcquiredError{Key: k.Lease, Holder: lease.Owner(sg.Blocked.Holder), Remaining: sg.Blocked.HolderTTL}
 }
 
@@ -554,7 +563,7 @@ func (a *setAcquirer) queue() (*Guard, error) {
 		}
 		pause.reset()
 		a.dirty = true
-		stop := s.groups[gi] + sg.Held
+		stop := s.groups[gi] + sg.Stopped
 		if lastStop >= 0 && stop < lastStop {
 			// A name before the one it waited for was lost (its claim
 			// window lapsed): the names after it that it still holds
@@ -607,10 +616,10 @@ func (a *setAcquirer) keepEarlier(gi int) bool {
 		dl := leaseDeadline(a.sent[g], a.ttl[g])
 		ctx, cancel := context.WithDeadline(a.ctx, dl)
 		sent := time.Now()
-		ok, err := a.s.renew(ctx, g, a.value, a.ttl[g])
+		refused, err := a.s.renew(ctx, g, a.value, a.ttl[g])
 		cancel()
 		switch {
-		case err == nil && !ok:
+		case err == nil && refused != nil:
 			return false
 		case err == nil:
 			a.sent[g] = sent
@@ -650,6 +659,10 @@ func (a *setAcquirer) granted() (*Guard, error) {
 type setHold struct {
 	set    *lockSet
 	tokens []int64 // in the set's order
+	// refused is the lease key of the name whose renewal was refused, for
+	// the guard's LostError; written by the renewal that found it, read by
+	// the actor once that renewal has answered.
+	refused string
 	// What the final delete's tries have learnt: the groups answered, and
 	// whether every name answered so far was still held until deleted.
 	// Only the owner of the guard's end touches them.
@@ -657,19 +670,26 @@ type setHold struct {
 	notHeld  bool
 }
 
+// refusal names a lease whose renewal Redis refused, and what it found
+// there instead.
+type refusal struct{ key, holder string }
+
 // renew renews group gi's leases with value to ttl, in one script, and
-// reports whether every one of them was extended.
-func (s *lockSet) renew(ctx context.Context, gi int, value string, ttl time.Duration) (bool, error) {
+// returns the first refusal, or nil when every one of them was extended.
+func (s *lockSet) renew(ctx context.Context, gi int, value string, ttl time.Duration) (*refusal, error) {
 	ks := s.group(gi)
 	if s.engines[0].ack.Replicas > 0 {
 		// A client that waits for replicas renews one lease at a time.
 		for _, k := range ks {
 			r, err := s.engines[0].store.Renew(ctx, k, value, ttl)
-			if err != nil || !r.OK {
-				return false, err
+			switch {
+			case err != nil:
+				return nil, err
+			case !r.OK:
+				return &refusal{k.Lease, r.Holder}, nil
 			}
 		}
-		return true, nil
+		return nil, nil
 	}
 	items := make([]lease.RenewItem, len(ks))
 	for i, k := range ks {
@@ -677,14 +697,14 @@ func (s *lockSet) renew(ctx context.Context, gi int, value string, ttl time.Dura
 	}
 	out := make([]lease.Renewal, len(ks))
 	if err := s.store.RenewBatch(ctx, items, out); err != nil {
-		return false, err
+		return nil, err
 	}
-	for _, r := range out {
+	for i, r := range out {
 		if !r.OK {
-			return false, nil
+			return &refusal{ks[i].Lease, r.Holder}, nil
 		}
 	}
-	return true, nil
+	return nil, nil
 }
 
 // renewAll renews every name of the set with value to ttl, one script per
@@ -695,14 +715,15 @@ func (h *setHold) renewAll(ctx context.Context, value string, ttl time.Duration)
 	s := h.set
 	var firstErr error
 	for gi := range s.ngroups() {
-		ok, err := s.renew(ctx, gi, value, ttl)
+		refused, err := s.renew(ctx, gi, value, ttl)
 		switch {
 		case err != nil:
 			if firstErr == nil {
 				firstErr = err
 			}
-		case !ok:
-			return lease.Renewal{}, nil
+		case refused != nil:
+			h.refused = refused.key
+			return lease.Renewal{Holder: refused.holder}, nil
 		}
 	}
 	if firstErr != nil {
@@ -799,4 +820,13 @@ func namespaceOf(key string) string {
 		}
 	}
 	return ""
+}
+
+// refusedKey returns the lease key to name in the LostError of a refused
+// renewal: the name's whose renewal was refused, for a MultiMutex's guard.
+func (g *Guard) refusedKey() string {
+	if g.set != nil && g.set.refused != "" {
+		return g.set.refused
+	}
+	return g.e.keys.Lease
 }

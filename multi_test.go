@@ -114,6 +114,12 @@ func TestMultiMutexLockRelease(t *testing.T) {
 	require.ErrorAs(t, err, &na)
 	assert.Equal(t, "distlock:{b}", na.Key)
 	assert.Empty(t, holderOf(t, srv, "x"), "a TryLock that failed kept a name")
+	// The error names the held name when it is not the first the set
+	// takes (z comes before a).
+	_, err = newMulti(t, c, []string{"a", "z"}).TryLock(t.Context())
+	require.ErrorAs(t, err, &na)
+	assert.Equal(t, "distlock:{a}", na.Key)
+	assert.Empty(t, holderOf(t, srv, "z"), "a TryLock that failed kept a name")
 
 	st, err := g.Release(t.Context())
 	require.NoError(t, err)
@@ -351,6 +357,7 @@ func TestMultiMutexRenewsEveryName(t *testing.T) {
 			var le *distlock.LostError
 			require.ErrorAs(t, ev.Err, &le)
 			assert.Equal(t, distlock.LostRefused, le.Reason)
+			assert.Equal(t, "distlock:{y}", le.Key, "the loss names the name that was lost")
 			assert.ErrorIs(t, context.Cause(g.Context()), distlock.ErrLost)
 			// The names still held go back at once, not at the end of
 			// their leases.
@@ -365,4 +372,55 @@ func TestMultiMutexRenewsEveryName(t *testing.T) {
 			t.Fatal("the guard was not Lost after y's lease was deleted")
 		}
 	}
+}
+
+// A set that finds a name it held lost while it waits for a later one
+// gives back what it holds and waits for the lost name first: it never
+// holds a name while it waits for one before it (M-D).
+func TestMultiMutexLostEarlierNameStartsAgain(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	// The set takes z, then y.
+	hy, err := newMutex(t, c, "y", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	m := newMulti(t, c, []string{"y", "z"})
+	type result struct {
+		g   *distlock.Guard
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		g, err := m.Lock(t.Context())
+		got <- result{g, err}
+	}()
+	require.Eventually(t, func() bool {
+		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
+		return n == 1 && holderOf(t, srv, "z") != ""
+	}, 5*time.Second, 5*time.Millisecond, "the set does not hold z and wait in y's line")
+	setValue := holderOf(t, srv, "z")
+
+	// An operator deletes z, and a Mutex takes it.
+	srv.MustDo("DEL", "distlock:{z}")
+	hz, err := newMutex(t, c, "z", multiOpts...).TryLock(t.Context())
+	require.NoError(t, err)
+	// y's holder leaves: y is passed to the set, which finds z gone, gives
+	// y back, and waits in z's line.
+	_, err = hy.Release(t.Context())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		n, _ := srv.MustDo("ZCARD", "distlock:{z}:queue").AsInt64()
+		return n == 1 && holderOf(t, srv, "y") != setValue
+	}, 5*time.Second, 5*time.Millisecond, "the set kept y while it waits for z")
+	select {
+	case r := <-got:
+		t.Fatalf("Lock returned while z was held by another: %v", r.err)
+	default:
+	}
+	_, err = hz.Release(t.Context())
+	require.NoError(t, err)
+	r := <-got
+	require.NoError(t, r.err)
+	assert.Equal(t, distlock.Acquired, r.g.State())
+	_, err = r.g.Release(t.Context())
+	require.NoError(t, err)
 }

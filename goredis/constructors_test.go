@@ -31,6 +31,9 @@ func TestConstructorsRefuseNilClient(t *testing.T) {
 		"NewSemaphore": func(c redis.UniversalClient) (any, error) { return goredis.NewSemaphore(c, "job", 3) },
 		"NewElection":  func(c redis.UniversalClient) (any, error) { return goredis.NewElection(c, "job") },
 		"NewRWMutex":   func(c redis.UniversalClient) (any, error) { return goredis.NewRWMutex(c, "job") },
+		"NewMultiMutex": func(c redis.UniversalClient) (any, error) {
+			return goredis.NewMultiMutex(c, []string{"job", "other"})
+		},
 	}
 	for cname, newFn := range constructors {
 		for kind, c := range clients {
@@ -64,6 +67,8 @@ func isNilValue(v any) bool {
 	case *distlock.Election:
 		return v == nil
 	case *distlock.RWMutex:
+		return v == nil
+	case *distlock.MultiMutex:
 		return v == nil
 	}
 	return v == nil

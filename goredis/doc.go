@@ -18,10 +18,11 @@
 //	defer g.Release(context.WithoutCancel(ctx))
 //	return applyPayments(g.Context(), g.Token())
 //
-// [NewMutex], [NewSemaphore], [NewElection] and [NewRWMutex] take any
-// redis.UniversalClient: redis.NewClient for one Redis,
-// redis.NewFailoverClient behind Sentinel, redis.NewClusterClient for Redis
-// Cluster (and redis.NewUniversalClient, which returns one of those). They
+// [NewMutex], [NewSemaphore], [NewElection], [NewRWMutex] and
+// [NewMultiMutex] take any redis.UniversalClient: redis.NewClient for one
+// Redis, redis.NewFailoverClient behind Sentinel, redis.NewClusterClient
+// for Redis Cluster (and redis.NewUniversalClient, which returns one of
+// those). They
 // return the usual distlock types, and everything after the constructor is
 // the same distlock code as on rueidis: the guarantees, the renewal, the
 // line that waiters stand in, the events, and distlock's documentation of

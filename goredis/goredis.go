@@ -45,6 +45,16 @@ func NewRWMutex(rdb redis.UniversalClient, name string, opts ...distlock.Option)
 	return distlock.NewRWMutexOn(fromGoRedis(rdb), name, opts...)
 }
 
+// NewMultiMutex returns one lock over all of names, kept in the Redis that
+// rdb talks to: its Lock holds every name or none. It is
+// [distlock.NewMultiMutex] on a go-redis client: each name is the same lock
+// as a Mutex of that name, whichever client the Mutex uses, and the names,
+// the options and the MultiMutex it returns are distlock's. It refuses a
+// nil client as [NewMutex] does.
+func NewMultiMutex(rdb redis.UniversalClient, names []string, opts ...distlock.Option) (*distlock.MultiMutex, error) {
+	return distlock.NewMultiMutexOn(fromGoRedis(rdb), names, opts...)
+}
+
 // fromGoRedis returns the lease.Redis of rdb, or nil for a nil client (an
 // interface that is nil or holds a nil pointer), which distlock refuses.
 func fromGoRedis(rdb redis.UniversalClient) lease.Redis {

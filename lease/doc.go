@@ -296,7 +296,11 @@
 // Tickets. The caller stands in every line with one ticket: the one the
 // first line it stood in gave it (the server clock when it first waited),
 // passed as the Place's ticket to every later line. A lock's line is
-// ordered by ticket, so every line orders the requests in it alike.
+// ordered by ticket, so every line orders the requests in it alike. (On a
+// Cluster the ticket is one node's clock, placed in lines of other nodes:
+// a skew between their clocks moves the request by that much among the
+// waiters that stood in line on the other node's clock. It changes the
+// order of service by the skew, never its consistency.)
 //
 // Why it cannot deadlock. A request holds only locks that come before the
 // one it waits for in the set's order; a holder of a single lock waits for

@@ -55,6 +55,13 @@ func IsReply(err error) bool {
 	return ok
 }
 
+// IsTryAgain reports whether err is Redis Cluster's TRYAGAIN reply: a
+// script on several keys of a slot that is being migrated, some of whose
+// keys have moved. The script did not run, and the same call can be sent
+// again once the migration has gone on (the scripts retry it themselves
+// until their context ends).
+func IsTryAgain(err error) bool { return isTryAgain(err) }
+
 // wrongKindReply matches the error reply of a script that found the lease
 // key of another kind (see lineLua's scan and semLua's notSemaphore).
 var wrongKindReply = regexp.MustCompile(`^(?:ERR )?distlock: .* holds a (\w+), not a (lock|semaphore|rwmutex);`)

@@ -55,6 +55,10 @@ type SetGrant struct {
 	// Held is how many of the set's locks, from the first, hold the
 	// caller's value now: all of them when the set was granted.
 	Held int
+	// Stopped is the index of the lock that was not granted, at which the
+	// call stopped (equal to Held when the caller stands in line; a single
+	// attempt holds none), and the set's size when every lock was.
+	Stopped int
 	// Tokens are the fencing tokens of the locks held, in order.
 	Tokens []int64
 	// Blocked is, when Held is short of the set, the reply for the lock
@@ -156,7 +160,7 @@ func (c *Client) AcquireAll(ctx context.Context, ks []Keys, value string, ttl ti
 	res, w := c.exec(ctx, acquireAllScript, setKeys(ks, value), args)
 	arr, err := res.ToArray()
 	if err != nil {
-		return SetGrant{}, err
+		return SetGrant{}, setKindError(ks, err)
 	}
 	g, err := parseSetGrant(arr, len(ks))
 	if err != nil {
@@ -175,25 +179,42 @@ func (c *Client) AcquireAll(ctx context.Context, ks []Keys, value string, ttl ti
 	return g, nil
 }
 
+// setKindError is kindError for the lock of ks that the error reply names
+// (a set's scripts stop at the first lock of another kind).
+func setKindError(ks []Keys, err error) error {
+	rerr, ok := replyError(err)
+	if !ok {
+		return err
+	}
+	for _, k := range ks {
+		if strings.Contains(rerr.Message, " "+k.Lease+" holds a ") {
+			return kindError(k, err)
+		}
+	}
+	return err
+}
+
 // parseSetGrant reads acquireAllScript's reply for a set of n locks.
 func parseSetGrant(arr []Reply, n int) (SetGrant, error) {
-	if len(arr) == 0 {
-		return SetGrant{}, fmt.Errorf("%w to acquire a set: an empty reply", ErrProtocol)
+	if len(arr) < 2 {
+		return SetGrant{}, fmt.Errorf("%w to acquire a set: %d elements", ErrProtocol, len(arr))
 	}
-	held, err := arr[0].AsInt64()
-	if err != nil || held < 0 || held > int64(n) || len(arr) < int(held)+1 {
-		return SetGrant{}, fmt.Errorf("%w to acquire a set: %d held of %d, %d elements", ErrProtocol, held, n, len(arr))
+	held, err1 := arr[0].AsInt64()
+	stopped, err2 := arr[1].AsInt64()
+	if err := errors.Join(err1, err2); err != nil || held < 0 || held > stopped || stopped > int64(n) || len(arr) < int(held)+2 {
+		return SetGrant{}, fmt.Errorf("%w to acquire a set: %d held, stopped at %d of %d, %d elements", ErrProtocol, held, stopped, n, len(arr))
 	}
-	g := SetGrant{Held: int(held), Tokens: make([]int64, held)}
+	g := SetGrant{Held: int(held), Stopped: int(stopped), Tokens: make([]int64, held)}
+	var err error
 	for i := range g.Tokens {
-		if g.Tokens[i], err = arr[i+1].AsInt64(); err != nil {
+		if g.Tokens[i], err = arr[i+2].AsInt64(); err != nil {
 			return SetGrant{}, fmt.Errorf("%w to acquire a set: %w", ErrProtocol, err)
 		}
 	}
-	if g.Held == n {
+	if g.Stopped == n {
 		return g, nil
 	}
-	rest := arr[held+1:]
+	rest := arr[held+2:]
 	if len(rest) < 6 {
 		return SetGrant{}, fmt.Errorf("%w to acquire a set: %d elements for the lock it stopped at", ErrProtocol, len(rest))
 	}
@@ -251,6 +272,7 @@ func (c *Client) releaseAll(ctx context.Context, ks []Keys, value, void string,
 		if err == nil {
 			return parseSetRelease(arr, len(ks))
 		}
+		err = setKindError(ks, err)
 		if IsReply(err) || ctx.Err() != nil {
 			break
 		}
@@ -291,9 +313,11 @@ func parseSetRelease(arr []Reply, n int) ([]Release, error) {
 // KEYS: each lock's six keys, as acquireScript takes them (lease, fence,
 // queue, waiters, wake, void). ARGV[1] the TTL in ms; to stand in line
 // ARGV[2] the claim window in ms, ARGV[3] the room, ARGV[4] the ticket (0
-// for a new place). Reply: {held, token of each lock held, ...}, followed,
-// when held is short of the set, by acquireScript's reply for the lock it
-// stopped at; or the error reply of a lock whose keys hold something else.
+// for a new place). Reply: {held, stopped, token of each lock held, ...}:
+// held counts the locks that hold the value now, stopped is the index
+// (from 0) of the lock it stopped at (the set's size when it did not), and,
+// when it stopped, acquireScript's reply for that lock follows; or the
+// error reply of a lock whose keys hold something else.
 var acquireAllScript = newScript(`
 local acquire = function(KEYS, ARGV)
 ` + acquireScript.Source() + `
@@ -303,19 +327,20 @@ local args = {ARGV[1]}
 if ARGV[2] then
   args = {ARGV[1], '', ARGV[2], ARGV[3], ARGV[4]}
 end
-local out = {0}
+local out = {0, 0}
 for i = 1, n do
   local b = 6 * (i - 1)
   local r = acquire({KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]}, args)
   if type(r) ~= 'number' then
-    -- Not granted: the locks before it wait with the caller (for its
-    -- claim window), or are given back by a single attempt, or by an
-    -- error. (A grant passed this call nothing in line: nobody alive
-    -- was ahead, so the delete needs no pass.)
+    -- Not granted, or an error. Standing in line, the locks before it
+    -- wait with the caller, for its claim window (after an error too:
+    -- the caller gives them up, passing each to its line). A single
+    -- attempt gives back those it granted (nobody alive was ahead in
+    -- their lines a moment ago, so the delete needs no pass).
     local value = string.sub(KEYS[6], #KEYS[1] + 7)
     for j = 1, i - 1 do
       local lk = KEYS[6 * (j - 1) + 1]
-      if ARGV[2] and not r.err then
+      if ARGV[2] then
         redis.call('PEXPIRE', lk, ARGV[2])
       elseif redis.call('GET', lk) == value then
         redis.call('DEL', lk)
@@ -327,13 +352,15 @@ for i = 1, n do
     if not ARGV[2] then
       out = {0}
     end
+    out[2] = i - 1
     for _, x in ipairs(r) do
       out[#out + 1] = x
     end
     return out
   end
   out[1] = i
-  out[i + 1] = r
+  out[2] = i
+  out[i + 2] = r
 end
 return out
 `)

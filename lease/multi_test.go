@@ -65,6 +65,7 @@ func TestAcquireAllBlocked(t *testing.T) {
 	g, err := e.lc.AcquireAll(ctxFor(t), ks, v, queueTTL, nil)
 	require.NoError(t, err)
 	assert.Equal(t, 0, g.Held)
+	assert.Equal(t, 1, g.Stopped, "a single attempt says where it stopped")
 	assert.Equal(t, x, g.Blocked.Holder)
 	assert.Equal(t, -1, g.Blocked.Rank)
 	assert.Empty(t, e.holder(t, ks[0]), "a single attempt left the first lock held")
@@ -74,6 +75,7 @@ func TestAcquireAllBlocked(t *testing.T) {
 	g, err = e.lc.AcquireAll(ctxFor(t), ks, w.value, queueTTL, &w.place)
 	require.NoError(t, err)
 	assert.Equal(t, 1, g.Held)
+	assert.Equal(t, 1, g.Stopped)
 	assert.Equal(t, x, g.Blocked.Holder)
 	assert.Equal(t, 0, g.Blocked.Rank)
 	assert.Positive(t, g.Blocked.Ticket)
@@ -89,6 +91,7 @@ func TestAcquireAllBlocked(t *testing.T) {
 	g, err = e.lc.AcquireAll(ctxFor(t), ks, w.value, queueTTL, &w.place)
 	require.NoError(t, err)
 	require.Equal(t, 3, g.Held)
+	assert.Equal(t, 3, g.Stopped)
 	assert.Equal(t, p.Token, g.Tokens[1], "the passed lock keeps its grant's token")
 	for i, k := range ks {
 		assert.Greater(t, e.pttl(t, k.Lease), liveClaim, "lock %d is held for the TTL", i)
@@ -145,4 +148,15 @@ func TestAcquireAllBadSets(t *testing.T) {
 	_, err := e.lc.AcquireAll(ctxFor(t), ks, v, queueTTL, nil)
 	require.Error(t, err)
 	assert.Empty(t, e.holder(t, ks[0]))
+
+	// A semaphore's key in a set is the wrong kind, named as such.
+	e.srv.MustDo("DEL", ks[1].Lease)
+	_, err = e.lc.Acquire(ctxFor(t), ks[1].Semaphore(2), lease.NewValue("sem"), queueTTL)
+	require.NoError(t, err)
+	_, err = e.lc.AcquireAll(ctxFor(t), ks, v, queueTTL, nil)
+	var wk *lease.WrongKindError
+	require.ErrorAs(t, err, &wk)
+	assert.Equal(t, ks[1].Lease, wk.Key)
+	assert.Equal(t, "semaphore", wk.Found)
+	assert.Empty(t, e.holder(t, ks[0]), "a set that met a semaphore kept the lock before it")
 }

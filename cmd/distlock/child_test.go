@@ -30,11 +30,12 @@ import (
 
 // childReport is the content of NAME.env.
 type childReport struct {
-	Key   string `json:"key"`
-	Token string `json:"token"`
-	Owner string `json:"owner"`
-	Pid   int    `json:"pid"`
-	Pgid  int    `json:"pgid"`
+	Key    string `json:"key"`
+	Token  string `json:"token"`
+	Tokens string `json:"tokens"` // DISTLOCK_TOKENS
+	Owner  string `json:"owner"`
+	Pid    int    `json:"pid"`
+	Pgid   int    `json:"pgid"`
 }
 
 // childArgs returns the command line that runs a child named name
@@ -78,8 +79,9 @@ func childMain(args []string) int {
 	}
 	pgid, _ := syscall.Getpgid(0)
 	rep := childReport{
-		Key: os.Getenv("DISTLOCK_KEY"), Token: os.Getenv("DISTLOCK_TOKEN"), Owner: os.Getenv("DISTLOCK_OWNER"),
-		Pid: os.Getpid(), Pgid: pgid,
+		Key: os.Getenv("DISTLOCK_KEY"), Token: os.Getenv("DISTLOCK_TOKEN"), Tokens: os.Getenv("DISTLOCK_TOKENS"),
+		Owner: os.Getenv("DISTLOCK_OWNER"),
+		Pid:   os.Getpid(), Pgid: pgid,
 	}
 	if err := writeJSON(filepath.Join(*dir, *name+".env"), rep); err != nil {
 		return fail(err)

@@ -207,8 +207,11 @@ func TestUsageErrorIsShort(t *testing.T) {
 		{[]string{"run", "-E", "256", "k", "true"}, "distlock run: -E 256: the exit status must be 0 to 255", runHint},
 		{[]string{"run", "-c", "true", "k", "true"}, "distlock run: -c and a COMMAND after KEY exclude each other", runHint},
 		{[]string{"run", "k", "-c", ""}, "distlock run: -c needs a command line", runHint},
+		{[]string{"run", "-k", "a"}, "distlock run: missing the command: distlock run [flags] -k NAME", runHint},
+		{[]string{"run", "-k", "a", "-k", "a", "true"}, `distlock run: -k "a" is given twice`, runHint},
+		{[]string{"run", "-s", "-k", "a", "-k", "b", "true"}, "distlock run: -s takes one name", runHint},
 		{[]string{"inspect"}, "distlock inspect: missing KEY", "Run 'distlock help inspect' for usage."},
-		{[]string{"inspect", "a", "--json", "b"}, `distlock inspect: one KEY only (got ["a" "b"])`, "Run 'distlock help inspect' for usage."},
+		{[]string{"inspect", "a", "--json", "a"}, `distlock inspect: KEY "a" is given twice`, "Run 'distlock help inspect' for usage."},
 		{[]string{"demo", "--workers", "x"}, "distlock demo: invalid value", "Run 'distlock help demo' for usage."},
 	}
 	for _, tc := range cases {

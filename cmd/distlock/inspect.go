@@ -33,7 +33,7 @@ const (
 	inspectTimeout = 5 * time.Second
 )
 
-const inspectUsage = `Usage: distlock inspect [flags] KEY
+const inspectUsage = `Usage: distlock inspect [flags] KEY [KEY...]
 
 Shows who holds the lock KEY (the owner id from the lock's value), how long
 its lease has left, the last fencing token issued for it, and who waits for
@@ -80,13 +80,36 @@ election has "observers"; a read-write lock has "mode" ("read" or
 10 in line: owner and mode), which a lock has too when a read-write lock's
 waiter stands in its line.
 
-Flags may come before or after KEY.
+With several KEYs it shows each one as above, a line each in the order
+given, and then a line for each request that holds several of them, or
+holds some and stands in another's line: a "distlock run" with several
+-k, or a distlock.MultiMutex. Such a request takes its names one after the
+other (by Redis Cluster slot, then by key), holds those it has (with a
+lease of its claim window while it waits) and stands in the line of the
+next, with one lease value in all of them; inspect finds that value in each
+line and shows the request once:
+
+  request db-2:4711#<uuid>  holds ledger, users; waits in the line of accounts, at place 1 of 2
+
+Place 1 is the first in line. A request that holds none of the KEYs yet
+shows only as a waiter in a line, as any waiter does. With --watch, each
+change prints every one of those lines again, each with the time. With
+--json, several
+KEYs print one object per look, with a "locks" array of the objects above
+(one per KEY, in the order given) and a "requests" array:
+
+  {"time":"...","locks":[{"key":"distlock:{accounts}",...},...],
+   "requests":[{"owner":"db-2:4711","value":"db-2:4711#<uuid>",
+     "holds":["ledger","users"],"waits":[{"name":"accounts","place":1,"waiting":2}]}]}
+
+Flags may come before or after the KEYs.
 
 Exit status:
   0      the lock is held (by anyone, even a key not written by distlock),
-         a semaphore has a holder, or an election a leader
+         a semaphore has a holder, or an election a leader; with several
+         KEYs, at least one of them is
   1      the lock is free (a semaphore without holders, an election
-         without a leader)
+         without a leader); with several KEYs, all of them are
   64     usage error
   125    Redis cannot be read, or the lock's keys hold something else
 With --watch, the state does not set the status: it is 0 when interrupted,
@@ -98,6 +121,7 @@ Examples:
   distlock inspect --watch --interval 1s --namespace jobs nightly-report
   distlock inspect --json backup | jq .owner
   distlock inspect --json workers | jq .free_permits
+  distlock inspect accounts ledger users    # and who holds or waits for several at once
 
 Flags:
 `
@@ -105,7 +129,7 @@ Flags:
 // inspectConfig is the command line of "distlock inspect".
 type inspectConfig struct {
 	common
-	key      string
+	names    []string // the KEYs, in the order given
 	watch    bool
 	interval time.Duration
 	json     bool
@@ -121,8 +145,8 @@ func inspectFlags(c *inspectConfig) *flag.FlagSet {
 	return fs
 }
 
-// parseInspect parses the command line of "distlock inspect": flags before
-// or after KEY; after "--", only KEY.
+// parseInspect parses the command line of "distlock inspect": flags before,
+// between or after the KEYs; after "--", only KEYs.
 func parseInspect(args []string) (inspectConfig, error) {
 	var c inspectConfig
 	fs := inspectFlags(&c)
@@ -143,13 +167,16 @@ func parseInspect(args []string) (inspectConfig, error) {
 	}
 	switch {
 	case len(words) == 0:
-		return c, usagef("missing KEY: distlock inspect [flags] KEY")
-	case len(words) > 1:
-		return c, usagef("one KEY only (got %q)", words)
+		return c, usagef("missing KEY: distlock inspect [flags] KEY [KEY...]")
 	case c.interval < minWatchInterval:
 		return c, usagef("--interval must be at least %v", minWatchInterval)
 	}
-	c.key = words[0]
+	for i, w := range words {
+		if slices.Contains(words[:i], w) {
+			return c, usagef("KEY %q is given twice", w)
+		}
+	}
+	c.names = words
 	return c, nil
 }
 
@@ -253,9 +280,11 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	keys, err := lease.NewKeys(cfg.namespace, cfg.key)
-	if err != nil {
-		return usageError{err}
+	keys := make([]lease.Keys, len(cfg.names))
+	for i, name := range cfg.names {
+		if keys[i], err = lease.NewKeys(cfg.namespace, name); err != nil {
+			return usageError{err}
+		}
 	}
 	client, _, closeClient, err := connect(cfg.redis, false)
 	if err != nil {
@@ -266,11 +295,16 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		return &exitStatus{code: exitFailed, err: err}
 	}
 	defer closeClient()
-	in := &inspector{rc: client, lc: lease.New(client), keys: keys}
+	in := &inspector{rc: client, lc: lease.New(client), names: cfg.names, keys: keys}
 
-	emit := func(s lockState) error {
+	emit := func(s lookState) error {
 		if cfg.json {
-			b, err := json.Marshal(s)
+			// One KEY prints its lockState alone, as it always has.
+			var v any = s
+			if len(s.Locks) == 1 {
+				v = s.Locks[0]
+			}
+			b, err := json.Marshal(v)
 			if err != nil {
 				return err
 			}
@@ -281,14 +315,14 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		return err
 	}
 	if !cfg.watch {
-		s, err := in.inspect(ctx)
+		s, err := in.look(ctx)
 		if err == nil {
 			err = emit(s)
 		}
 		switch {
 		case err != nil:
 			return &exitStatus{code: exitFailed, err: err}
-		case s.State == "free":
+		case !s.held():
 			return &exitStatus{code: exitFree}
 		}
 		return nil // held
@@ -299,27 +333,26 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	return nil
 }
 
-// inspector reads the state of one lock, semaphore or election.
+// inspector reads the state of the locks, semaphores or elections named
+// on the command line.
 type inspector struct {
-	rc   rueidis.Client
-	lc   *lease.Client
-	keys lease.Keys
+	rc    rueidis.Client
+	lc    *lease.Client
+	names []string     // as given
+	keys  []lease.Keys // of each name
 }
 
-// watch prints the lock's state, then every change, until ctx is done. A
-// Redis error is a state like any other: it is printed once, and watching
-// goes on.
-func (in *inspector) watch(ctx context.Context, interval time.Duration, emit func(lockState) error) error {
+// watch prints the state, then every change, until ctx is done. A Redis
+// error is a state like any other: it is printed once, and watching goes
+// on.
+func (in *inspector) watch(ctx context.Context, interval time.Duration, emit func(lookState) error) error {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
-	var last *lockState
+	var last *lookState
 	for {
-		s, err := in.inspect(ctx)
+		s, _ := in.look(ctx) // an error is in s, as the state of the KEY it concerns
 		if ctx.Err() != nil {
 			return nil // interrupted: the normal end of a watch
-		}
-		if err != nil {
-			s = lockState{Time: time.Now(), Key: in.keys.Lease, State: "error", Error: err.Error()}
 		}
 		if last == nil || s.differs(*last) {
 			if err := emit(s); err != nil {
@@ -335,16 +368,15 @@ func (in *inspector) watch(ctx context.Context, interval time.Duration, emit fun
 	}
 }
 
-// inspect reads the state once: the holders, the fencing token and the
-// permits in one round trip (lease.Client.Read, which the key's type tells
-// the kind by), the line of waiters in a second, and for a lock or
-// election the observers of its leader in a third. The holders, token and
-// permits belong together; the line and the observers may be a moment
-// newer.
-func (in *inspector) inspect(ctx context.Context) (lockState, error) {
+// inspect reads the state of one lock once: the holders, the fencing
+// token and the permits in one round trip (lease.Client.Read, which the
+// key's type tells the kind by), the line of waiters in a second, and for
+// a lock or election the observers of its leader in a third. The holders,
+// token and permits belong together; the line and the observers may be a
+// moment newer.
+func (in *inspector) inspect(ctx context.Context, keys lease.Keys) (lockState, error) {
 	ctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
-	keys := in.keys
 	s := lockState{Time: time.Now(), Key: keys.Lease, State: "free"}
 	snap, err := in.lc.Read(ctx, keys)
 	if err != nil {
@@ -371,7 +403,7 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	switch snap.Type {
 	case "hash":
 		s.Kind = kindRWMutex
-		return s, in.rwmutex(ctx, &s, entries)
+		return s, in.rwmutex(ctx, &s, keys, entries)
 	case "zset":
 		s.Kind = kindSemaphore
 		s.semaphore(snap)
@@ -404,7 +436,7 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 	if anyMode(entries) {
 		s.line(entries)
 	}
-	if n, err := in.observers(ctx); err == nil && n > 0 {
+	if n, err := in.observers(ctx, keys); err == nil && n > 0 {
 		s.Kind, s.Observers = kindElection, n
 	}
 	return s, nil
@@ -412,13 +444,13 @@ func (in *inspector) inspect(ctx context.Context) (lockState, error) {
 
 // rwmutex fills in s for a read-write lock: its holders, and the modes of
 // those in line from their entries.
-func (in *inspector) rwmutex(ctx context.Context, s *lockState, entries []string) error {
-	rw, err := in.lc.ReadRW(ctx, in.keys)
+func (in *inspector) rwmutex(ctx context.Context, s *lockState, keys lease.Keys, entries []string) error {
+	rw, err := in.lc.ReadRW(ctx, keys)
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", in.keys.Lease, err)
+		return fmt.Errorf("reading %s: %w", keys.Lease, err)
 	}
 	if !rw.Marked {
-		return fmt.Errorf("%s holds a hash, not a lock, semaphore, election or rwmutex", in.keys.Lease)
+		return fmt.Errorf("%s holds a hash, not a lock, semaphore, election or rwmutex", keys.Lease)
 	}
 	for _, h := range rw.Holders {
 		if h.Value == rw.Writer {
@@ -488,8 +520,8 @@ func (s *lockState) semaphore(snap lease.Snapshot) {
 // where the library falls back to it. A plain subscription is on whichever
 // node its client picked (a plain publish reaches every node of a
 // Cluster), so those are counted on every node the client knows.
-func (in *inspector) observers(ctx context.Context) (int, error) {
-	ch := in.keys.Leader
+func (in *inspector) observers(ctx context.Context, keys lease.Keys) (int, error) {
+	ch := keys.Leader
 	n, err := numsub(in.rc.Do(ctx, in.rc.B().PubsubShardnumsub().Channel(ch).Build()), ch)
 	var re *rueidis.RedisError
 	if !errors.As(err, &re) || !strings.Contains(strings.ToLower(re.Error()), "unknown") {

@@ -3,7 +3,8 @@
 //	distlock run [flags] KEY [--] COMMAND [ARGS...]   run a command while holding a lock
 //	distlock run [flags] KEY -c 'COMMAND LINE'        the same, through sh -c
 //	distlock run --permits N [flags] KEY ...          the same, under one of N permits of a semaphore
-//	distlock inspect [flags] KEY                      show who holds a lock, semaphore or election; --watch follows it
+//	distlock run [flags] -k NAME -k NAME ... [--] ... the same, holding several locks at once (all or none)
+//	distlock inspect [flags] KEY [KEY...]             show who holds a lock, semaphore or election; --watch follows it
 //	distlock demo [flags]                             a few workers contend for one lock
 //
 // Run "distlock help" for an overview and "distlock help COMMAND" for the
@@ -45,10 +46,14 @@ Usage:
         stop the command if it is lost, release it when the command exits;
         -n, -w, -E and -c work as they do for flock(1); --permits N runs it
         under one of N permits of a semaphore instead, so N run at once
-  distlock inspect [flags] KEY
+  distlock run [flags] -k NAME [-k NAME]... [--] COMMAND [ARGS...]
+        the same, holding every NAME at once: the command starts once all
+        are held; runs of overlapping names never deadlock
+  distlock inspect [flags] KEY [KEY...]
         show who holds the lock KEY, for how long, and its last fencing
         token (or a semaphore's holders and permits, or an election's
-        leader); exit status 0 if it is held, 1 if it is free
+        leader); exit status 0 if it is held, 1 if it is free; with several
+        KEYs, also who holds some and waits for others at once
   distlock demo [flags]
         a few workers contend for one lock and print their transitions
   distlock help [COMMAND]
@@ -68,6 +73,9 @@ Examples:
 
   # at most 4 transcodes at once across all machines; the others wait
   distlock run --permits 4 transcode -- ./transcode.sh
+
+  # hold two locks at once; DISTLOCK_TOKENS has a NAME=TOKEN line for each
+  distlock run -k accounts -k ledger -- ./transfer.sh
 
   # is it held? who holds it now? follow every change until Ctrl-C
   if distlock inspect backup >/dev/null; then echo busy; fi

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/lease"
 )
 
 // Exit codes of "distlock run". Otherwise it exits with the command's own
@@ -46,17 +48,23 @@ const shell = "/bin/sh"
 
 const runUsage = `Usage: distlock run [flags] KEY [--] COMMAND [ARGS...]
        distlock run [flags] KEY -c 'COMMAND LINE'
+       distlock run [flags] -k NAME [-k NAME]... [--] COMMAND [ARGS...]
 
 Runs COMMAND while holding the lock KEY, exclusively (-x, the default) or
 shared with the other -s runs of KEY (-s). distlock waits for the lock (as
 long as it takes, or up to -w; -n makes a single attempt), starts the
 command with these variables added to its environment:
 
-  DISTLOCK_KEY     the lock name, KEY
+  DISTLOCK_KEY     the lock name, KEY (with several -k, the first NAME)
   DISTLOCK_TOKEN   the fencing token of this acquisition: a number greater
                    than every earlier token of KEY; pass it along with every
                    write the lock protects, and have the storage reject a
-                   write with a lower token than it has seen
+                   write with a lower token than it has seen (with several
+                   -k, the first NAME's token)
+  DISTLOCK_TOKENS  NAME=TOKEN for every name held, one per line, in the
+                   order given: "KEY=TOKEN" for one name. A name never
+                   holds a newline, and a token never holds "=": split each
+                   line at its last "="
   DISTLOCK_OWNER   the owner id written into the lock (--owner)
 
 and keeps the lease renewed (every TTL/3) while the command runs. The
@@ -67,6 +75,23 @@ Flags go before KEY or between KEY and the command. The command starts at
 the first word after KEY that is not a flag, or after "--"; everything from
 there on is the command's. With -c, the command is one string that sh -c
 runs, so it may use pipes, redirections and $DISTLOCK_TOKEN.
+
+With -k NAME, repeated, the command runs while holding every NAME at once
+(in Go: distlock.NewMultiMutex). -k takes the place of KEY: the command
+starts at the first word after the flags that is not a flag, or after
+"--". One -k NAME is the same run as KEY. Each NAME is the same lock
+as "distlock run NAME" and as a Mutex of that name, so runs whose sets of
+names overlap exclude each other, and a run of several names waits in
+line like any other waiter of each. Every run takes its names in one
+order, whatever order they are given in (by Redis Cluster slot, then by
+key), holding those it has while it waits in the line of the next; so runs
+of overlapping sets never deadlock. While it waits, the names it holds have
+a lease of the claim window only (half a second), renewed as it waits, so
+a waiter that dies frees them within half a second. -n makes one attempt
+at every name and takes none if any is held; -w bounds the whole wait; if
+any name is lost while the command runs, the run is lost (status 76).
+Several names are held exclusively: -s and --permits take one KEY. At
+most 64 names.
 
 KEY is a read-write lock (in Go: distlock.NewRWMutex, whose Lock is -x
 and RLock -s): -s runs share it with each other and exclude every -x
@@ -142,6 +167,8 @@ Examples:
   distlock run --permits 4 transcode -- ./transcode.sh   # up to 4 at once
   distlock run -s config -- ./read-config.sh     # many at once, none while an -x run holds config
   distlock run config -- ./rewrite-config.sh     # alone
+  distlock run -k accounts -k ledger -- ./transfer.sh   # both, or wait for both
+  distlock run -k a -k b -c 'printf "%s\n" "$DISTLOCK_TOKENS"'   # a=17 and b=42, one per line
 
 Flags:
 `
@@ -149,6 +176,9 @@ Flags:
 // runConfig is the command line of "distlock run".
 type runConfig struct {
 	common
+	// names are the locks to hold: KEY, or every -k NAME in the order
+	// given; key is the first of them.
+	names        namesValue
 	key          string
 	argv         []string
 	wait         time.Duration // -w: how long to wait for the lock
@@ -195,6 +225,8 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	alias(fs, "s", "shared")
 	fs.BoolVar(&c.exclusive, "x", false, "hold KEY exclusively (a write hold of the read-write lock KEY): the default")
 	alias(fs, "x", "exclusive")
+	fs.Var(&c.names, "k", "hold the lock `NAME`, in place of KEY; repeat -k to hold several names at once, exclusively (not with -s or --permits); at most 64")
+	alias(fs, "k", "key")
 	fs.IntVar(&c.permits, "permits", 0, "run under one of `N` permits of a semaphore named KEY (N >= 1), so that up to N commands run at once, instead of under the lock KEY")
 	fs.BoolVar(&c.foreground, "foreground", false, "keep the command in distlock's process group, so that it can use the terminal (default: true when run from an interactive shell)")
 	fs.BoolVar(&c.verbose, "v", false, "say on stderr what distlock does: the wait, the acquisition, the command's start and end, failed renewals, the release")
@@ -202,9 +234,28 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	return fs
 }
 
+// namesValue is the value of -k: every NAME given, in order, one per -k.
+type namesValue []string
+
+func (v *namesValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return strings.Join(*v, ", ")
+}
+
+func (v *namesValue) Set(name string) error {
+	if name == "" {
+		return errors.New("the name is empty")
+	}
+	*v = append(*v, name)
+	return nil
+}
+
 // parseRun parses the command line of "distlock run": flags, KEY, more
 // flags, then the command, which starts after "--" or at the first word
-// that is not a flag.
+// that is not a flag. With -k there is no KEY: the command starts after
+// the first flags.
 func parseRun(args []string) (runConfig, error) {
 	var c runConfig
 	fs := runFlags(&c)
@@ -212,16 +263,28 @@ func parseRun(args []string) (runConfig, error) {
 		return c, err
 	}
 	rest := fs.Args()
-	if len(rest) == 0 || endedByDashDash(fs, args, rest) {
-		return c, usagef("missing KEY: distlock run [flags] KEY [--] COMMAND [ARGS...]")
+	var dashDash bool
+	byFlag := len(c.names) > 0 // the names came with -k
+	if byFlag {
+		c.argv = rest
+		dashDash = endedByDashDash(fs, args, rest)
+	} else {
+		if len(rest) == 0 || endedByDashDash(fs, args, rest) {
+			return c, usagef("missing KEY: distlock run [flags] KEY [--] COMMAND [ARGS...], or -k NAME [-k NAME]... [--] COMMAND [ARGS...]")
+		}
+		key := rest[0]
+		afterKey := rest[1:]
+		if err := parseFlags(fs, afterKey); err != nil {
+			return c, err
+		}
+		if len(c.names) > 0 {
+			return c, usagef("KEY %q and -k %q exclude each other: give every name with -k, or one KEY", key, c.names[0])
+		}
+		c.names = namesValue{key}
+		c.argv = fs.Args()
+		dashDash = endedByDashDash(fs, afterKey, c.argv)
 	}
-	c.key = rest[0]
-	afterKey := rest[1:]
-	if err := parseFlags(fs, afterKey); err != nil {
-		return c, err
-	}
-	c.argv = fs.Args()
-	dashDash := endedByDashDash(fs, afterKey, c.argv)
+	c.key = c.names[0]
 
 	set := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -233,6 +296,8 @@ func parseRun(args []string) (runConfig, error) {
 		return c, usagef("-c and a COMMAND after KEY exclude each other: -c takes the whole command line as one string")
 	case !commandSet && len(c.argv) == 0 && dashDash:
 		return c, usagef("missing the command after \"--\"")
+	case !commandSet && len(c.argv) == 0 && byFlag:
+		return c, usagef("missing the command: distlock run [flags] -k NAME [-k NAME]... [--] COMMAND [ARGS...], or -c 'COMMAND LINE'")
 	case !commandSet && len(c.argv) == 0:
 		return c, usagef("missing the command after KEY %q: distlock run [flags] KEY [--] COMMAND [ARGS...], or -c 'COMMAND LINE'", c.key)
 	case c.try && c.waitSet && c.wait > 0:
@@ -245,6 +310,17 @@ func parseRun(args []string) (runConfig, error) {
 		return c, usagef("-s and -x exclude each other: a hold is shared or exclusive")
 	case set["permits"] && (c.shared || c.exclusive):
 		return c, usagef("--permits and -%s exclude each other: a semaphore's permits are neither shared nor exclusive", map[bool]string{true: "s", false: "x"}[c.shared])
+	case len(c.names) > 1 && c.shared:
+		return c, usagef("-s takes one name: several -k names (%s) are held exclusively, all at once", c.names.String())
+	case len(c.names) > 1 && set["permits"]:
+		return c, usagef("--permits takes one name: a semaphore of several -k names (%s) is not possible", c.names.String())
+	case len(c.names) > lease.MaxSet:
+		return c, usagef("%d names given with -k: at most %d at once", len(c.names), lease.MaxSet)
+	}
+	for i, name := range c.names {
+		if slices.Contains(c.names[:i], name) {
+			return c, usagef("-k %q is given twice: name each lock once", name)
+		}
 	}
 	if commandSet {
 		c.argv = []string{shell, "-c", c.command}
@@ -271,6 +347,7 @@ func defaultOwner() string {
 type runner struct {
 	cfg   runConfig
 	start time.Time
+	lk    *locker // what the command runs under, once run has made it
 
 	// mu serialises the lines written to stderr, which come from the
 	// runner and, with -v, from the guard's goroutine (runObserver).
@@ -287,13 +364,16 @@ func (r *runner) logf(format string, args ...any) {
 	fmt.Fprintf(r.stderr, "distlock run: "+format+"\n", args...)
 }
 
-// held names what the command runs under, for messages: "lock" or
-// "permit".
+// held names what the command runs under, with its verb, for messages:
+// "lock was", "locks were" or "permit was".
 func (r *runner) held() string {
-	if r.cfg.permits > 0 {
-		return "permit"
+	switch {
+	case r.cfg.permits > 0:
+		return "permit was"
+	case len(r.cfg.names) > 1:
+		return "locks were"
 	}
-	return "lock"
+	return "lock was"
 }
 
 func (r *runner) verbosef(format string, args ...any) {
@@ -347,6 +427,7 @@ func (r *runner) run(ctx context.Context) error {
 	if err != nil {
 		return usageError{err}
 	}
+	r.lk = m
 
 	// From here on, distlock catches the signals it passes on. signal.Notify
 	// never blocks: a burst larger than the buffer loses signals, which is
@@ -364,7 +445,7 @@ func (r *runner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.verbosef("acquired %s: token %d, after %v", g.Key(), g.Token(), time.Since(r.start).Round(time.Millisecond))
+	r.verbosef("acquired %s, after %v", m.tokens(g), time.Since(r.start).Round(time.Millisecond))
 
 	child, err := r.startCommand(g)
 	if err != nil {
@@ -376,7 +457,7 @@ func (r *runner) run(ctx context.Context) error {
 	if lost != nil {
 		// supervise has said why; this says what became of the command.
 		r.release(g)
-		return &exitStatus{code: exitLost, err: fmt.Errorf("the %s was lost while the command ran; the command %s", r.held(), describe(ps))}
+		return &exitStatus{code: exitLost, err: fmt.Errorf("the %s lost while the command ran; the command %s", r.held(), describe(ps))}
 	}
 	// The lease may also have slipped unnoticed just before the command
 	// exited: a release that finds the key gone or taken says so.
@@ -387,25 +468,91 @@ func (r *runner) run(ctx context.Context) error {
 }
 
 // locker is what "distlock run" holds while the command runs: the
-// read-write lock KEY, for writing or with -s for reading, or with
-// --permits a permit of the semaphore KEY.
+// read-write lock KEY, for writing or with -s for reading, with --permits
+// a permit of the semaphore KEY, or with several -k every NAME at once.
 type locker struct {
-	what string // for messages: the lease key, and the permits
-	wait func(context.Context) (*distlock.Guard, error)
-	try  func(context.Context) (*distlock.Guard, error)
+	what  string   // for messages: the lease key, and the permits
+	names []string // the names held, in the order given
+	keys  []string // their lease keys, likewise
+	wait  func(context.Context) (*distlock.Guard, error)
+	try   func(context.Context) (*distlock.Guard, error)
 }
 
-// newLocker returns the lock or semaphore that cfg asks for.
+// held says what a guard of l holds, for messages: its lease key, or its
+// lease keys joined.
+func (l *locker) held() string { return strings.Join(l.keys, ", ") }
+
+// tokens says what g holds with its fencing tokens, for messages:
+// "distlock:{a}: token 7", or for several names
+// "distlock:{a}: token 7, distlock:{b}: token 9".
+func (l *locker) tokens(g *distlock.Guard) string {
+	if len(l.names) == 1 {
+		return fmt.Sprintf("%s: token %d", l.keys[0], g.Token())
+	}
+	parts := make([]string, len(l.names))
+	for i, name := range l.names {
+		parts[i] = fmt.Sprintf("%s: token %d", l.keys[i], g.TokenOf(name))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// environ returns the variables that tell the command what it runs under
+// (see runUsage): DISTLOCK_KEY and DISTLOCK_TOKEN of the first name,
+// DISTLOCK_TOKENS of every one, and DISTLOCK_OWNER.
+func (l *locker) environ(g *distlock.Guard, owner string) []string {
+	tokens := []string{l.names[0] + "=" + strconv.FormatInt(g.Token(), 10)}
+	if len(l.names) > 1 {
+		tokens = tokens[:0]
+		for _, name := range l.names {
+			tokens = append(tokens, name+"="+strconv.FormatInt(g.TokenOf(name), 10))
+		}
+	}
+	return []string{
+		"DISTLOCK_KEY=" + l.names[0],
+		"DISTLOCK_TOKEN=" + strconv.FormatInt(g.Token(), 10),
+		"DISTLOCK_TOKENS=" + strings.Join(tokens, "\n"),
+		"DISTLOCK_OWNER=" + owner,
+	}
+}
+
+// newLocker returns the lock, semaphore or set of locks that cfg asks for.
 func newLocker(client rueidis.Client, cfg runConfig, opts []distlock.Option) (*locker, error) {
+	if len(cfg.names) > 1 {
+		mm, err := distlock.NewMultiMutex(client, cfg.names, opts...)
+		if err != nil {
+			return nil, err
+		}
+		keys := make([]string, len(cfg.names))
+		for i, name := range cfg.names {
+			k, err := lease.NewKeys(cfg.namespace, name)
+			if err != nil {
+				return nil, err
+			}
+			keys[i] = k.Lease
+		}
+		return &locker{what: strings.Join(keys, ", ") + " (all at once)", names: cfg.names, keys: keys,
+			wait: mm.Lock, try: mm.TryLock}, nil
+	}
+	l, err := newSingleLocker(client, cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	l.names = cfg.names
+	return l, nil
+}
+
+// newSingleLocker returns the lock or semaphore KEY.
+func newSingleLocker(client rueidis.Client, cfg runConfig, opts []distlock.Option) (*locker, error) {
 	if cfg.permits == 0 {
 		rw, err := distlock.NewRWMutex(client, cfg.key, opts...)
 		if err != nil {
 			return nil, err
 		}
+		keys := []string{rw.Key()}
 		if cfg.shared {
-			return &locker{what: "a shared hold of " + rw.Key(), wait: rw.RLock, try: rw.TryRLock}, nil
+			return &locker{what: "a shared hold of " + rw.Key(), keys: keys, wait: rw.RLock, try: rw.TryRLock}, nil
 		}
-		return &locker{what: rw.Key(), wait: rw.Lock, try: rw.TryLock}, nil
+		return &locker{what: rw.Key(), keys: keys, wait: rw.Lock, try: rw.TryLock}, nil
 	}
 	s, err := distlock.NewSemaphore(client, cfg.key, cfg.permits, opts...)
 	if err != nil {
@@ -413,6 +560,7 @@ func newLocker(client rueidis.Client, cfg runConfig, opts []distlock.Option) (*l
 	}
 	return &locker{
 		what: fmt.Sprintf("a permit of %s (%d permits)", s.Key(), s.Permits()),
+		keys: []string{s.Key()},
 		wait: s.Acquire, try: s.TryAcquire,
 	}, nil
 }
@@ -502,12 +650,23 @@ func wrongKind(cfg runConfig, err error) error {
 	if !ok {
 		want = "a " + wk.Want
 	}
+	key := cfg.key
+	if len(cfg.names) > 1 {
+		// The name whose lease key the error names.
+		for _, name := range cfg.names {
+			if k, err := lease.NewKeys(cfg.namespace, name); err == nil && k.Lease == wk.Key {
+				key = name
+			}
+		}
+	}
 	found, ok := kindNames[wk.Found]
 	if !ok {
-		return fmt.Errorf("KEY %q is used by something else: %s holds a Redis %s that distlock did not write, and this run asks for %s; pick another KEY or --namespace", cfg.key, wk.Key, wk.Found, want)
+		return fmt.Errorf("KEY %q is used by something else: %s holds a Redis %s that distlock did not write, and this run asks for %s; pick another KEY or --namespace", key, wk.Key, wk.Found, want)
 	}
 	var fix string
 	switch {
+	case len(cfg.names) > 1:
+		fix = "leave it out of the -k names, or pick another name"
 	case wk.Found == "semaphore":
 		inspect := "distlock inspect " + cfg.key
 		if cfg.namespace != distlock.DefaultNamespace {
@@ -519,17 +678,14 @@ func wrongKind(cfg runConfig, err error) error {
 	default:
 		fix = "pick another KEY"
 	}
-	return fmt.Errorf("KEY %q is %s, and this run asks for %s: the two kinds refuse each other on one name (%s); %s", cfg.key, found, want, wk.Key, fix)
+	return fmt.Errorf("KEY %q is %s, and this run asks for %s: the two kinds refuse each other on one name (%s); %s", key, found, want, wk.Key, fix)
 }
 
 // startCommand starts the command with the lock's variables in its environment.
 func (r *runner) startCommand(g *distlock.Guard) (*child, error) {
 	cmd := exec.Command(r.cfg.argv[0], r.cfg.argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(),
-		"DISTLOCK_KEY="+r.cfg.key,
-		"DISTLOCK_TOKEN="+strconv.FormatInt(g.Token(), 10),
-		"DISTLOCK_OWNER="+r.cfg.owner)
+	cmd.Env = append(os.Environ(), r.lk.environ(g, r.cfg.owner)...)
 	c := newChild(cmd, !r.cfg.foreground)
 	if err := cmd.Start(); err != nil {
 		return nil, execError(err)
@@ -618,9 +774,10 @@ func (r *runner) release(g *distlock.Guard) error {
 		if err := context.Cause(g.Context()); errors.Is(err, distlock.ErrLost) {
 			return err
 		}
-		return fmt.Errorf("the %s %s was lost before the command finished (found at release)", r.held(), g.Key())
+		noun, verb, _ := strings.Cut(r.held(), " ")
+		return fmt.Errorf("the %s %s %s lost before the command finished (found at release)", noun, r.lk.held(), verb)
 	}
-	r.verbosef("released %s", g.Key())
+	r.verbosef("released %s", r.lk.held())
 	return nil
 }
 
