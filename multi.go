@@ -331,15 +331,10 @@ func (s *lockSet) deliver(at int, rs []lease.Release, sent time.Time) {
 	}
 }
 
-// ttlOf returns the TTL that group gi's names are granted: the TTL for
-// the last group, and the claim window for the others, which are held
-// while the request waits for a later group.
-func (a *setAcquirer) ttlOf(gi int) time.Duration {
-	if gi == a.s.ngroups()-1 {
-		return a.e.ttl
-	}
-	return a.e.claim
-}
+// ttlOf returns the TTL that group gi's names are granted: the TTL (a
+// waiting request shortens the groups it holds to the claim window: see
+// keep).
+func (a *setAcquirer) ttlOf(int) time.Duration { return a.e.ttl }
 
 // call sends AcquireAll for group gi (p nil: a single attempt) with the
 // lease deadline of its TTL, as acquirer.call sends a lock's: on the
@@ -500,25 +495,43 @@ func (a *setAcquirer) poll(interval time.Duration) (*Guard, error) {
 // it cannot have and sleeping in that name's room until the name is
 // passed to it, its place is due for a refresh, or the holder's lease
 // would end (see acquirer.queue, whose rules it follows for one line at
-// a time). While it waits for group gi it keeps the groups before it
-// (held for the claim window) alive, renewing them at every refresh; if
-// one of them is lost, it gives back everything and starts again from
-// the first group, with the same ticket.
+// a time). Each group is granted the TTL; while the request waits for a
+// later group, it shortens the groups it holds to the claim window and
+// renews them every half window, so that a waiter that dies costs the
+// others no more. If one of them is lost, it gives back everything and
+// starts again from the first group, with the same ticket.
+//
+// A name passed to it is taken with the rest of its group by the next
+// call, except the set's last name: then every name is held, and the set
+// is held at once, as a Mutex's waiter holds a lock passed to it (its
+// guard renews every name to the TTL a third of the claim window in).
 func (a *setAcquirer) queue() (*Guard, error) {
 	s := a.s
 	place := lease.Place{Claim: a.e.claim, Room: proc.roomID}
+	last := len(s.engines) - 1
 	var (
-		r       *room
-		roomFor = -1 // the index of the name whose room r is
-		pause   = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
+		r           *room
+		roomFor     = -1 // the index of the name whose room r is
+		pre         []preJoined
+		queued      time.Time // send time of the last call that left it in line
+		queuedFence int64     // the last token issued when that call ran
+		pause       = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
 	)
 	leave := func() {
 		if r != nil {
 			r.leave(a.waiter)
 			r, a.waiter, roomFor = nil, nil, -1
 		}
+		for _, p := range pre {
+			p.r.leave(p.w)
+		}
+		pre = pre[:0]
 	}
 	defer leave()
+	restart := func(gi int) {
+		leave()
+		a.giveBack(gi)
+	}
 	gi, lastStop := 0, -1
 	for {
 		if gi == s.ngroups() {
@@ -526,20 +539,20 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			if !errors.Is(err, ErrNoReply) {
 				return g, err
 			}
-			// Held whole, but an earlier group's leases were last written
-			// too long ago to trust: renew them (below), or start again.
+			// Held whole, but a group's leases were last written too long
+			// ago to trust: renew them, or start again.
 			a.dirty = true
-		}
-		if gi > 0 && !a.keepEarlier(gi) {
-			// A group held while waiting was lost: give back everything,
-			// the names of this group it holds too, and start again.
-			leave()
-			a.giveBack(min(gi+1, s.ngroups()))
-			gi, lastStop = 0, -1
+			if !a.keep(gi, false) {
+				restart(gi)
+				gi, lastStop = 0, -1
+			}
 			continue
 		}
-		if gi == s.ngroups() {
-			continue
+		if lastStop < 0 && r == nil {
+			// Before the first call for this group, join the rooms that
+			// this process has open for its names already: a grant to the
+			// request in one of them, right after the call, is not missed.
+			pre = a.preJoin(gi, pre)
 		}
 		sent := time.Now()
 		place.Ticket = a.ticket
@@ -556,6 +569,11 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			if e := a.e; e.debug() {
 				e.logger().Debug("distlock: asking for a set of locks failed; trying again", "err", err)
 			}
+			if !a.keep(gi, true) {
+				restart(gi + 1)
+				gi, lastStop = 0, -1
+				continue
+			}
 			if _, _, err := a.wait(pause.next(), a.waiter); err != nil {
 				return nil, err
 			}
@@ -564,27 +582,40 @@ func (a *setAcquirer) queue() (*Guard, error) {
 		pause.reset()
 		a.dirty = true
 		stop := s.groups[gi] + sg.Stopped
-		if lastStop >= 0 && stop < lastStop {
-			// A name before the one it waited for was lost (its claim
-			// window lapsed): the names after it that it still holds
-			// must not be held while it waits, so give everything back
-			// and start again.
-			leave()
-			a.giveBack(gi + 1)
+		if lastStop >= 0 && stop < lastStop || !a.keep(gi, true) {
+			// A name it held is lost (its claim window lapsed, or someone
+			// deleted it): it must not hold the names after it while it
+			// waits, so it gives everything back and starts again.
+			restart(gi + 1)
 			gi, lastStop = 0, -1
 			continue
 		}
 		lastStop = stop
+		queued, queuedFence = sent, sg.Blocked.Fence
 		if sg.Blocked.Ticket > 0 {
 			a.ticket = sg.Blocked.Ticket
 		}
 		if roomFor != stop {
-			leave()
+			if r != nil {
+				r.leave(a.waiter)
+				r, a.waiter = nil, nil
+			}
 			a.e = &s.engines[stop]
-			var fresh bool
-			r, fresh = proc.enterRoom(a.e, true)
-			a.waiter, roomFor = r.join(a.value), stop
-			if !fresh {
+			fresh, joined := false, false
+			for _, p := range pre {
+				if p.at == stop {
+					r, a.waiter, joined = p.r, p.w, true
+				} else {
+					p.r.leave(p.w)
+				}
+			}
+			pre = pre[:0]
+			if !joined {
+				r, fresh = proc.enterRoom(a.e, true)
+				a.waiter = r.join(a.value)
+			}
+			roomFor = stop
+			if !joined && !fresh {
 				// A grant may have reached the room before we joined it.
 				continue
 			}
@@ -596,33 +627,86 @@ func (a *setAcquirer) queue() (*Guard, error) {
 		if sg.Blocked.Rank == 0 && sg.Blocked.HolderTTL >= 0 {
 			wait = min(wait, sg.Blocked.HolderTTL+expiryGrace)
 		}
-		// Any wake-up asks again: a name passed to the request is taken
-		// with the rest of its group by the next call.
-		if _, _, err := a.wait(max(time.Until(sent.Add(wait)), 0), a.waiter); err != nil {
-			return nil, err
+		until := sent.Add(wait)
+		for {
+			why, note, err := a.wait(max(time.Until(until), 0), a.waiter)
+			if err != nil {
+				return nil, err
+			}
+			if why != wokeByGrant || stop != last || a.e.ack.Replicas > 0 {
+				break // ask again
+			}
+			// The set's last name, passed to it: every name is held.
+			from := note.sent
+			if note.token > queuedFence && queued.After(from) {
+				from = queued
+			}
+			if from.IsZero() {
+				continue // an announcement older than our last call
+			}
+			if !usableGrant(leaseDeadline(from, a.e.claim), a.e.claim) {
+				break // too late to hold at once: claim it by asking
+			}
+			a.tokens[stop] = note.token
+			a.sent[gi], a.ttl[gi] = minTime(from, queued), a.e.claim
+			gi = s.ngroups()
+			break
 		}
 	}
 }
 
-// keepEarlier renews the groups before gi, held for the claim window while
-// the request waits for gi, when half of that window has passed since
-// their last write. It reports false when one of them is no longer held,
-// or may not be (no renewal was confirmed before its lease would end).
-func (a *setAcquirer) keepEarlier(gi int) bool {
+// preJoined is a room that the request joined before a call, in case the
+// call leaves it in the line of that room's name.
+type preJoined struct {
+	at int // the name's index
+	r  *room
+	w  *waiter
+}
+
+// preJoin joins the rooms open in this process for the names of group gi.
+func (a *setAcquirer) preJoin(gi int, pre []preJoined) []preJoined {
+	s := a.s
+	for i := s.groups[gi]; i < s.groups[gi+1]; i++ {
+		if r, _ := proc.enterRoom(&s.engines[i], false); r != nil {
+			pre = append(pre, preJoined{at: i, r: r, w: r.join(a.value)})
+		}
+	}
+	return pre
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// keep looks after the groups before gi, which the request holds while it
+// waits for a later one: with short set, it shortens those still held for
+// the TTL to the claim window (what a waiter that dies may cost the
+// others), and renews each one once half of its lease has passed since
+// its last write. It reports false when one of them is no longer held, or
+// may not be (no renewal was confirmed before its lease would end).
+func (a *setAcquirer) keep(gi int, short bool) bool {
+	claim := a.e.claim
 	for g := range gi {
-		if a.sent[g].IsZero() || time.Since(a.sent[g]) < refreshAfter(a.ttl[g]) {
+		ttl := a.ttl[g]
+		if short {
+			ttl = claim
+		}
+		if a.ttl[g] == ttl && time.Since(a.sent[g]) < refreshAfter(ttl) {
 			continue
 		}
 		dl := leaseDeadline(a.sent[g], a.ttl[g])
 		ctx, cancel := context.WithDeadline(a.ctx, dl)
 		sent := time.Now()
-		refused, err := a.s.renew(ctx, g, a.value, a.ttl[g])
+		refused, err := a.s.renew(ctx, g, a.value, ttl)
 		cancel()
 		switch {
 		case err == nil && refused != nil:
 			return false
 		case err == nil:
-			a.sent[g] = sent
+			a.sent[g], a.ttl[g] = sent, ttl
 		case !time.Now().Before(dl):
 			return false
 		}
@@ -631,9 +715,9 @@ func (a *setAcquirer) keepEarlier(gi int) bool {
 }
 
 // granted makes the guard of a set held whole. Its lease deadline is the
-// earliest of the groups': the last group's leases run for the TTL, the
-// others' for the claim window until the guard's first renewal extends
-// every name to the TTL.
+// earliest of the groups': a group that the request held while it waited
+// runs for the claim window until the guard's first renewal extends every
+// name to the TTL.
 func (a *setAcquirer) granted() (*Guard, error) {
 	if a.ctx.Err() != nil {
 		a.dirty = true

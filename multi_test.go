@@ -380,10 +380,13 @@ func TestMultiMutexRenewsEveryName(t *testing.T) {
 func TestMultiMutexLostEarlierNameStartsAgain(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	// The set takes z, then y.
+	// The set takes z, then y, then x. (A pass of its last name, x, would
+	// make it hold the set at once, trusting what its last call found, as
+	// a Mutex's waiter trusts a pass: an operator's delete of z is then
+	// found by the guard's first renewal, L4.)
 	hy, err := newMutex(t, c, "y", multiOpts...).Lock(t.Context())
 	require.NoError(t, err)
-	m := newMulti(t, c, []string{"y", "z"})
+	m := newMulti(t, c, []string{"x", "y", "z"})
 	type result struct {
 		g   *distlock.Guard
 		err error
@@ -422,5 +425,53 @@ func TestMultiMutexLostEarlierNameStartsAgain(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.Equal(t, distlock.Acquired, r.g.State())
 	_, err = r.g.Release(t.Context())
+	require.NoError(t, err)
+}
+
+// A set that waits for its last name holds the set as soon as that name
+// is passed to it, without asking Redis again (as a Mutex's waiter holds
+// a lock passed to it), and its guard then renews every name to the TTL.
+func TestMultiMutexPassOfLastNameHoldsAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	// The set takes z, then x: x is its last name.
+	hx, err := newMutex(t, c, "x", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	counting, calls := srv.CountingClient(t)
+	m := newMulti(t, counting, []string{"x", "z"})
+	got := make(chan *distlock.Guard, 1)
+	go func() {
+		g, err := m.Lock(t.Context())
+		assert.NoError(t, err)
+		got <- g
+	}()
+	require.Eventually(t, func() bool {
+		n, _ := srv.MustDo("ZCARD", "distlock:{x}:queue").AsInt64()
+		return n == 1
+	}, 5*time.Second, 5*time.Millisecond, "the set does not wait in x's line")
+	before := calls.Load()
+	_, err = hx.Release(t.Context())
+	require.NoError(t, err)
+	g := <-got
+	require.NotNil(t, g)
+	assert.Equal(t, before, calls.Load(), "the set asked Redis again for a pass of its last name")
+	assert.Equal(t, distlock.Acquired, g.State())
+	fence, err := srv.MustDo("GET", "distlock:{x}:fence").AsInt64()
+	require.NoError(t, err)
+	assert.Equal(t, fence, g.TokenOf("x"), "the pass's token")
+	claim := 2 * time.Second // multiOpts' claim window
+	assert.WithinDuration(t, time.Now().Add(claim), g.Deadline(), claim/2, "the guard starts on the claim window")
+	// Its first renewal, a third of the claim window in, extends both
+	// names to the TTL.
+	require.Eventually(t, func() bool {
+		for _, n := range []string{"x", "z"} {
+			pttl, _ := srv.MustDo("PTTL", "distlock:{"+n+"}").AsInt64()
+			if time.Duration(pttl)*time.Millisecond <= claim {
+				return false
+			}
+		}
+		return true
+	}, 2*claim, 10*time.Millisecond, "the names were not renewed to the TTL")
+	_, err = g.Release(t.Context())
 	require.NoError(t, err)
 }

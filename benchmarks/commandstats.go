@@ -43,6 +43,23 @@ func readCommandStats(admin rueidis.Client) commandStats {
 	return parseCommandStats(info)
 }
 
+// readCommandStatsOf reads INFO commandstats of the servers of admins
+// and adds them up; nil if it cannot read one of them.
+func readCommandStatsOf(admins []rueidis.Client) commandStats {
+	sum := commandStats{}
+	for _, a := range admins {
+		st := readCommandStats(a)
+		if st == nil {
+			return nil
+		}
+		for name, c := range st {
+			t := sum[name]
+			sum[name] = cmdStat{calls: t.calls + c.calls, usec: t.usec + c.usec}
+		}
+	}
+	return sum
+}
+
 // parseCommandStats reads lines such as
 // "cmdstat_evalsha:calls=3,usec=21,usec_per_call=7.00,rejected_calls=0,failed_calls=0".
 func parseCommandStats(info string) commandStats {

@@ -10,7 +10,7 @@ replace (
 )
 
 require (
-	github.com/bsm/redislock v0.9.4
+	github.com/bsm/redislock v0.10.0
 	github.com/distkit-go/distlock v0.0.0-00010101000000-000000000000
 	github.com/distkit-go/distlock/goredis v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1

@@ -53,13 +53,20 @@ const (
 // made for every call, as a worker makes one per job.
 type lockFunc func(ctx context.Context, key string) (release func() error, err error)
 
-// library is one way to take a lock, on a client of its own.
+// setLockFunc takes every name of a set, waiting for them as long as the
+// library waits, and returns the function that releases them all (see
+// multi.go). Like a lockFunc, it makes new lock objects for every call.
+type setLockFunc func(ctx context.Context, names []string) (release func() error, err error)
+
+// library is one way to take a lock, on a client of its own: lock for the
+// peer scenarios, lockSet for the set scenarios (multi.go).
 type library struct {
-	name   string
-	client string // clientRueidis or clientGoRedis
-	counts counters
-	lock   lockFunc
-	close  func()
+	name    string
+	client  string // clientRueidis or clientGoRedis
+	counts  counters
+	lock    lockFunc
+	lockSet setLockFunc
+	close   func()
 }
 
 // counters count the commands a library's client sends, two ways.
@@ -118,7 +125,7 @@ var catalog = []libSpec{
 	},
 	{
 		name: "redislock", client: clientGoRedis,
-		how: "bsm/redislock `Obtain(ctx, key, 30s, &Options{RetryStrategy: LinearBackoff(1ms)})`, `Release(ctx)`: " +
+		how: "bsm/redislock v0.10.0 `Obtain(ctx, key, 30s, &Options{RetryStrategy: LinearBackoff(1ms)})`, `Release(ctx)`: " +
 			"it has no default retry (one attempt), and 1 ms is the shortest a timer lasts here; no renewal",
 		open: openRedislock,
 	},

@@ -9,6 +9,7 @@
 //	go run . -libs bare,distlock -round 1s        # some libraries, longer rounds
 //	go run . -libs distlock-goredis -scenarios serial -commandstats -cpuprofile /tmp/cpu.pprof
 //	                                              # where one library's time goes
+//	go run . -multi                               # the set scenarios instead: locks over several names (about 90 s)
 //
 // It is a module of its own (github.com/distkit-go/distlock/benchmarks), so
 // that distlock never depends on the peers it is measured against; its go.mod
@@ -36,6 +37,22 @@
 //
 // A hold is busy work, never a sleep: a sleep shorter than a millisecond
 // lasts a whole millisecond on an otherwise idle Linux process.
+//
+// # Locks over several names (-multi)
+//
+// -multi runs another family of scenarios instead (multi.go): distlock's
+// MultiMutex against the names' Mutexes taken one after the other in
+// sorted order and against bsm/redislock's ObtainMulti, each against the
+// bare pair taken once per name, with sets of 2 and 8 names, on one
+// server (one script per acquisition) and across the slots of a private
+// three-primary Redis Cluster (cluster.go; one script per slot),
+// uncontended and with 4 goroutines on overlapping sets. -scenarios and
+// -libs then take the set scenarios' and libraries' names (set2-one-free
+// ... set8-across-contended; bare, multimutex, mutexes, obtainmulti), and
+// -ctx defaults to background alone. It prints one table of rates, ratios
+// and commands per acquisition for all the rows, and one of waits,
+// fairness and CPU; -runs, -rounds, -round and -commandstats apply as
+// above.
 //
 // # How it measures
 //
@@ -113,6 +130,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -184,6 +202,8 @@ func parseFlags(args []string) (config, error) {
 	commandstats := fs.Bool("commandstats", false, "after each table, what Redis ran per acquisition (INFO commandstats)")
 	targets := fs.Bool("targets", false, "end each run's report with the targets of issue 17 for distlock on go-redis")
 	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile to `file`, and each helper's to file.<scenario>.<n>")
+	multi := fs.Bool("multi", false, "run the set scenarios (locks over several names: "+strings.Join(setScenarioNames(), ", ")+
+		") with their libraries ("+strings.Join(setLibraryNames(), ", ")+") instead; -ctx defaults to background")
 	for _, e := range envFlags {
 		if v := os.Getenv(e.env); v != "" {
 			if err := fs.Set(e.flag, v); err != nil {
@@ -199,16 +219,35 @@ func parseFlags(args []string) (config, error) {
 	}
 	cfg := config{
 		runs: *runs, rounds: *rounds, round: *round, drain: drainTimeout,
-		commandstats: *commandstats, cpuprofile: *cpuprofile, targets: *targets,
+		commandstats: *commandstats, cpuprofile: *cpuprofile, targets: *targets, multi: *multi,
 	}
 	if cfg.runs < 1 || cfg.rounds < 1 || cfg.round <= 0 {
 		return config{}, fmt.Errorf("-runs %d -rounds %d -round %v: want at least one run of at least one round of some length", cfg.runs, cfg.rounds, cfg.round)
 	}
+	knownScenarios, knownLibs := scenarioNames(), libraryNames()
+	if cfg.multi {
+		if cfg.targets {
+			return config{}, errors.New("-targets is for the peer scenarios, not -multi")
+		}
+		knownScenarios, knownLibs = setScenarioNames(), setLibraryNames()
+		// The flags left at their defaults name the set family's.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["scenarios"] {
+			*scenarios = strings.Join(knownScenarios, ",")
+		}
+		if !set["libs"] {
+			*libs = strings.Join(knownLibs, ",")
+		}
+		if !set["ctx"] {
+			*ctxs = ctxBackground
+		}
+	}
 	var err error
-	if cfg.scenarios, err = pick("scenario", *scenarios, scenarioNames()); err != nil {
+	if cfg.scenarios, err = pick("scenario", *scenarios, knownScenarios); err != nil {
 		return config{}, err
 	}
-	if cfg.libs, err = pick("library", *libs, libraryNames()); err != nil {
+	if cfg.libs, err = pick("library", *libs, knownLibs); err != nil {
 		return config{}, err
 	}
 	if cfg.ctxs, err = pick("context", *ctxs, ctxKinds); err != nil {

@@ -176,6 +176,11 @@ func printHeader(cfg config, admin rueidis.Client) {
 // defaults left out.
 func commandLine(cfg config) string {
 	args := []string{"cd benchmarks && go run ."}
+	scenarios, libs, ctxs := scenarioNames(), libraryNames(), ctxKinds
+	if cfg.multi {
+		args = append(args, "-multi")
+		scenarios, libs, ctxs = setScenarioNames(), setLibraryNames(), []string{ctxBackground}
+	}
 	if cfg.runs != 1 {
 		args = append(args, "-runs", strconv.Itoa(cfg.runs))
 	}
@@ -189,9 +194,9 @@ func commandLine(cfg config) string {
 		flag       string
 		got, known []string
 	}{
-		{"-scenarios", cfg.scenarios, scenarioNames()},
-		{"-libs", cfg.libs, libraryNames()},
-		{"-ctx", cfg.ctxs, ctxKinds},
+		{"-scenarios", cfg.scenarios, scenarios},
+		{"-libs", cfg.libs, libs},
+		{"-ctx", cfg.ctxs, ctxs},
 	} {
 		if !slices.Equal(f.got, f.known) {
 			args = append(args, f.flag, strings.Join(f.got, ","))
@@ -390,14 +395,22 @@ func printTable(w io.Writer, res scenarioResult) {
 	tableHead(w, head)
 
 	figs := res.figures()
-	var notes []string
 	for _, v := range res.variants {
 		row := []string{ctxLabel(v.ctx), rowName(v)}
 		for _, c := range cols {
 			row = append(row, c.cell(spreadOf(c.of(res, figs, v))))
 		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+	}
+	printNotes(w, tableNotes(res, figs, ""))
+}
 
+// tableNotes returns the notes under a scenario's table: stuck jobs,
+// Lock calls that gave up, rounds without an acquisition, failures. Each
+// starts with prefix.
+func tableNotes(res scenarioResult, figs map[variant][]figures, prefix string) []string {
+	var notes []string
+	for _, v := range res.variants {
 		gaveUp, empty := 0, 0
 		var stuck []string
 		for i, s := range res.samples[v] {
@@ -424,6 +437,14 @@ func printTable(w io.Writer, res scenarioResult) {
 	for _, err := range res.failures() {
 		notes = append(notes, "FAILED: "+err.Error())
 	}
+	for i, n := range notes {
+		notes[i] = prefix + n
+	}
+	return notes
+}
+
+// printNotes prints notes as a list, after an empty line.
+func printNotes(w io.Writer, notes []string) {
 	if len(notes) > 0 {
 		fmt.Fprintln(w)
 		for _, n := range notes {

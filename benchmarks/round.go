@@ -37,6 +37,10 @@ type roundSpec struct {
 	Ctx  string        `json:"ctx"`
 	Keys []string      `json:"keys"` // one worker per key; one key for all of them is contention
 	Hold time.Duration `json:"hold"` // busy work while holding
+	// Sets, in the set scenarios (multi.go), stand for Keys: one worker
+	// per set, whose every job takes all its names at once
+	// (library.lockSet); sets that share a name contend for it.
+	Sets [][]string `json:"sets,omitempty"`
 	// Start and End bound the round (Unix ns, one wall clock for all the
 	// processes of the machine). Only acquisitions that hold the lock
 	// before End count.
@@ -73,7 +77,8 @@ type localResult struct {
 	// GaveUp counts Lock calls that gave up by the library's own rule (the
 	// job then called Lock again); Stuck counts workers still in a job
 	// drainTimeout after the round's end; Overlaps counts acquisitions that
-	// found another worker of the process holding the same key.
+	// found another worker of the process holding the same key (or a name
+	// of its set).
 	GaveUp int `json:"gave_up"`
 	Stuck  int `json:"stuck"`
 	// Late counts jobs that held the lock only after the round's end
@@ -95,15 +100,18 @@ type localResult struct {
 // own, so it cannot disturb another round.
 func runLocal(lib *library, spec roundSpec) localResult {
 	start, end := localTime(spec.Start), localTime(spec.End)
-	var holders *atomic.Int32 // the number holding the one key, when all share it
-	if len(spec.Keys) > 1 && allSame(spec.Keys) {
-		holders = new(atomic.Int32)
+	sets := spec.Sets
+	if len(sets) == 0 {
+		for _, key := range spec.Keys {
+			sets = append(sets, []string{key})
+		}
 	}
+	holders := sharedNames(sets)
 	gate := make(chan struct{})
-	workers := make([]*worker, len(spec.Keys))
+	workers := make([]*worker, len(sets))
 	var wg sync.WaitGroup
-	for i, key := range spec.Keys {
-		w := &worker{lib: lib, spec: spec, key: key, start: start, end: end, holders: holders}
+	for i, names := range sets {
+		w := &worker{lib: lib, spec: spec, names: names, start: start, end: end, holders: holders}
 		workers[i] = w
 		wg.Go(func() {
 			<-gate
@@ -136,7 +144,7 @@ func runLocal(lib *library, spec roundSpec) localResult {
 		res.Waits = append(res.Waits, w.waits...)
 		res.Spans = append(res.Spans, w.spans...)
 		if !w.done {
-			res.StuckKeys = append(res.StuckKeys, w.key)
+			res.StuckKeys = append(res.StuckKeys, w.names[0])
 		}
 		switch {
 		case !w.done && !w.asked.IsZero():
@@ -163,9 +171,11 @@ func runLocal(lib *library, spec roundSpec) localResult {
 type worker struct {
 	lib        *library
 	spec       roundSpec
-	key        string
+	names      []string // the key, or the names of a set
 	start, end time.Time
-	holders    *atomic.Int32
+	// holders counts, for each name that another worker also takes, the
+	// workers holding it now (nil when no name is shared).
+	holders map[string]*atomic.Int32
 
 	mu         sync.Mutex
 	asked      time.Time          // when the job in Lock asked for the lock; zero outside Lock
@@ -192,7 +202,7 @@ func (w *worker) fail(err error) {
 	}
 }
 
-// run does jobs on w.key from now until w.end, as a worker does: a Lock
+// run does jobs on w.names from now until w.end, as a worker does: a Lock
 // ctx of spec.Ctx's kind and a new lock object per job, hold, release.
 // A Lock that gives up is called again, its wait counting from the job's
 // first call; a job that starts after end is not done, and one that holds
@@ -218,11 +228,18 @@ func (w *worker) run() {
 		}
 		held := time.Now()
 		in := held.Before(w.end)
-		overlap := w.holders != nil && w.holders.Add(1) > 1
+		overlap := false
+		for _, n := range w.names {
+			if h := w.holders[n]; h != nil && h.Add(1) > 1 {
+				overlap = true
+			}
+		}
 		busy(w.spec.Hold)
 		freed := time.Now()
-		if w.holders != nil {
-			w.holders.Add(-1)
+		for _, n := range w.names {
+			if h := w.holders[n]; h != nil {
+				h.Add(-1)
+			}
 		}
 		w.mu.Lock()
 		if overlap {
@@ -270,7 +287,12 @@ func (w *worker) lock() (release func() error, cancel context.CancelFunc, asked 
 		w.asked, w.cancel = asked, cancel
 		w.mu.Unlock()
 		var err error
-		if release, err = w.lib.lock(ctx, w.key); err == nil {
+		if w.spec.Sets != nil {
+			release, err = w.lib.lockSet(ctx, w.names)
+		} else {
+			release, err = w.lib.lock(ctx, w.names[0])
+		}
+		if err == nil {
 			return release, cancel, asked, true
 		}
 		cancel()
@@ -331,11 +353,23 @@ func localTime(unixNano int64) time.Time {
 	return r.Add(time.Unix(0, unixNano).Sub(r))
 }
 
-func allSame(keys []string) bool {
-	for _, k := range keys {
-		if k != keys[0] {
-			return false
+// sharedNames returns a counter for each name that more than one of sets
+// holds, or nil when they share none.
+func sharedNames(sets [][]string) map[string]*atomic.Int32 {
+	seen := map[string]int{}
+	for _, set := range sets {
+		for _, n := range set {
+			seen[n]++
 		}
 	}
-	return true
+	var shared map[string]*atomic.Int32
+	for n, c := range seen {
+		if c > 1 {
+			if shared == nil {
+				shared = map[string]*atomic.Int32{}
+			}
+			shared[n] = new(atomic.Int32)
+		}
+	}
+	return shared
 }

@@ -47,6 +47,9 @@ type config struct {
 	cpuprofile string
 	// targets has each run's report end with the targets of issue 17.
 	targets bool
+	// multi runs the set scenarios (multi.go) instead of the peer
+	// scenarios; scenarios and libs then name the set family's.
+	multi bool
 
 	out      io.Writer // the tables
 	progress io.Writer // a line per scenario, a word per round
@@ -59,8 +62,13 @@ type scenario struct {
 	// workers contend in this process, or procs processes with one worker
 	// each.
 	workers, procs int
-	shared         bool          // all workers on one key: contention
+	shared         bool          // all workers on one key (or sets that overlap): contention
 	hold           time.Duration // busy work under the lock
+	// names, in a set scenario (multi.go), is the size of each worker's
+	// set; cluster puts its names on the private Redis Cluster, each in
+	// a slot of its own.
+	names   int
+	cluster bool
 }
 
 var scenarios = []scenario{
@@ -79,7 +87,7 @@ func scenarioNames() []string {
 }
 
 func scenarioOf(name string) scenario {
-	for _, s := range scenarios {
+	for _, s := range slices.Concat(scenarios, setScenarios) {
 		if s.name == name {
 			return s
 		}
@@ -154,6 +162,9 @@ func (s *sample) add(r localResult) {
 // an error (a stuck job is reported in the table, not as an error: the
 // smoke test checks distlock's own).
 func run(cfg config) ([][]scenarioResult, error) {
+	if cfg.multi {
+		return runSets(cfg)
+	}
 	srv, err := startServer()
 	if err != nil {
 		return nil, err
@@ -262,16 +273,25 @@ func runScenario(cfg config, sc scenario, libs map[string]*library, admin rueidi
 			return measureHelpers(sc, hs, v, tag, d, cfg, admin)
 		}
 	}
+	return res, runRounds(cfg, &res, run, measure)
+}
+
+// runRounds runs a warm-up round and cfg.rounds measured rounds of every
+// variant of res with measure, interleaved: round r of every variant,
+// then round r+1 in the reverse order, so that no variant always follows
+// the same one. It adds the measured samples to res. run is the number of
+// the full run (from 0), which the round's tag (the keys' names) includes.
+func runRounds(cfg config, res *scenarioResult, run int, measure func(v variant, tag string, d time.Duration) (sample, error)) error {
 	warmUp := min(cfg.round, maxWarmUp)
 	prefix := "run" + strconv.Itoa(run+1) + ":"
 	if cfg.runs > 1 {
 		fmt.Fprintf(cfg.progress, "run %d of %d: ", run+1, cfg.runs)
 	}
-	fmt.Fprintf(cfg.progress, "%s: warm-up, rounds of %d:", sc.name, cfg.rounds)
+	fmt.Fprintf(cfg.progress, "%s: warm-up, rounds of %d:", res.scenario.name, cfg.rounds)
 	defer fmt.Fprintln(cfg.progress)
 	for _, v := range res.variants {
 		if _, err := measure(v, prefix+"warm", warmUp); err != nil {
-			return res, err
+			return err
 		}
 	}
 	order := slices.Clone(res.variants)
@@ -280,13 +300,13 @@ func runScenario(cfg config, sc scenario, libs map[string]*library, admin rueidi
 		for _, v := range order {
 			s, err := measure(v, prefix+"r"+strconv.Itoa(r+1), cfg.round)
 			if err != nil {
-				return res, err
+				return err
 			}
 			res.samples[v] = append(res.samples[v], s)
 		}
 		slices.Reverse(order)
 	}
-	return res, nil
+	return nil
 }
 
 // addrOf returns the address of the admin client's server.
@@ -304,7 +324,7 @@ func measureLocal(sc scenario, lib *library, v variant, tag string, d time.Durat
 		Lib: v.lib, Ctx: v.ctx, Keys: sc.keys(v, tag), Hold: sc.hold,
 		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: cfg.drain,
 	}
-	redis := watchRedis(admin, start, start.Add(d), cfg.commandstats)
+	redis := watchRedis([]rueidis.Client{admin}, start, start.Add(d), cfg.commandstats)
 	r := runLocal(lib, spec)
 	u := <-redis
 	s := sample{elapsed: d, redisCPU: u.cpu, redisCmds: u.cmds}
@@ -364,7 +384,7 @@ func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d time.Dur
 			return sample{}, err
 		}
 	}
-	redis := watchRedis(admin, start, start.Add(d), cfg.commandstats)
+	redis := watchRedis([]rueidis.Client{admin}, start, start.Add(d), cfg.commandstats)
 	s := sample{elapsed: d}
 	var spans []span
 	for _, h := range hs {
@@ -394,31 +414,45 @@ type redisUsage struct {
 	cmds commandStats  // nil unless asked for, or if it could not be read
 }
 
-// watchRedis samples the server's CPU time at start and end (and, if
-// stats is true, its INFO commandstats after each), in a goroutine of its
-// own, and sends the differences on the channel it returns, which has room
-// for them. The caller receives from it: that is the goroutine's wait.
-func watchRedis(admin rueidis.Client, start, end time.Time, stats bool) <-chan redisUsage {
+// watchRedis samples the CPU time of the servers of admins (one client
+// per server; their sum) at start and end (and, if stats is true, their
+// INFO commandstats after each), in a goroutine of its own, and sends the
+// differences on the channel it returns, which has room for them. The
+// caller receives from it: that is the goroutine's wait.
+func watchRedis(admins []rueidis.Client, start, end time.Time, stats bool) <-chan redisUsage {
 	ch := make(chan redisUsage, 1)
 	go func() {
 		time.Sleep(time.Until(start))
-		a, errA := redisCPU(admin)
+		a, errA := redisCPUOf(admins)
 		var sa commandStats
 		if stats {
-			sa = readCommandStats(admin)
+			sa = readCommandStatsOf(admins)
 		}
 		time.Sleep(time.Until(end))
-		z, errZ := redisCPU(admin)
+		z, errZ := redisCPUOf(admins)
 		u := redisUsage{cpu: z - a}
 		if errA != nil || errZ != nil {
 			u.cpu = -1
 		}
 		if stats {
-			u.cmds = readCommandStats(admin).minus(sa)
+			u.cmds = readCommandStatsOf(admins).minus(sa)
 		}
 		ch <- u
 	}()
 	return ch
+}
+
+// redisCPUOf returns the sum of redisCPU over the servers of admins.
+func redisCPUOf(admins []rueidis.Client) (time.Duration, error) {
+	var sum time.Duration
+	for _, a := range admins {
+		cpu, err := redisCPU(a)
+		if err != nil {
+			return 0, err
+		}
+		sum += cpu
+	}
+	return sum, nil
 }
 
 // redisCPU returns used_cpu_sys + used_cpu_user from INFO cpu.

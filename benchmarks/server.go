@@ -26,6 +26,9 @@ type server struct {
 	bin  string // the server program (internal/redisbin: DISTLOCK_REDIS_SERVER, else PATH)
 	addr string
 	dir  string
+	// node makes it a Redis Cluster node (cluster.go), its bus on a free
+	// port of its own (cluster-port: Redis 7.0 and later).
+	node bool
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
 }
@@ -33,7 +36,10 @@ type server struct {
 // startServer starts redis-server (or the program DISTLOCK_REDIS_SERVER
 // names, as for the tests) on a free loopback port and waits until it
 // answers PING.
-func startServer() (*server, error) {
+func startServer() (*server, error) { return startServerOf(false) }
+
+// startServerOf is startServer, of a cluster node if node is true.
+func startServerOf(node bool) (*server, error) {
 	bin, err := redisbin.Server()
 	if errors.Is(err, redisbin.ErrNotFound) {
 		return nil, errors.New("redis-server is not on PATH; install it, e.g. `sudo apt-get install -y redis-server`")
@@ -50,7 +56,7 @@ func startServer() (*server, error) {
 		if port, err = loopback.FreePort(); err != nil {
 			continue
 		}
-		s := &server{bin: bin, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir}
+		s := &server{bin: bin, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, node: node}
 		if err = s.start(port); err == nil {
 			return s, nil
 		}
@@ -60,7 +66,7 @@ func startServer() (*server, error) {
 }
 
 func (s *server) start(port int) error {
-	s.cmd = exec.Command(s.bin,
+	args := []string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -69,7 +75,23 @@ func (s *server) start(port int) error {
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 		"--daemonize", "no",
 		"--protected-mode", "no",
-	)
+	}
+	if s.node {
+		bus, err := loopback.FreePort()
+		if err != nil {
+			return err
+		}
+		if bus == port {
+			return errors.New("the cluster bus got the server's port")
+		}
+		args = append(args,
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", // in its own dir
+			"--cluster-node-timeout", "5000",
+			"--cluster-port", strconv.Itoa(bus),
+		)
+	}
+	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the benchmark
 	if err := s.cmd.Start(); err != nil {
 		return err
