@@ -287,11 +287,14 @@
 // that lock's line; it renews them (a call again, or a batch renewal for
 // earlier groups) at least every half claim window while it waits, and a
 // pass of the lock it waits for is claimed by calling again, which
-// grants the locks it holds anew and goes on to the next. A single
+// grants the locks it holds anew and goes on to the next (a pass of the
+// set's last lock needs no call: the set is held). A single
 // attempt (no Place) deletes again the locks it granted when it stops, so
 // it leaves every lock as it found it, but for the fencing tokens it
-// issued. The last group is granted the TTL; the groups before it the
-// claim window, extended to the TTL by the holder's first renewal.
+// issued. Every group is granted the TTL; a request that then stands in
+// line for a later group shortens the groups it holds to the claim window
+// (a batch renewal with that TTL) before it waits, and its guard's first
+// renewal extends them to the TTL again once it holds them all.
 //
 // Tickets. The caller stands in every line with one ticket: the one the
 // first line it stood in gave it (the server clock when it first waited),
