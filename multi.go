@@ -1,9 +1,11 @@
 package distlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -61,8 +63,9 @@ import (
 // On one Redis server, or when the names share a Cluster slot (a shared
 // hash tag is not possible: each name is its own tag), an acquisition
 // costs one script and a release one script, whatever the number of names.
-// Names over several slots cost one script per slot, taken in order, for
-// each of the acquisition, every renewal and the release (lease/COSTS.md).
+// Names over several slots cost one script per slot: one after the other,
+// in the set's order, to acquire; all at once to renew and to release, so
+// that a slow or unreachable node holds up no other (lease/COSTS.md).
 //
 // A MultiMutex is safe for concurrent use; the zero MultiMutex cannot be
 // used: make one with [NewMultiMutex].
@@ -312,15 +315,15 @@ func (s *lockSet) cleanup(value string) {
 	e := &s.engines[0]
 	ctx, cancel := context.WithTimeout(context.Background(), e.ttl)
 	defer cancel()
-	for gi := range s.ngroups() {
+	s.eachGroup(func(gi int) {
 		sent := time.Now()
 		rs, err := s.store.CancelAllDedicated(ctx, s.group(gi), value, e.ttl)
 		if err != nil {
 			e.logger().Warn("distlock: could not clean up after giving up on a set; it expires on its own", "err", err)
-			continue
+			return
 		}
 		s.deliver(s.groups[gi], rs, sent)
-	}
+	})
 }
 
 // deliver tells the waiters of this process of the passes that the
@@ -797,21 +800,19 @@ func (s *lockSet) renew(ctx context.Context, gi int, value string, ttl time.Dura
 // error when a group got no answer and none was refused.
 func (h *setHold) renewAll(ctx context.Context, value string, ttl time.Duration) (lease.Renewal, error) {
 	s := h.set
-	var firstErr error
-	for gi := range s.ngroups() {
-		refused, err := s.renew(ctx, gi, value, ttl)
-		switch {
-		case err != nil:
-			if firstErr == nil {
-				firstErr = err
-			}
-		case refused != nil:
+	refusals := make([]*refusal, s.ngroups())
+	errs := make([]error, s.ngroups())
+	s.eachGroup(func(gi int) { refusals[gi], errs[gi] = s.renew(ctx, gi, value, ttl) })
+	for gi, refused := range refusals {
+		if refused != nil && errs[gi] == nil {
 			h.refused = refused.key
 			return lease.Renewal{Holder: refused.holder}, nil
 		}
 	}
-	if firstErr != nil {
-		return lease.Renewal{}, firstErr
+	for _, err := range errs {
+		if err != nil {
+			return lease.Renewal{}, err
+		}
 	}
 	return lease.Renewal{OK: true}, nil
 }
@@ -819,38 +820,58 @@ func (h *setHold) renewAll(ctx context.Context, value string, ttl time.Duration)
 // releaseAll releases (or, with void, cancels) every name of the set, one
 // script per group, and answers as one lease's release would: Deleted
 // when every name still held value until it was deleted. It tells this
-// process's waiters of the passes at once.
+// process's waiters of the passes at once. A try goes on from the tries
+// before it: a group already answered is not sent again.
 func (h *setHold) releaseAll(ctx context.Context, value string, void bool) (lease.Release, error) {
 	s := h.set
 	if h.answered == nil {
 		h.answered = make([]bool, s.ngroups())
 	}
-	var firstErr error
-	for gi := range s.ngroups() {
+	results := make([][]lease.Release, s.ngroups())
+	errs := make([]error, s.ngroups())
+	s.eachGroup(func(gi int) {
 		if h.answered[gi] {
-			continue // a try before this one released it
+			return // a try before this one released it
 		}
 		sent := time.Now()
-		var rs []lease.Release
-		var err error
 		if void {
-			rs, err = s.store.CancelAll(ctx, s.group(gi), value, s.engines[0].ttl)
+			results[gi], errs[gi] = s.store.CancelAll(ctx, s.group(gi), value, s.engines[0].ttl)
 		} else {
-			rs, err = s.store.ReleaseAll(ctx, s.group(gi), value)
+			results[gi], errs[gi] = s.store.ReleaseAll(ctx, s.group(gi), value)
 		}
+		if errs[gi] == nil {
+			s.deliver(s.groups[gi], results[gi], sent)
+		}
+	})
+	var firstErr error
+	for gi, err := range errs {
 		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
+			firstErr = cmp.Or(firstErr, err)
 			continue
 		}
-		h.answered[gi] = true
-		s.deliver(s.groups[gi], rs, sent)
-		for _, r := range rs {
+		if results[gi] != nil {
+			h.answered[gi] = true
+		}
+		for _, r := range results[gi] {
 			h.notHeld = h.notHeld || !r.Deleted
 		}
 	}
 	return lease.Release{Deleted: !h.notHeld && firstErr == nil}, firstErr
+}
+
+// eachGroup calls f for every group of s, at once when there are several
+// (so that a slow or unreachable node holds up no other), and returns once
+// every call has.
+func (s *lockSet) eachGroup(f func(gi int)) {
+	if s.ngroups() == 1 {
+		f(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for gi := range s.ngroups() {
+		wg.Go(func() { f(gi) })
+	}
+	wg.Wait()
 }
 
 // giveUp releases, in the background, the names of a set whose loss is

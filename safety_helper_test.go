@@ -65,6 +65,8 @@ func runHelper(role string) int {
 		return runElectHelper() // bench_sem_test.go
 	case handoffRole:
 		return runHandoffHelper() // bench_handoff_test.go
+	case mfWaiterRole:
+		return runMultiWaiter() // multi_fault_test.go
 	}
 	if role != holderRole {
 		fmt.Fprintln(os.Stderr, "unknown helper role", role)

@@ -1,0 +1,533 @@
+package distlock_test
+
+// MultiMutex on a Redis Cluster (issue 25): names spread over three
+// primaries, so that a set is taken one slot (one script) at a time. The
+// tests check that giving up mid-way gives back what the set held at once,
+// that a slot migrating under a set neither stops it nor makes two holders,
+// and that sets over shared names, given in opposite orders, never
+// deadlock and never share a name.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock"
+	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/lease"
+)
+
+// Timing of the Cluster tests of MultiMutex.
+const (
+	// mcHoldTTL is the TTL of holds that must not run out during a test.
+	mcHoldTTL = 6 * time.Second
+	// mcCancelClaim is the claim window of the set that gives up: the
+	// names it holds while it waits lapse only after it, far later than
+	// mcFreeBound, so a name free within that bound was given back.
+	mcCancelClaim = 2 * time.Second
+	// mcFreeBound is issue 25's bound: the names a set held while it
+	// waited are free this soon after its Lock gave up.
+	mcFreeBound = 100 * time.Millisecond
+	// mcGiveUp bounds how long Lock takes to return once its ctx is
+	// cancelled: a scheduling delay on a loaded machine, not a network
+	// wait (the suite's giveUpBound).
+	mcGiveUp = 200 * time.Millisecond
+)
+
+// mcKey returns the lease key of name, as a Mutex of the default namespace
+// has it.
+func mcKey(name string) string { return distlock.DefaultNamespace + ":{" + name + "}" }
+
+// mcNames returns perNode names of the form prefix-i on every primary of
+// cl, in the order a set takes them (by slot, see lease.SortSet), and the
+// primary of each.
+func mcNames(t *testing.T, cl *redistest.Cluster, prefix string, perNode int) ([]string, []*redistest.Server) {
+	t.Helper()
+	primaries := cl.Primaries()
+	count := map[*redistest.Server]int{}
+	var ks []lease.Keys
+	for i := 0; len(ks) < perNode*len(primaries); i++ {
+		name := fmt.Sprint(prefix, "-", i)
+		node := cl.PrimaryOf(mcKey(name))
+		if count[node] == perNode {
+			continue
+		}
+		count[node]++
+		k, err := lease.NewKeys(distlock.DefaultNamespace, name)
+		require.NoError(t, err)
+		ks = append(ks, k)
+	}
+	require.NoError(t, lease.SortSet(ks))
+	names := make([]string, len(ks))
+	nodes := make([]*redistest.Server, len(ks))
+	for i, k := range ks {
+		names[i] = k.Lease[len(distlock.DefaultNamespace)+2 : len(k.Lease)-1]
+		nodes[i] = cl.PrimaryOf(k.Lease)
+	}
+	return names, nodes
+}
+
+// mcOwnerOn returns the owner (WithOwner) of the lease of name on node, ""
+// when the name is free there.
+func mcOwnerOn(t *testing.T, node *redistest.Server, name string) string {
+	t.Helper()
+	v, ok := get(t, node, mcKey(name))
+	if !ok {
+		return ""
+	}
+	return lease.Owner(v)
+}
+
+// mcOutcome is what a Lock in the background returned, and when.
+type mcOutcome struct {
+	g   *distlock.Guard
+	err error
+	at  time.Time
+}
+
+// mcLockAsync runs lock(ctx) in the background; the test waits for it
+// before it ends.
+func mcLockAsync(t *testing.T, ctx context.Context, lock func(context.Context) (*distlock.Guard, error)) <-chan mcOutcome {
+	t.Helper()
+	ch := make(chan mcOutcome, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		g, err := lock(ctx)
+		ch <- mcOutcome{g: g, err: err, at: time.Now()}
+	})
+	t.Cleanup(wg.Wait)
+	return ch
+}
+
+// mcAwait returns the outcome on ch, failing the test after within.
+func mcAwait(t *testing.T, ch <-chan mcOutcome, within time.Duration, what string) mcOutcome {
+	t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(within):
+		t.Fatalf("%s: no result within %v", what, within)
+		return mcOutcome{}
+	}
+}
+
+// mcHolders records, in memory, who believes it holds each name: a
+// holder takes its names once its Lock has returned and drops them before
+// it calls Release, so a name taken while another holds it is an overlap
+// that Redis let happen.
+type mcHolders struct {
+	mu       sync.Mutex
+	by       map[string]string
+	overlaps []string
+}
+
+func (h *mcHolders) take(who string, names ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.by == nil {
+		h.by = map[string]string{}
+	}
+	for _, n := range names {
+		if other, ok := h.by[n]; ok {
+			h.overlaps = append(h.overlaps, fmt.Sprintf("%s: %s took %s while %s held it", time.Now().Format("15:04:05.000000"), who, n, other))
+		}
+		h.by[n] = who
+	}
+}
+
+func (h *mcHolders) drop(who string, names ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, n := range names {
+		if h.by[n] == who {
+			delete(h.by, n)
+		}
+	}
+}
+
+func (h *mcHolders) check(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	assert.Empty(t, h.overlaps, "two holders of one name")
+}
+
+// TestMultiMutexCluster runs the MultiMutex on a Redis Cluster of three
+// primaries (no replicas), built once for its subtests, which run in
+// order; each uses names of its own, and each migration leaves the
+// cluster settled.
+func TestMultiMutexCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	t.Run("CancelGivesEverythingBack", func(t *testing.T) { mcCancel(t, cl) })
+	t.Run("OppositeOrders", func(t *testing.T) { mcOppositeOrders(t, cl) })
+	t.Run("SlotMigrates", func(t *testing.T) {
+		for i, m := range mcMigrations {
+			t.Run(m.name, func(t *testing.T) { mcSlotMigrates(t, cl, fmt.Sprint("mig", i), m.migrate, m.first) })
+		}
+	})
+}
+
+// Issue 25, on a Cluster: a Mutex holds b; a MultiMutex on {a, b, c}
+// (one name on each primary, taken in that order) holds a and waits in
+// b's line; its context is cancelled. Lock returns at once with
+// context.Canceled; within 100 ms a and c can be taken by anyone; b's
+// holder keeps its lease, untouched; and the set's place is gone from b's
+// line (and from its waiters).
+func mcCancel(t *testing.T, cl *redistest.Cluster) {
+	names, nodes := mcNames(t, cl, "cancel", 1)
+	a, b, c := names[0], names[1], names[2]
+
+	// The tester's Mutexes, warmed up (topology, connections, scripts) so
+	// that their TryLocks below take a round trip, not a dial.
+	tester := cl.Client()
+	ma, mc := newMutex(t, tester, a, distlock.WithTTL(mcHoldTTL)), newMutex(t, tester, c, distlock.WithTTL(mcHoldTTL))
+	for _, m := range []*distlock.Mutex{ma, mc} {
+		g, err := m.TryLock(t.Context())
+		require.NoError(t, err)
+		release(t, g)
+	}
+
+	gb, err := newMutex(t, cl.Client(), b, distlock.WithTTL(mcHoldTTL), distlock.WithOwner("holder")).Lock(t.Context())
+	require.NoError(t, err)
+	bValue, _ := get(t, nodes[1], mcKey(b))
+
+	set, err := distlock.NewMultiMutex(cl.Client(), []string{c, a, b}, distlock.WithTTL(mcHoldTTL),
+		distlock.WithClaimWindow(mcCancelClaim), distlock.WithOwner("set"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	result := mcLockAsync(t, ctx, set.Lock)
+	require.Eventually(t, func() bool {
+		return inLine(t, nodes[1], mcKey(b)) == 1 && mcOwnerOn(t, nodes[0], a) == "set"
+	}, eventually, pollEvery, "the set never held %s while waiting in %s's line", a, b)
+	assert.Empty(t, mcOwnerOn(t, nodes[2], c), "the set holds %s, which comes after the name it waits for", c)
+
+	cancelled := time.Now()
+	cancel()
+	o := mcAwait(t, result, time.Second, "the set's Lock after cancel")
+	require.ErrorIs(t, o.err, context.Canceled)
+	require.Nil(t, o.g)
+	assert.Less(t, o.at.Sub(cancelled), mcGiveUp, "Lock took %v to give up", o.at.Sub(cancelled))
+
+	// Anyone can take a and c within 100 ms of the cancel.
+	var ga, gc *distlock.Guard
+	for (ga == nil || gc == nil) && time.Since(cancelled) < mcCancelClaim/2 {
+		if ga == nil {
+			ga, _ = ma.TryLock(t.Context())
+		}
+		if gc == nil {
+			gc, _ = mc.TryLock(t.Context())
+		}
+	}
+	free := time.Since(cancelled)
+	require.NotNil(t, ga, "%s could not be taken", a)
+	require.NotNil(t, gc, "%s could not be taken", c)
+	t.Logf("Lock returned %v after the cancel; %s and %s free %v after it", o.at.Sub(cancelled), a, c, free)
+	assert.Less(t, free, mcFreeBound, "%s and %s were free %v after the cancel", a, c, free)
+
+	// The set's place leaves b's line, and b's holder is untouched.
+	require.Eventually(t, func() bool {
+		return inLine(t, nodes[1], mcKey(b)) == 0 && !exists(t, nodes[1], mcKey(b)+":waiters")
+	}, eventually, time.Millisecond, "the set's place is still in %s's line", b)
+	gone := time.Since(cancelled)
+	t.Logf("the set's place left %s's line %v after the cancel", b, gone)
+	// (Each look is a command on a connection of its own, so the figure
+	// includes the looks' own time; a place that lapsed rather than left
+	// would take the claim window.)
+	assert.Less(t, gone, mcCancelClaim/2, "the set's place left %s's line %v after the cancel", b, gone)
+	assert.Equal(t, distlock.Acquired, gb.State(), "%s's holder", b)
+	got, _ := get(t, nodes[1], mcKey(b))
+	assert.Equal(t, bValue, got, "%s's lease", b)
+	pttl, err := nodes[1].MustDo("PTTL", mcKey(b)).AsInt64()
+	require.NoError(t, err)
+	assert.Greater(t, time.Duration(pttl)*time.Millisecond, mcHoldTTL/2, "%s's lease was shortened", b)
+	for _, g := range []*distlock.Guard{gb, ga, gc} {
+		assert.Equal(t, distlock.Released, release(t, g))
+	}
+}
+
+// Timing of the migration tests.
+const (
+	// mcMigClaim is the sets' claim window: the names a set holds while
+	// it waits, and its place in line, last that long unless renewed; the
+	// set refreshes its place every half of it.
+	mcMigClaim = 250 * time.Millisecond
+	// mcMigTTL is the TTL of the sets and the contender: a call that
+	// takes the last name rides out TRYAGAIN for that long (less the
+	// margin), far longer than mcMigOpen.
+	mcMigTTL = 3 * time.Second
+	// mcMigOpen is how long the slot stays half-moved: a few claim
+	// windows, as a slot with many keys takes (redis-cli moves ten keys
+	// per MIGRATE), and shorter than the TTLs and ReleaseTimeout.
+	mcMigOpen = time.Second
+)
+
+// mcMigrations are the migrations of TestMultiMutexCluster/SlotMigrates:
+// which name's slot moves (0, held by the set while it waits; 1, the one
+// it waits for; 2, the one it takes last), and what moves at once (the
+// lease key, the fencing key or nothing; the rest moves just before the
+// slot changes hands, as redis-cli moves every key first).
+var mcMigrations = []struct {
+	name    string
+	migrate int
+	first   string // the key suffix moved at once; "-" for none
+}{
+	{"HeldNameLeaseMoved", 0, ""},
+	{"WaitedNameNothingMoved", 1, "-"},
+	{"NextNameFenceMoved", 2, ":fence"},
+}
+
+// mcMoveRest moves every key of slot still on mig's source to its target,
+// as redis-cli does before it gives the slot to the target. A key may go
+// (a release) between the listing and the move: MIGRATE then moves the
+// others, or answers NOKEY when none is left.
+func mcMoveRest(t *testing.T, mig *redistest.Migration, slot int) {
+	t.Helper()
+	keys, err := mig.From().MustDo("CLUSTER", "GETKEYSINSLOT", fmt.Sprint(slot), "1000").AsStrSlice()
+	require.NoError(t, err)
+	if len(keys) == 0 {
+		return
+	}
+	args := append([]string{"MIGRATE", "127.0.0.1", fmt.Sprint(mig.To().Port()), "", "0", "5000", "KEYS"}, keys...)
+	got, err := mig.From().MustDo(args...).ToString()
+	require.NoError(t, err)
+	require.Contains(t, []string{"OK", "NOKEY"}, got, "MIGRATE %v", keys)
+}
+
+// A slot of one of a set's names migrates to another primary while the
+// set waits and acquires: the set's holds, its place in line and its
+// calls meet ASK and TRYAGAIN until the migration ends, which takes longer
+// than the set's claim window. The set must still get every name (the
+// holder of b releases it mid-migration), keep them, renew them and
+// release them, and nobody may hold a name the set holds (a contender
+// keeps trying to take each name, and every holder is recorded in memory).
+func mcSlotMigrates(t *testing.T, cl *redistest.Cluster, prefix string, migrate int, first string) {
+	names, nodes := mcNames(t, cl, prefix, 1)
+	a, b := names[0], names[1]
+	opts := func(owner string, ttl time.Duration) []distlock.Option {
+		return []distlock.Option{distlock.WithTTL(ttl), distlock.WithClaimWindow(mcMigClaim), distlock.WithOwner(owner)}
+	}
+	// Every name has its fencing key, so that something of each slot is
+	// there to move.
+	setup := cl.Client()
+	for _, n := range names {
+		g, err := newMutex(t, setup, n, opts("setup", mcMigTTL)...).TryLock(t.Context())
+		require.NoError(t, err)
+		release(t, g)
+	}
+	var holders mcHolders
+
+	// b's holder's lease outlasts the migration, during which its release
+	// waits for the slot (TRYAGAIN).
+	gb, err := newMutex(t, cl.Client(), b, opts("holder", mcHoldTTL)...).Lock(t.Context())
+	require.NoError(t, err)
+	holders.take("holder", b)
+
+	// The contender tries each name in turn, holds what it gets briefly,
+	// and records it.
+	stop, stopContender := context.WithCancel(t.Context())
+	defer stopContender()
+	var contended sync.WaitGroup
+	var contenderHeld atomic.Int64
+	contender := cl.Client()
+	contended.Go(func() {
+		ms := make([]*distlock.Mutex, len(names))
+		for i, n := range names {
+			ms[i], _ = distlock.NewMutex(contender, n, opts("contender", mcMigTTL)...)
+		}
+		for i := 0; stop.Err() == nil; i++ {
+			n := i % len(names)
+			// The TryLock context bounds the hold too: it ends after the
+			// release.
+			ctx, cancel := context.WithTimeout(stop, 2*mcMigTTL)
+			g, err := ms[n].TryLock(ctx)
+			if err != nil {
+				cancel()
+				continue
+			}
+			holders.take("contender", names[n])
+			contenderHeld.Add(1)
+			time.Sleep(time.Millisecond) // the contender's work
+			holders.drop("contender", names[n])
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(stop), mcMigTTL)
+			_, _ = g.Release(rctx)
+			rcancel()
+			cancel()
+		}
+	})
+
+	set, err := distlock.NewMultiMutex(cl.Client(), []string{names[2], a, b}, opts("set", mcMigTTL)...)
+	require.NoError(t, err)
+	lockCtx, cancelLock := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancelLock()
+	result := mcLockAsync(t, lockCtx, set.Lock)
+	require.Eventually(t, func() bool {
+		return inLine(t, nodes[1], mcKey(b)) == 1 && mcOwnerOn(t, nodes[0], a) == "set"
+	}, eventually, pollEvery, "the set never held %s while waiting in %s's line", a, b)
+
+	// Migrate the slot, half-way.
+	moving := names[migrate]
+	from, to := nodes[migrate], nodes[(migrate+1)%len(nodes)]
+	slot := cl.Slot(mcKey(moving))
+	mig := cl.StartMigration(slot, to)
+	require.Equal(t, from, mig.From())
+	if first != "-" {
+		require.True(t, exists(t, from, mcKey(moving)+first), "%s is not there to move", mcKey(moving)+first)
+		mig.Move(mcKey(moving) + first)
+	}
+	migrating := time.Now()
+	// b's holder releases mid-migration, passing b to the set.
+	released := mcLockAsync(t, t.Context(), func(ctx context.Context) (*distlock.Guard, error) {
+		holders.drop("holder", b)
+		ctx, cancel := context.WithTimeout(ctx, mcMigOpen+eventually)
+		defer cancel()
+		st, err := gb.Release(ctx)
+		if err == nil && st != distlock.Released {
+			err = fmt.Errorf("released with state %v", st)
+		}
+		return nil, err
+	})
+	// The slot stays half-moved for mcMigOpen (the length of the fault,
+	// not a wait for something to happen); the set may get its names
+	// meanwhile, and then holds and renews them across the rest.
+	var o mcOutcome
+	var got bool
+	open := time.After(mcMigOpen)
+	for waiting := true; waiting; {
+		select {
+		case o = <-result:
+			got = true
+			if o.err != nil {
+				waiting = false // it failed: nothing to wait for
+			}
+		case <-open:
+			waiting = false
+		}
+	}
+	mcMoveRest(t, mig, slot)
+	mig.Finish()
+	t.Logf("the slot of %s moved from %s to %s in %v", moving, from.Addr(), to.Addr(), time.Since(migrating))
+	if !got {
+		o = mcAwait(t, result, eventually, "the set's Lock after the migration")
+	}
+	require.NoError(t, o.err, "the set's Lock, %v after the migration began", o.at.Sub(migrating))
+	t.Logf("the set acquired %v after the migration began", o.at.Sub(migrating))
+	g := o.g
+	holders.take("set", names...)
+	require.NoError(t, mcAwait(t, released, eventually, "b's release").err, "b's holder's release")
+	assert.Equal(t, distlock.Acquired, g.State(), "the set's guard after the migration")
+	for _, n := range names {
+		assert.Equal(t, "set", mcOwnerOn(t, cl.PrimaryOf(mcKey(n)), n), "owner of %s", n)
+	}
+	// The set renews every name after the migration.
+	d := g.Deadline()
+	require.Eventually(t, func() bool { return g.Deadline().After(d) }, eventually, time.Millisecond,
+		"the set never renewed after the migration")
+	for _, n := range names {
+		pttl, err := cl.PrimaryOf(mcKey(n)).MustDo("PTTL", mcKey(n)).AsInt64()
+		require.NoError(t, err)
+		assert.Greater(t, time.Duration(pttl)*time.Millisecond, mcMigTTL/2, "%s's lease after a renewal", n)
+	}
+	holders.drop("set", names...)
+	assert.Equal(t, distlock.Released, release(t, g), "the set's release")
+	stopContender()
+	contended.Wait()
+	holders.check(t)
+	t.Logf("the contender held a name %d times", contenderHeld.Load())
+	for _, n := range names {
+		assert.NotEqual(t, "set", mcOwnerOn(t, cl.PrimaryOf(mcKey(n)), n), "%s is still the set's after its release", n)
+	}
+}
+
+// Timing of the contention test.
+const (
+	mcContendFor = 2 * time.Second
+	// mcNoDeadlock bounds one Lock: every worker holds for about a
+	// millisecond, so a Lock that waits this long waits in a circle.
+	mcNoDeadlock = 5 * time.Second
+	// mcMinRounds is the fewest acquisitions each worker must make in
+	// mcContendFor; a 2-core machine makes 13 to 33 per set (with other
+	// processes busy on it, under -race), four times that for the Mutex.
+	mcMinRounds = 5
+)
+
+// Two MultiMutexes over overlapping names spread over the three primaries,
+// given in opposite orders, each used by two workers with clients of their
+// own (as four processes would), and a Mutex on one of the shared names,
+// lock and release in a loop for a few seconds: no Lock waits in a circle,
+// no name has two holders at once (counted in memory), and every worker
+// makes progress.
+func mcOppositeOrders(t *testing.T, cl *redistest.Cluster) {
+	names, _ := mcNames(t, cl, "contend", 2) // two per primary, by slot
+	up := []string{names[0], names[2], names[3], names[4]}
+	down := []string{names[5], names[4], names[3], names[2], names[1]}
+	t.Logf("sets %v and %v", up, down)
+	type worker struct {
+		who   string
+		names []string
+		lock  func(context.Context) (*distlock.Guard, error)
+	}
+	var workers []worker
+	opts := []distlock.Option{distlock.WithTTL(mcHoldTTL), distlock.WithClaimWindow(mcMigClaim)}
+	for i, set := range [][]string{up, down, up, down} {
+		m, err := distlock.NewMultiMutex(cl.Client(), set, opts...)
+		require.NoError(t, err)
+		workers = append(workers, worker{fmt.Sprint("set", i), set, m.Lock})
+	}
+	single := newMutex(t, cl.Client(), names[3], opts...)
+	workers = append(workers, worker{"mutex", names[3:4], single.Lock})
+
+	var holders mcHolders
+	rounds := make([]int, len(workers))
+	longest := make([]time.Duration, len(workers))
+	errs := make([]error, len(workers))
+	end := time.Now().Add(mcContendFor)
+	var wg sync.WaitGroup
+	for i, w := range workers {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				// The Lock context bounds the hold too: it ends after the
+				// release.
+				ctx, cancel := context.WithTimeout(t.Context(), mcNoDeadlock)
+				start := time.Now()
+				g, err := w.lock(ctx)
+				if err != nil {
+					cancel()
+					errs[i] = fmt.Errorf("%s %v: Lock after %v: %w", w.who, w.names, time.Since(start), err)
+					return
+				}
+				longest[i] = max(longest[i], time.Since(start))
+				who := fmt.Sprintf("%s (token %d)", w.who, g.TokenOf(w.names[0]))
+				holders.take(who, w.names...)
+				time.Sleep(time.Millisecond) // the work under the locks
+				holders.drop(who, w.names...)
+				st, err := g.Release(context.WithoutCancel(t.Context()))
+				cancel()
+				if err == nil && st != distlock.Released {
+					err = fmt.Errorf("released with state %v", st)
+				}
+				if err != nil {
+					errs[i] = fmt.Errorf("%s %v: Release: %w", w.who, w.names, err)
+					return
+				}
+				rounds[i]++
+			}
+		})
+	}
+	wg.Wait()
+	for i, w := range workers {
+		require.NoError(t, errs[i])
+		t.Logf("%s %v: %d acquisitions, the longest Lock %v", w.who, w.names, rounds[i], longest[i])
+		assert.GreaterOrEqual(t, rounds[i], mcMinRounds, "acquisitions of %s", w.who)
+	}
+	holders.check(t)
+	for _, n := range names {
+		assert.Empty(t, mcOwnerOn(t, cl.PrimaryOf(mcKey(n)), n), "%s held after every worker released", n)
+	}
+}
