@@ -34,8 +34,13 @@ var (
 	wakeChannels = suite.WakeChannels
 	exists       = suite.Exists
 	lockAsync    = suite.LockAsync
+	acquireAsync = suite.Async
 	await        = suite.Await
 )
+
+// outcome is what an acquisition in the background (acquireAsync,
+// lockAsync) returned, and when.
+type outcome = suite.Outcome
 
 // newMutex returns a Mutex of c, failing the test on an error.
 func newMutex(t *testing.T, c rueidis.Client, key string, opts ...distlock.Option) *distlock.Mutex {

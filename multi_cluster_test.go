@@ -84,39 +84,6 @@ func mcOwnerOn(t *testing.T, node *redistest.Server, name string) string {
 	return lease.Owner(v)
 }
 
-// mcOutcome is what a Lock in the background returned, and when.
-type mcOutcome struct {
-	g   *distlock.Guard
-	err error
-	at  time.Time
-}
-
-// mcLockAsync runs lock(ctx) in the background; the test waits for it
-// before it ends.
-func mcLockAsync(t *testing.T, ctx context.Context, lock func(context.Context) (*distlock.Guard, error)) <-chan mcOutcome {
-	t.Helper()
-	ch := make(chan mcOutcome, 1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		g, err := lock(ctx)
-		ch <- mcOutcome{g: g, err: err, at: time.Now()}
-	})
-	t.Cleanup(wg.Wait)
-	return ch
-}
-
-// mcAwait returns the outcome on ch, failing the test after within.
-func mcAwait(t *testing.T, ch <-chan mcOutcome, within time.Duration, what string) mcOutcome {
-	t.Helper()
-	select {
-	case o := <-ch:
-		return o
-	case <-time.After(within):
-		t.Fatalf("%s: no result within %v", what, within)
-		return mcOutcome{}
-	}
-}
-
 // mcHolders records, in memory, who believes it holds each name: a
 // holder takes its names once its Lock has returned and drops them before
 // it calls Release, so a name taken while another holds it is an overlap
@@ -162,8 +129,14 @@ func (h *mcHolders) check(t *testing.T) {
 // primaries (no replicas), built once for its subtests, which run in
 // order; each uses names of its own, and each migration leaves the
 // cluster settled.
+//
+// The cluster is shared, one start for all, with the fairness test
+// (multi_fair_test.go) and the holder cut off from one node
+// (multi_fault_test.go), which run here as subtests.
 func TestMultiMutexCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
+	t.Run("FairOverSlots", func(t *testing.T) { mcFair(t, cl) })
+	t.Run("HolderCutOffFromOneNode", func(t *testing.T) { mfCutOff(t, cl) })
 	t.Run("CancelGivesEverythingBack", func(t *testing.T) { mcCancel(t, cl) })
 	t.Run("OppositeOrders", func(t *testing.T) { mcOppositeOrders(t, cl) })
 	t.Run("SlotMigrates", func(t *testing.T) {
@@ -202,7 +175,7 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	result := mcLockAsync(t, ctx, set.Lock)
+	result := acquireAsync(t, ctx, set.Lock)
 	require.Eventually(t, func() bool {
 		return inLine(t, nodes[1], mcKey(b)) == 1 && mcOwnerOn(t, nodes[0], a) == "set"
 	}, eventually, pollEvery, "the set never held %s while waiting in %s's line", a, b)
@@ -210,10 +183,10 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 
 	cancelled := time.Now()
 	cancel()
-	o := mcAwait(t, result, time.Second, "the set's Lock after cancel")
-	require.ErrorIs(t, o.err, context.Canceled)
-	require.Nil(t, o.g)
-	assert.Less(t, o.at.Sub(cancelled), mcGiveUp, "Lock took %v to give up", o.at.Sub(cancelled))
+	o := await(t, result, time.Second, "the set's Lock after cancel")
+	require.ErrorIs(t, o.Err(), context.Canceled)
+	require.Nil(t, o.Guard())
+	assert.Less(t, o.At().Sub(cancelled), mcGiveUp, "Lock took %v to give up", o.At().Sub(cancelled))
 
 	// Anyone can take a and c within 100 ms of the cancel.
 	var ga, gc *distlock.Guard
@@ -228,7 +201,7 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 	free := time.Since(cancelled)
 	require.NotNil(t, ga, "%s could not be taken", a)
 	require.NotNil(t, gc, "%s could not be taken", c)
-	t.Logf("Lock returned %v after the cancel; %s and %s free %v after it", o.at.Sub(cancelled), a, c, free)
+	t.Logf("Lock returned %v after the cancel; %s and %s free %v after it", o.At().Sub(cancelled), a, c, free)
 	assert.Less(t, free, mcFreeBound, "%s and %s were free %v after the cancel", a, c, free)
 
 	// The set's place leaves b's line, and b's holder is untouched.
@@ -366,7 +339,7 @@ func mcSlotMigrates(t *testing.T, cl *redistest.Cluster, prefix string, migrate 
 	require.NoError(t, err)
 	lockCtx, cancelLock := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancelLock()
-	result := mcLockAsync(t, lockCtx, set.Lock)
+	result := acquireAsync(t, lockCtx, set.Lock)
 	require.Eventually(t, func() bool {
 		return inLine(t, nodes[1], mcKey(b)) == 1 && mcOwnerOn(t, nodes[0], a) == "set"
 	}, eventually, pollEvery, "the set never held %s while waiting in %s's line", a, b)
@@ -383,7 +356,7 @@ func mcSlotMigrates(t *testing.T, cl *redistest.Cluster, prefix string, migrate 
 	}
 	migrating := time.Now()
 	// b's holder releases mid-migration, passing b to the set.
-	released := mcLockAsync(t, t.Context(), func(ctx context.Context) (*distlock.Guard, error) {
+	released := acquireAsync(t, t.Context(), func(ctx context.Context) (*distlock.Guard, error) {
 		holders.drop("holder", b)
 		ctx, cancel := context.WithTimeout(ctx, mcMigOpen+eventually)
 		defer cancel()
@@ -396,14 +369,14 @@ func mcSlotMigrates(t *testing.T, cl *redistest.Cluster, prefix string, migrate 
 	// The slot stays half-moved for mcMigOpen (the length of the fault,
 	// not a wait for something to happen); the set may get its names
 	// meanwhile, and then holds and renews them across the rest.
-	var o mcOutcome
+	var o outcome
 	var got bool
 	open := time.After(mcMigOpen)
 	for waiting := true; waiting; {
 		select {
 		case o = <-result:
 			got = true
-			if o.err != nil {
+			if o.Err() != nil {
 				waiting = false // it failed: nothing to wait for
 			}
 		case <-open:
@@ -414,13 +387,13 @@ func mcSlotMigrates(t *testing.T, cl *redistest.Cluster, prefix string, migrate 
 	mig.Finish()
 	t.Logf("the slot of %s moved from %s to %s in %v", moving, from.Addr(), to.Addr(), time.Since(migrating))
 	if !got {
-		o = mcAwait(t, result, eventually, "the set's Lock after the migration")
+		o = await(t, result, eventually, "the set's Lock after the migration")
 	}
-	require.NoError(t, o.err, "the set's Lock, %v after the migration began", o.at.Sub(migrating))
-	t.Logf("the set acquired %v after the migration began", o.at.Sub(migrating))
-	g := o.g
+	require.NoError(t, o.Err(), "the set's Lock, %v after the migration began", o.At().Sub(migrating))
+	t.Logf("the set acquired %v after the migration began", o.At().Sub(migrating))
+	g := o.Guard()
 	holders.take("set", names...)
-	require.NoError(t, mcAwait(t, released, eventually, "b's release").err, "b's holder's release")
+	require.NoError(t, await(t, released, eventually, "b's release").Err(), "b's holder's release")
 	assert.Equal(t, distlock.Acquired, g.State(), "the set's guard after the migration")
 	for _, n := range names {
 		assert.Equal(t, "set", mcOwnerOn(t, cl.PrimaryOf(mcKey(n)), n), "owner of %s", n)

@@ -34,11 +34,10 @@ const (
 	fairGap = time.Second
 )
 
-// TestMultiMutexFairCluster runs the fairness test on a Cluster of three
-// primaries, with the names spread over the three: each set is taken in
-// one script per slot, one after the other.
-func TestMultiMutexFairCluster(t *testing.T) {
-	cl := redistest.StartCluster(t, 3, 0)
+// mcFair runs the fairness test on a Cluster of three primaries (the one
+// TestMultiMutexCluster shares), with the names spread over the three:
+// each set is taken in one script per slot, one after the other.
+func mcFair(t *testing.T, cl *redistest.Cluster) {
 	names := spreadNames(t, cl, fairNames)
 	runFair(t, func() rueidis.Client { return cl.Client() }, names, 20*time.Second)
 }

@@ -68,8 +68,7 @@ func mfExpiry(t *testing.T, node *redistest.Server, key string) (time.Time, bool
 // must turn Lost (its event, its context) at its deadline D, before
 // t_s + T for the last renewal every group confirmed, and before Redis
 // expires any of the names, as PEXPIRETIME reads them during the cut.
-func TestMultiMutexClusterHolderCutOffFromOneNode(t *testing.T) {
-	cl := redistest.StartCluster(t, 3, 0)
+func mfCutOff(t *testing.T, cl *redistest.Cluster) {
 	for i, cut := range []string{"FirstGroupsNode", "LastGroupsNode"} {
 		t.Run(cut, func(t *testing.T) {
 			names, nodes := mcNames(t, cl, fmt.Sprint("cut", i), 1)
@@ -283,9 +282,9 @@ func TestMultiMutexDeadWaiterCostsAtMostTheClaimWindow(t *testing.T) {
 	require.Eventually(t, func() bool { return inLine(t, srv, mcKey(p)) == 1 && owner(q) == mfWaiterOwner },
 		2*eventually, pollEvery, "the set never held %s while waiting in %s's line", q, p)
 
-	waitQ := mcLockAsync(t, t.Context(), newMutex(t, srv.Client(), q, opts...).Lock)
+	waitQ := acquireAsync(t, t.Context(), newMutex(t, srv.Client(), q, opts...).Lock)
 	waitInLine(t, srv, mcKey(q), 1)
-	waitP := mcLockAsync(t, t.Context(), newMutex(t, srv.Client(), p, opts...).Lock)
+	waitP := acquireAsync(t, t.Context(), newMutex(t, srv.Client(), p, opts...).Lock)
 	waitInLine(t, srv, mcKey(p), 2)
 
 	proc.Kill()
@@ -299,16 +298,16 @@ func TestMultiMutexDeadWaiterCostsAtMostTheClaimWindow(t *testing.T) {
 	// place was still fresh: the cost to measure.
 	require.Equal(t, mfWaiterOwner, owner(p), "the release did not pass %s to the dead set", p)
 
-	oq := mcAwait(t, waitQ, mfClaim+eventually, "the waiter for "+q)
-	require.NoError(t, oq.err)
-	op := mcAwait(t, waitP, mfClaim+eventually, "the waiter for "+p)
-	require.NoError(t, op.err)
-	t.Logf("%s taken %v after the kill; %s taken %v after its release", q, oq.at.Sub(killed), p, op.at.Sub(released))
-	assert.Less(t, oq.at.Sub(killed), mfClaim+mfSlack, "the dead set held %s for %v", q, oq.at.Sub(killed))
-	assert.Less(t, op.at.Sub(released), mfClaim+mfSlack, "the dead set held up %s for %v", p, op.at.Sub(released))
+	oq := await(t, waitQ, mfClaim+eventually, "the waiter for "+q)
+	require.NoError(t, oq.Err())
+	op := await(t, waitP, mfClaim+eventually, "the waiter for "+p)
+	require.NoError(t, op.Err())
+	t.Logf("%s taken %v after the kill; %s taken %v after its release", q, oq.At().Sub(killed), p, op.At().Sub(released))
+	assert.Less(t, oq.At().Sub(killed), mfClaim+mfSlack, "the dead set held %s for %v", q, oq.At().Sub(killed))
+	assert.Less(t, op.At().Sub(released), mfClaim+mfSlack, "the dead set held up %s for %v", p, op.At().Sub(released))
 
-	for _, o := range []mcOutcome{oq, op} {
-		assert.Equal(t, distlock.Released, release(t, o.g))
+	for _, o := range []outcome{oq, op} {
+		assert.Equal(t, distlock.Released, release(t, o.Guard()))
 	}
 	for _, n := range []string{q, p} {
 		require.Eventually(t, func() bool { return !exists(t, srv, mcKey(n)+":queue") && !exists(t, srv, mcKey(n)+":waiters") },

@@ -39,6 +39,12 @@ func holderOf(t *testing.T, srv *redistest.Server, name string) string {
 	return s
 }
 
+// lineLen returns how many stand in the line of name.
+func lineLen(t *testing.T, srv *redistest.Server, name string) int64 {
+	t.Helper()
+	return inLine(t, srv, "distlock:{"+name+"}")
+}
+
 func TestMultiMutexInvalidInput(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
@@ -145,42 +151,28 @@ func TestMultiMutexWaitsBehindMutex(t *testing.T) {
 	mg, err := newMutex(t, c, "y", multiOpts...).Lock(t.Context())
 	require.NoError(t, err)
 	m := newMulti(t, c, []string{"x", "y", "z"})
-	type result struct {
-		g   *distlock.Guard
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		g, err := m.Lock(t.Context())
-		got <- result{g, err}
-	}()
+	got := acquireAsync(t, t.Context(), m.Lock)
 	// It stands in b's line.
 	require.Eventually(t, func() bool {
-		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
-		return n == 1
+		return lineLen(t, srv, "y") == 1
 	}, 5*time.Second, 5*time.Millisecond)
 	assert.NotEmpty(t, holderOf(t, srv, "z"), "the set does not hold z, which it takes before y, while it waits")
 	assert.Empty(t, holderOf(t, srv, "x"), "the set holds x, which it takes after y, while it waits")
 	select {
 	case r := <-got:
-		t.Fatalf("Lock returned while b was held: %v", r.err)
+		t.Fatalf("Lock returned while b was held: %v", r.Err())
 	default:
 	}
 	_, err = mg.Release(t.Context())
 	require.NoError(t, err)
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Lock did not return after b was released")
-	}
-	require.NoError(t, r.err)
+	r := await(t, got, 5*time.Second, "the set's Lock, once b was released")
+	require.NoError(t, r.Err())
 	for _, n := range []string{"x", "y", "z"} {
 		assert.NotEmpty(t, holderOf(t, srv, n))
 		pttl, _ := srv.MustDo("PTTL", "distlock:{"+n+"}").AsInt64()
 		assert.Positive(t, pttl, n)
 	}
-	_, err = r.g.Release(t.Context())
+	_, err = r.Guard().Release(t.Context())
 	require.NoError(t, err)
 }
 
@@ -202,8 +194,7 @@ func TestMultiMutexCancelGivesEverythingBack(t *testing.T) {
 		errc <- err
 	}()
 	require.Eventually(t, func() bool {
-		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
-		return n == 1 && holderOf(t, srv, "z") != ""
+		return lineLen(t, srv, "y") == 1 && holderOf(t, srv, "z") != ""
 	}, 5*time.Second, 5*time.Millisecond, "the set does not hold z and wait in y's line")
 	cancelled := time.Now()
 	cancel()
@@ -230,8 +221,7 @@ func TestMultiMutexCancelGivesEverythingBack(t *testing.T) {
 	require.NotNil(t, gz, "z could not be taken")
 	t.Logf("x and z free %v after the cancel", took)
 	assert.Less(t, took, 100*time.Millisecond)
-	n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
-	assert.Zero(t, n, "the set's place in y's line is still there")
+	assert.Zero(t, lineLen(t, srv, "y"), "the set's place in y's line is still there")
 	assert.Equal(t, distlock.Acquired, mg.State(), "y's holder was disturbed")
 	for _, g := range []*distlock.Guard{mg, gx, gz} {
 		_, err := g.Release(t.Context())
@@ -322,8 +312,7 @@ func TestMultiMutexAndRWMutex(t *testing.T) {
 		got <- err
 	}()
 	require.Eventually(t, func() bool {
-		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
-		return n == 1
+		return lineLen(t, srv, "y") == 1
 	}, 5*time.Second, 5*time.Millisecond, "the set does not wait in y's line behind the reader")
 	_, err = r.Release(t.Context())
 	require.NoError(t, err)
@@ -387,18 +376,9 @@ func TestMultiMutexLostEarlierNameStartsAgain(t *testing.T) {
 	hy, err := newMutex(t, c, "y", multiOpts...).Lock(t.Context())
 	require.NoError(t, err)
 	m := newMulti(t, c, []string{"x", "y", "z"})
-	type result struct {
-		g   *distlock.Guard
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		g, err := m.Lock(t.Context())
-		got <- result{g, err}
-	}()
+	got := acquireAsync(t, t.Context(), m.Lock)
 	require.Eventually(t, func() bool {
-		n, _ := srv.MustDo("ZCARD", "distlock:{y}:queue").AsInt64()
-		return n == 1 && holderOf(t, srv, "z") != ""
+		return lineLen(t, srv, "y") == 1 && holderOf(t, srv, "z") != ""
 	}, 5*time.Second, 5*time.Millisecond, "the set does not hold z and wait in y's line")
 	setValue := holderOf(t, srv, "z")
 
@@ -411,20 +391,19 @@ func TestMultiMutexLostEarlierNameStartsAgain(t *testing.T) {
 	_, err = hy.Release(t.Context())
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		n, _ := srv.MustDo("ZCARD", "distlock:{z}:queue").AsInt64()
-		return n == 1 && holderOf(t, srv, "y") != setValue
+		return lineLen(t, srv, "z") == 1 && holderOf(t, srv, "y") != setValue
 	}, 5*time.Second, 5*time.Millisecond, "the set kept y while it waits for z")
 	select {
 	case r := <-got:
-		t.Fatalf("Lock returned while z was held by another: %v", r.err)
+		t.Fatalf("Lock returned while z was held by another: %v", r.Err())
 	default:
 	}
 	_, err = hz.Release(t.Context())
 	require.NoError(t, err)
-	r := <-got
-	require.NoError(t, r.err)
-	assert.Equal(t, distlock.Acquired, r.g.State())
-	_, err = r.g.Release(t.Context())
+	r := await(t, got, 5*time.Second, "the set's Lock, once z was released")
+	require.NoError(t, r.Err())
+	assert.Equal(t, distlock.Acquired, r.Guard().State())
+	_, err = r.Guard().Release(t.Context())
 	require.NoError(t, err)
 }
 

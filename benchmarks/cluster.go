@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/distkit-go/distlock/internal/redisbin"
+	"github.com/distkit-go/distlock/lease"
 )
 
 // Sizes and bounds of the cluster.
@@ -23,8 +24,6 @@ const (
 	clusterPrimaries = 3
 	// clusterTimeout bounds building the cluster and its settling.
 	clusterTimeout = 30 * time.Second
-	// clusterSlots is the number of hash slots of a Redis Cluster.
-	clusterSlots = 16384
 )
 
 // cluster is a private Redis Cluster: clusterPrimaries nodes, each
@@ -201,20 +200,4 @@ func (c *cluster) stop() {
 
 // slotOf returns the Redis Cluster slot of a key whose hash tag is tag
 // (every key of a distlock name n is "ns:{n}...": its slot is slotOf(n)).
-func slotOf(tag string) int { return int(crc16(tag) % clusterSlots) }
-
-// crc16 is the CRC16 (XMODEM) that Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := range len(s) {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
+func slotOf(tag string) int { return lease.KeySlot(tag) }

@@ -370,18 +370,11 @@ func (t *setTopology) openSetLibraries(names []string) error {
 // and with more than one run the summary across the runs; it returns the
 // results as run does.
 func runSets(cfg config) ([][]scenarioResult, error) {
-	srv, err := startServer()
+	srv, admin, stop, err := startWithAdmin()
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop()
-	admin, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress: []string{srv.addr}, DisableCache: true, ForceSingleClient: true,
-	})
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close()
+	defer stop()
 	one := &setTopology{addrs: []string{srv.addr}, admins: []rueidis.Client{admin}}
 	if err := one.openSetLibraries(cfg.libs); err != nil {
 		return nil, err

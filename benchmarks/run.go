@@ -156,6 +156,23 @@ func (s *sample) add(r localResult) {
 	s.stuckKeys = append(s.stuckKeys, r.StuckKeys...)
 }
 
+// startWithAdmin starts a private redis-server and an admin client of it
+// (INFO, CONFIG), and returns the function that stops both.
+func startWithAdmin() (*server, rueidis.Client, func(), error) {
+	srv, err := startServer()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	admin, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{srv.addr}, DisableCache: true, ForceSingleClient: true,
+	})
+	if err != nil {
+		srv.stop()
+		return nil, nil, nil, err
+	}
+	return srv, admin, func() { admin.Close(); srv.stop() }, nil
+}
+
 // run runs the configured scenarios cfg.runs times and prints their
 // tables, and with more than one run the summary across the runs. It
 // returns the results by run, then by scenario. It fails if a worker saw
@@ -165,18 +182,11 @@ func run(cfg config) ([][]scenarioResult, error) {
 	if cfg.multi {
 		return runSets(cfg)
 	}
-	srv, err := startServer()
+	srv, admin, stop, err := startWithAdmin()
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop()
-	admin, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress: []string{srv.addr}, DisableCache: true, ForceSingleClient: true,
-	})
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close()
+	defer stop()
 	libs, err := openLibraries(srv.addr, cfg.libs)
 	if err != nil {
 		return nil, err

@@ -402,8 +402,14 @@ func hashTag(key string) string {
 	return key
 }
 
-// keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its
-// hash tag, modulo 16,384.
+// KeySlot returns the Redis Cluster slot of key: the CRC16 (XMODEM) of
+// its hash tag (the part between the first "{" and the "}" after it, when
+// not empty; the whole key otherwise), modulo 16,384. A lock's keys are
+// all in the slot of its name, the order of a set is by it (see
+// [SortSet]), and tools that place names on a Cluster can use it.
+func KeySlot(key string) int { return int(keySlot(key)) }
+
+// keySlot is KeySlot.
 func keySlot(key string) uint16 {
 	key = hashTag(key)
 	var crc uint16

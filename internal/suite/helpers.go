@@ -37,6 +37,7 @@ var (
 	WakeChannels = wakeChannels
 	Exists       = exists
 	LockAsync    = lockAsync
+	Async        = async
 	Await        = await
 )
 
@@ -217,6 +218,10 @@ type outcome struct {
 	err error
 	at  time.Time
 }
+
+// Outcome is outcome, for the root package's tests, which wait on
+// Async's channel too.
+type Outcome = outcome
 
 // Guard, Err and At give the root package's tests, which share lockAsync
 // and await (as LockAsync and Await), the outcome's parts.
