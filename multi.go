@@ -249,7 +249,6 @@ type setAcquirer struct {
 	acquirer
 	s      *lockSet
 	tokens []int64     // the token of each name held, in the set's order
-	done   int         // the groups held whole
 	sent   []time.Time // for each group held, the send time of the last write of its leases
 	ttl    []time.Duration
 	// ticket is the request's place in every line, once it stood in one.
@@ -334,17 +333,14 @@ func (s *lockSet) deliver(at int, rs []lease.Release, sent time.Time) {
 	}
 }
 
-// ttlOf returns the TTL that group gi's names are granted: the TTL (a
-// waiting request shortens the groups it holds to the claim window: see
-// keep).
-func (a *setAcquirer) ttlOf(int) time.Duration { return a.e.ttl }
-
 // call sends AcquireAll for group gi (p nil: a single attempt) with the
 // lease deadline of its TTL, as acquirer.call sends a lock's: on the
 // caller's goroutine when nothing can end the call early, and otherwise
 // in the background while the caller waits for it, ctx and the limit.
 func (a *setAcquirer) call(gi int, p *lease.Place) (sg lease.SetGrant, err, stop error) {
-	s, ttl := a.s, a.ttlOf(gi)
+	// Every group is granted the TTL: a waiting request shortens those it
+	// holds to the claim window (see keep).
+	s, ttl := a.s, a.e.ttl
 	ks := s.group(gi)
 	dl := leaseDeadline(time.Now(), ttl)
 	a.attempts++
@@ -418,9 +414,9 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 		if errors.Is(err, context.DeadlineExceeded) && !replied {
 			return sg, false, true, &NoReplyError{Key: a.s.keys[a.s.groups[gi]].Lease, After: time.Since(sent)}
 		}
-		// A TRYAGAIN that outlasted the call (a group taken for the claim
-		// window has a short call) did not run the script: a waiter asks
-		// again, as after a call without a reply.
+		// A TRYAGAIN that outlasted the call (a slot still migrating at
+		// its deadline) did not run the script: a waiter asks again, as
+		// after a call without a reply.
 		retry := (!replied && !errors.As(err, &ackErr)) || lease.IsTryAgain(err)
 		return sg, false, retry, fmt.Errorf("distlock: acquiring %s: %w", a.s.keys[a.s.groups[gi]].Lease, err)
 	}
@@ -429,19 +425,20 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 	if sg.Stopped < len(a.s.group(gi)) {
 		return sg, false, false, nil
 	}
-	if !time.Now().Before(leaseDeadline(sent, a.ttlOf(gi))) {
+	if !time.Now().Before(leaseDeadline(sent, a.e.ttl)) {
 		// The reply came too late to trust: ask again, which grants the
 		// names anew with a fresh send time.
 		a.dirty = true
 		return sg, false, true, &NoReplyError{Key: a.s.keys[at].Lease, After: time.Since(sent)}
 	}
-	a.sent[gi], a.ttl[gi] = sent, a.ttlOf(gi)
+	a.sent[gi], a.ttl[gi] = sent, a.e.ttl
 	return sg, true, false, nil
 }
 
-// giveBack releases the groups before gi, which a single attempt took
-// before it met a held name: all or nothing. A failure leaves them to
-// expire within the claim window (their TTL) and is logged.
+// giveBack releases the groups before gi, which the call took before it
+// met a held name (a single attempt: all or nothing) or lost one (a
+// waiting call, which starts again). A release that fails leaves the call
+// dirty: its clean-up cancels the value on every name when it gives up.
 func (a *setAcquirer) giveBack(gi int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), min(cleanupTimeout, a.e.claim))
 	defer cancel()
