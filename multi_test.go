@@ -466,3 +466,33 @@ func TestMultiMutexPassOfLastNameHoldsAtOnce(t *testing.T) {
 	_, err = g.Release(t.Context())
 	require.NoError(t, err)
 }
+
+// WithReplicaAck: a set is granted once a replica has acknowledged it,
+// renewed name by name with the wait, and refused, leaving nothing held,
+// when the replica acknowledges nothing.
+func TestMultiMutexReplicaAck(t *testing.T) {
+	p := redistest.Start(t, "--repl-diskless-sync-delay", "0")
+	replica := redistest.StartReplica(t, p, p.Addr())
+	c := p.Client()
+	ttl := 1500 * time.Millisecond
+	m := newMulti(t, c, []string{"x", "y", "z"}, distlock.WithTTL(ttl), distlock.WithClaimWindow(ttl),
+		distlock.WithReplicaAck(1, 400*time.Millisecond))
+	g, err := m.Lock(t.Context())
+	require.NoError(t, err)
+	time.Sleep(ttl) // at least two renewals, each acknowledged
+	assert.Equal(t, distlock.Acquired, g.State())
+	for _, n := range []string{"x", "y", "z"} {
+		assert.Equal(t, holderOf(t, p, n), holderOf(t, replica, n), "the replica's copy of %s", n)
+	}
+	_, err = g.Release(t.Context())
+	require.NoError(t, err)
+
+	replica.Pause() // connected, acknowledging nothing
+	defer replica.Resume()
+	m = newMulti(t, c, []string{"x", "y", "z"}, distlock.WithReplicaAck(1, 200*time.Millisecond))
+	_, err = m.TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotReplicated)
+	for _, n := range []string{"x", "y", "z"} {
+		assert.Empty(t, holderOf(t, p, n), "%s held after a grant the replica did not acknowledge", n)
+	}
+}
