@@ -403,28 +403,13 @@ func runSets(cfg config) ([][]scenarioResult, error) {
 	}
 
 	printSetHeader(cfg, admin, idle)
-	var (
-		runs     [][]scenarioResult
-		failures []error
-	)
-	for n := range cfg.runs {
-		if cfg.runs > 1 {
-			fmt.Fprintf(cfg.out, "\n## Run %d of %d\n", n+1, cfg.runs)
+	return runEach(cfg, func(sc scenario, n int) (scenarioResult, error) {
+		t := one
+		if sc.cluster {
+			t = across
 		}
-		var results []scenarioResult
-		for _, name := range cfg.scenarios {
-			sc := scenarioOf(name)
-			t := one
-			if sc.cluster {
-				t = across
-			}
-			res, err := runSetScenario(cfg, sc, t, n)
-			if err != nil {
-				return append(runs, results), fmt.Errorf("%s: %w", sc.name, err)
-			}
-			results = append(results, res)
-			failures = append(failures, res.failures()...)
-		}
+		return runSetScenario(cfg, sc, t, n)
+	}, func(results []scenarioResult) {
 		printSetTables(cfg.out, results)
 		if cfg.commandstats {
 			for _, res := range results {
@@ -432,12 +417,7 @@ func runSets(cfg config) ([][]scenarioResult, error) {
 				printCommandStats(cfg.out, res)
 			}
 		}
-		runs = append(runs, results)
-	}
-	if cfg.runs > 1 {
-		printAcrossRuns(cfg.out, runs)
-	}
-	return runs, errors.Join(failures...)
+	})
 }
 
 // clusterIdleFor is how long the idle cluster's CPU is measured.

@@ -194,6 +194,26 @@ func run(cfg config) ([][]scenarioResult, error) {
 	defer closeLibraries(libs)
 
 	printHeader(cfg, admin)
+	return runEach(cfg, func(sc scenario, n int) (scenarioResult, error) {
+		res, err := runScenario(cfg, sc, libs, admin, n)
+		if err == nil {
+			printTable(cfg.out, res)
+			printCommandStats(cfg.out, res)
+		}
+		return res, err
+	}, func(results []scenarioResult) {
+		if cfg.targets {
+			printTargets(cfg.out, results, cfg.ctxs)
+		}
+	})
+}
+
+// runEach runs every scenario of cfg, cfg.runs times, with one (sc's
+// results of run n), under a heading per run when there are several, and
+// calls after with each run's results; with several runs it then prints
+// the summary across them. It returns the results by run, then by
+// scenario, and the errors the workers saw.
+func runEach(cfg config, one func(sc scenario, n int) (scenarioResult, error), after func([]scenarioResult)) ([][]scenarioResult, error) {
 	var (
 		runs     [][]scenarioResult
 		failures []error
@@ -205,18 +225,14 @@ func run(cfg config) ([][]scenarioResult, error) {
 		var results []scenarioResult
 		for _, name := range cfg.scenarios {
 			sc := scenarioOf(name)
-			res, err := runScenario(cfg, sc, libs, admin, n)
+			res, err := one(sc, n)
 			if err != nil {
 				return append(runs, results), fmt.Errorf("%s: %w", sc.name, err)
 			}
-			printTable(cfg.out, res)
-			printCommandStats(cfg.out, res)
 			results = append(results, res)
 			failures = append(failures, res.failures()...)
 		}
-		if cfg.targets {
-			printTargets(cfg.out, results, cfg.ctxs)
-		}
+		after(results)
 		runs = append(runs, results)
 	}
 	if cfg.runs > 1 {
