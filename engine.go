@@ -45,6 +45,7 @@ type engine struct {
 	client        any    // identifies the client, for the waiting room (lease.Redis.Identity)
 	kind          string // kindMutex, kindSemaphore or kindElection
 	store         store
+	name          string // the lock's name, as given (its key without namespace and braces)
 	keys          lease.Keys
 	owner         string
 	ttl           time.Duration
@@ -143,7 +144,7 @@ func (e *engine) configure(key string, opts []Option, extra ...func(*options) er
 		return err
 	}
 	e.kind = kindMutex
-	e.keys = keys
+	e.name, e.keys = key, keys
 	e.owner = o.owner
 	e.ttl = o.ttl.Truncate(time.Millisecond)
 	e.claim = o.claim.Truncate(time.Millisecond)

@@ -78,10 +78,10 @@ type MultiMutex struct {
 // names, in the order the set takes them, and where each group (the names
 // one script may serve) begins.
 type lockSet struct {
-	engines []engine     // a Mutex's engine for each name, in the set's order
-	keys    []lease.Keys // engines[i].keys
-	given   []int        // given[j]: the index in engines of the j-th name given
-	groups  []int        // the first index of each group, and len(engines)
+	engines []engine     // a Mutex's engine for each name, in the order given
+	order   []int        // order[i]: the index in engines of the set's i-th name
+	keys    []lease.Keys // the names' keys, in the set's order
+	groups  []int        // the first index of each group, and len(keys)
 	store   setStore
 }
 
@@ -117,54 +117,41 @@ func NewMultiMutexOn(client lease.Redis, names []string, opts ...Option) (*Multi
 	case len(names) > lease.MaxSet:
 		return nil, invalid("names", "has %d names, more than %d", len(names), lease.MaxSet)
 	}
-	s := &lockSet{engines: make([]engine, len(names)), keys: make([]lease.Keys, len(names)), given: make([]int, len(names))}
+	s := &lockSet{engines: make([]engine, len(names)), order: make([]int, len(names)), keys: make([]lease.Keys, len(names))}
 	for i, name := range names {
 		for _, other := range names[:i] {
 			if other == name {
 				return nil, invalid("names", "has %q twice", name)
 			}
 		}
-		if err := s.engines[i].init(client, name, kindMutex, 0, opts); err != nil {
+		e := &s.engines[i]
+		if err := e.init(client, name, kindMutex, 0, opts); err != nil {
 			return nil, err
 		}
-		s.keys[i] = s.engines[i].keys
+		e.kind = kindMultiMutex
+		s.keys[i] = e.keys
 	}
 	st, ok := s.engines[0].store.(setStore)
 	if !ok {
 		return nil, invalid("client", "cannot serve a set of locks")
 	}
 	s.store = st
-	// The set's order: sort the keys, then lay the engines out likewise.
-	sorted := append([]lease.Keys(nil), s.keys...)
-	if err := lease.SortSet(sorted); err != nil {
+	// The set's order: the keys sorted, and where each name was given.
+	if err := lease.SortSet(s.keys); err != nil {
 		return nil, invalid("names", "%v", err)
 	}
-	engines := make([]engine, len(names))
-	for i, k := range sorted {
-		for j := range s.keys {
-			if s.keys[j].Lease == k.Lease {
-				s.given[j] = i
-				engines[i].adopt(&s.engines[j])
+	for i, k := range s.keys {
+		for j := range s.engines {
+			if s.engines[j].keys.Lease == k.Lease {
+				s.order[i] = j
 			}
 		}
-	}
-	s.engines, s.keys = engines, sorted
-	for i := range s.engines {
-		s.engines[i].kind = kindMultiMutex
-		if i == 0 || st.BatchGroup(s.keys[i]) != st.BatchGroup(s.keys[i-1]) {
+		if i == 0 || st.BatchGroup(k) != st.BatchGroup(s.keys[i-1]) {
 			s.groups = append(s.groups, i)
 		}
 	}
-	s.groups = append(s.groups, len(s.engines))
+	s.groups = append(s.groups, len(s.keys))
 	return &MultiMutex{names: append([]string(nil), names...), set: s}, nil
-}
-
-// adopt makes e the engine from, which nothing uses yet (an engine holds a
-// mutex, and must not be copied once in use).
-func (e *engine) adopt(from *engine) {
-	e.client, e.kind, e.store, e.keys, e.owner = from.client, from.kind, from.store, from.keys, from.owner
-	e.ttl, e.claim, e.maxWait, e.retryInterval, e.polling = from.ttl, from.claim, from.maxWait, from.retryInterval, from.polling
-	e.log, e.obs, e.ack = from.log, from.obs, from.ack
 }
 
 // Names returns the names, in the order they were given.
@@ -233,7 +220,20 @@ func (m *MultiMutex) TryLockFor(ctx context.Context, timeout, retryInterval time
 
 // first returns the engine of the first name given: the guard's, whose
 // key and token it reports.
-func (s *lockSet) first() *engine { return &s.engines[s.given[0]] }
+func (s *lockSet) first() *engine { return &s.engines[0] }
+
+// engine returns the engine of the set's i-th name.
+func (s *lockSet) engine(i int) *engine { return &s.engines[s.order[i]] }
+
+// posOf returns where in the set's order the j-th name given is.
+func (s *lockSet) posOf(j int) int {
+	for i, o := range s.order {
+		if o == j {
+			return i
+		}
+	}
+	return -1
+}
 
 // group returns the keys of group gi.
 func (s *lockSet) group(gi int) []lease.Keys { return s.keys[s.groups[gi]:s.groups[gi+1]] }
@@ -267,7 +267,7 @@ func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interv
 	a := &setAcquirer{
 		acquirer: acquirer{e: first, ctx: ctx, start: time.Now(), value: lease.NewValue(first.owner)},
 		s:        s,
-		tokens:   make([]int64, len(s.engines)),
+		tokens:   make([]int64, len(s.keys)),
 		sent:     make([]time.Time, s.ngroups()),
 		ttl:      make([]time.Duration, s.ngroups()),
 	}
@@ -329,7 +329,7 @@ func (s *lockSet) cleanup(value string) {
 // releases rs of the names from index at on made.
 func (s *lockSet) deliver(at int, rs []lease.Release, sent time.Time) {
 	for i, r := range rs {
-		deliverPasses(s.engines[at+i].roomKey(), r, sent)
+		deliverPasses(s.engine(at+i).roomKey(), r, sent)
 	}
 }
 
@@ -508,7 +508,7 @@ func (a *setAcquirer) poll(interval time.Duration) (*Guard, error) {
 func (a *setAcquirer) queue() (*Guard, error) {
 	s := a.s
 	place := lease.Place{Claim: a.e.claim, Room: proc.roomID}
-	last := len(s.engines) - 1
+	last := len(s.keys) - 1
 	var (
 		r           *room
 		roomFor     = -1 // the index of the name whose room r is
@@ -600,7 +600,7 @@ func (a *setAcquirer) queue() (*Guard, error) {
 				r.leave(a.waiter)
 				r, a.waiter = nil, nil
 			}
-			a.e = &s.engines[stop]
+			a.e = s.engine(stop)
 			fresh, joined := false, false
 			for _, p := range pre {
 				if p.at == stop {
@@ -667,7 +667,7 @@ type preJoined struct {
 func (a *setAcquirer) preJoin(gi int, pre []preJoined) []preJoined {
 	s := a.s
 	for i := s.groups[gi]; i < s.groups[gi+1]; i++ {
-		if r, _ := proc.enterRoom(&s.engines[i], false); r != nil {
+		if r, _ := proc.enterRoom(s.engine(i), false); r != nil {
 			pre = append(pre, preJoined{at: i, r: r, w: r.join(a.value)})
 		}
 	}
@@ -735,7 +735,7 @@ func (a *setAcquirer) granted() (*Guard, error) {
 	}
 	first := a.s.first()
 	hold := &setHold{set: a.s, tokens: a.tokens}
-	return first.newGuardOf(a.ctx, a.value, a.tokens[a.s.given[0]], a.attempts-1, sent, ttl, a.uncertain, hold), nil
+	return first.newGuardOf(a.ctx, a.value, a.tokens[a.s.posOf(0)], a.attempts-1, sent, ttl, a.uncertain, hold), nil
 }
 
 // setHold is what a guard of a MultiMutex holds beyond a Mutex's guard:
@@ -891,37 +891,18 @@ func (h *setHold) giveUp(value string, void bool, end time.Time) {
 // For a name the guard does not hold it returns 0.
 func (g *Guard) TokenOf(name string) int64 {
 	if g.set == nil {
-		if k, err := lease.NewKeys(namespaceOf(g.e.keys.Lease), name); err == nil && k.Lease == g.e.keys.Lease {
+		if name == g.e.name {
 			return g.token
 		}
 		return 0
 	}
-	for i := range g.set.set.engines {
-		if nameOf(g.set.set.keys[i].Lease) == name {
+	s := g.set.set
+	for i := range s.keys {
+		if s.engine(i).name == name {
 			return g.set.tokens[i]
 		}
 	}
 	return 0
-}
-
-// nameOf returns the name of a lease key "ns:{name}".
-func nameOf(key string) string {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '{' {
-			return key[i+1 : len(key)-1]
-		}
-	}
-	return key
-}
-
-// namespaceOf returns the namespace of a lease key "ns:{name}".
-func namespaceOf(key string) string {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '{' {
-			return key[:max(i-1, 0)]
-		}
-	}
-	return ""
 }
 
 // refusedKey returns the lease key to name in the LostError of a refused

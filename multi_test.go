@@ -141,6 +141,14 @@ func TestMultiMutexLockRelease(t *testing.T) {
 	}
 	_, err = g2.Release(t.Context())
 	require.NoError(t, err)
+
+	// On a single lock's guard, TokenOf answers for its own name only.
+	single, err := newMutex(t, c, "a").TryLock(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, single.Token(), single.TokenOf("a"))
+	assert.Zero(t, single.TokenOf("b"))
+	_, err = single.Release(t.Context())
+	require.NoError(t, err)
 }
 
 // A set that waits for a name held by a Mutex holds the names before it,
