@@ -404,22 +404,31 @@ func parseRelease(arr []Reply) (Release, error) {
 		return Release{}, fmt.Errorf("%w to release: %w", ErrProtocol, err)
 	}
 	r := Release{Deleted: deleted == 1}
-	for i := 1; i < len(arr); i += 3 {
+	if err := r.addPasses(arr[1:]); err != nil {
+		return Release{}, err
+	}
+	return r, nil
+}
+
+// addPasses reads the {token, value, room} triples of a release's reply
+// into r's passes: the first is Passed, the others More.
+func (r *Release) addPasses(triples []Reply) error {
+	for i := 0; i+2 < len(triples); i += 3 {
 		var p Pass
 		var err1, err2, err3 error
-		p.Token, err1 = arr[i].AsInt64()
-		p.Value, err2 = arr[i+1].ToString()
-		p.Room, err3 = arr[i+2].ToString()
+		p.Token, err1 = triples[i].AsInt64()
+		p.Value, err2 = triples[i+1].ToString()
+		p.Room, err3 = triples[i+2].ToString()
 		if err := errors.Join(err1, err2, err3); err != nil {
-			return Release{}, fmt.Errorf("%w to release: %w", ErrProtocol, err)
+			return fmt.Errorf("%w to release: %w", ErrProtocol, err)
 		}
-		if i == 1 {
+		if i == 0 {
 			r.Passed = p
 		} else {
 			r.More = append(r.More, p)
 		}
 	}
-	return r, nil
+	return nil
 }
 
 // ms formats d in whole milliseconds, the unit of Redis's PX and PEXPIRE.

@@ -292,16 +292,15 @@ func parseSetRelease(arr []Reply, n int) ([]Release, error) {
 		}
 		deleted, err1 := arr[i].AsInt64()
 		passes, err2 := arr[i+1].AsInt64()
-		if err := errors.Join(err1, err2); err != nil || i+2+3*int(passes) > len(arr) {
+		end := i + 2 + 3*int(passes)
+		if err := errors.Join(err1, err2); err != nil || passes < 0 || end > len(arr) {
 			return nil, fmt.Errorf("%w to release a set: lock %d: %v", ErrProtocol, j, err)
 		}
-		r, err := parseRelease(arr[i+1 : i+2+3*int(passes)])
-		if err != nil {
+		out[j].Deleted = deleted == 1
+		if err := out[j].addPasses(arr[i+2 : end]); err != nil {
 			return nil, err
 		}
-		r.Deleted = deleted == 1
-		out[j] = r
-		i += 2 + 3*int(passes)
+		i = end
 	}
 	return out, nil
 }
