@@ -130,6 +130,7 @@ func TestReleaseWithCancellableContextWaitsOnAnotherGoroutine(t *testing.T) {
 // each time from a goroutine that its renewal timer starts, and has none
 // in between.
 func TestActorStartsAtTheFirstRenewal(t *testing.T) {
+	quietProcess(t)
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())

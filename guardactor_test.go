@@ -525,6 +525,16 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 // actorGoroutines counts the goroutines that run a guard's actor loop.
 func actorGoroutines() int { return goroutinesIn("distlock.(*guardActor).loop(") }
 
+// quietProcess waits until no guard's actor and no keeper of an earlier
+// test runs any more (a guard that ended may still be sending its last
+// delete when its test returns), so that a test that counts them counts
+// its own.
+func quietProcess(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, 10*time.Second,
+		5*time.Millisecond, "actors (%d) or keepers (%d) of earlier tests still run", actorGoroutines(), keeperGoroutines())
+}
+
 // keeperGoroutines counts the goroutines of the clients' keepers.
 func keeperGoroutines() int { return goroutinesIn("distlock.(*keeper).run(") }
 
@@ -548,6 +558,7 @@ func goroutinesIn(fn string) int {
 // once it is released or its loss is final. The guards of one client
 // share one keeper from their first renewal on.
 func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
+	quietProcess(t)
 	// Real time, not a synctest bubble: the race detector has crashed in
 	// its stack depot tearing down a bubble of this many goroutines.
 	const guards = 300
