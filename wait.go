@@ -115,6 +115,7 @@ func (a *acquirer) queue() (*Guard, error) {
 			// dead connection): act on the grant now.
 			note := *a.noted
 			a.noted = nil
+			place.Seen = max(place.Seen, note.token)
 			if g, err, _ := use(note); g != nil || err != nil {
 				return g, err
 			}
@@ -135,11 +136,22 @@ func (a *acquirer) queue() (*Guard, error) {
 			if e.debug() {
 				e.logger().Debug("distlock: asking for the lock failed; trying again", "err", err)
 			}
+		case grant.Rank < 0 && grant.Fence > place.Seen:
+			// Refused as stale (Place.Seen): our place lapsed while other
+			// grants were made. We were not in line, so nothing was
+			// passed to us; stand in line again at once, with our ticket
+			// and the token the reply saw. (Each refusal needs another
+			// grant since the last, so this cannot spin.)
+			failing = false
+			a.dirty = true
+			place.Seen = max(place.Seen, grant.Fence)
+			continue
 		default:
 			failing = false
 			pause.reset()
 			a.dirty = true
 			queued, queuedFence, place.Ticket = sent, grant.Fence, grant.Ticket
+			place.Seen = max(place.Seen, grant.Fence)
 		}
 		if r == nil {
 			enter(true)
@@ -167,6 +179,7 @@ func (a *acquirer) queue() (*Guard, error) {
 			if why != wokeByGrant {
 				break
 			}
+			place.Seen = max(place.Seen, note.token)
 			g, err, claim := use(note)
 			if g != nil || err != nil {
 				return g, err

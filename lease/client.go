@@ -65,6 +65,18 @@ type Place struct {
 	// Ticket is the ticket of an earlier place to keep, or 0 for a new place
 	// at the end of the line.
 	Ticket int64
+	// Seen is the largest token the caller's acquisition has learnt of (a
+	// reply's Fence, a grant announced to it), or 0 before it has learnt
+	// any. A call that brings it and finds its value neither holding the
+	// lease nor in line, while a later token has been issued, is stale: it
+	// was sent before a grant to this value that has since been used and
+	// ended, and it reaches Redis late (a stalled path). It is refused:
+	// it writes nothing, and the reply has Rank -1 and the fencing key's
+	// token in Fence. A live waiter whose place merely lapsed meanwhile
+	// gets that reply too; it calls again with Seen set to that Fence, and
+	// stands in line again with its ticket. See doc.go ("A grant is its
+	// acquisition's").
+	Seen int64
 }
 
 // ErrBadPlace is returned by [Client.AcquireOrQueue] for a Place it cannot
@@ -113,6 +125,8 @@ func (c *Client) AcquireOrQueue(ctx context.Context, k Keys, value string, ttl t
 		return Grant{}, fmt.Errorf("%w: room %q has a space", ErrBadPlace, p.Room)
 	case p.Ticket < 0:
 		return Grant{}, fmt.Errorf("%w: ticket %d is negative", ErrBadPlace, p.Ticket)
+	case p.Seen < 0:
+		return Grant{}, fmt.Errorf("%w: seen token %d is negative", ErrBadPlace, p.Seen)
 	}
 	return c.acquire(ctx, k, value, ttl, &p)
 }
@@ -134,8 +148,11 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	}
 	if p != nil {
 		args = append(args, ms(p.Claim), p.Room)
-		if p.Ticket != 0 {
+		if p.Ticket != 0 || p.Seen != 0 {
 			args = append(args, strconv.FormatInt(p.Ticket, 10))
+		}
+		if p.Seen != 0 {
+			args = append(args, strconv.FormatInt(p.Seen, 10))
 		}
 	}
 	res, w := c.exec(ctx, s, k.all(value), args)

@@ -136,6 +136,58 @@
 //     whose acquisition had such a call outstanding releases with Cancel, so
 //     that the late call cannot put its value back in line.
 //
+// # A grant is its acquisition's
+//
+// A path can hold a request and deliver it later, in order, while replies
+// still flow the other way: a stalled uplink, a proxy that buffers. So a
+// waiter's refresh of its place can reach Redis after a release passed the
+// lock to that waiter, after the waiter used the grant, lost it (its
+// renewals were held too) and someone else held the lock and let it go.
+// The refresh then finds its value neither holding the lock nor in line.
+// Granting it the free lock would make a lease that no guard holds (the
+// guard has moved on), or let that guard's own delayed renewal find "its"
+// value again and say it holds the lock after another holder, which SAFETY.md
+// L4 forbids; putting it back in line would let the next release pass it
+// the lock, with the same result.
+//
+// Every call of an acquisition after its first therefore brings the
+// largest token that acquisition has learnt of (ARGV[6], [Place.Seen]: the
+// Fence of its last reply, or the token of a grant announced to it). A
+// call whose value neither holds the lock nor stands in line, while the
+// fencing key holds a token above the one it brings, is stale: a grant
+// was made since it was sent, and if that grant was this value's, the
+// call belongs to an acquisition that is over. It is refused and writes
+// nothing (the reply has rank -1 and the fencing key's token). A live
+// waiter can get that reply too, when its place lapsed while the lock
+// changed hands (or the line was lost with a restart and the lock granted
+// again since): it calls again at once with the reply's token, and stands
+// in line again with its ticket. The refusal costs nothing on the common
+// paths, which read the fencing key anyway; the token is one argument more
+// on a refresh, and the check one ZSCORE on the full path.
+//
+// Other ways were weighed. The token in the lease value, checked by every
+// renewal, would change the format that every script and every older
+// binary reads, and a semaphore's holder would need its token to find its
+// own permit. A renewal that checks the fencing key costs a read per
+// renewal, the most frequent call of all, and a semaphore keeps only the
+// last of its holders' tokens there. A mark per value passed on costs a
+// write per contended grant and lasts only as long as it is kept. Waiting
+// for the abandoned call's answer assumes one connection, in order; rueidis
+// keeps several. The token a call brings needs none of these: a grant
+// always raises the fencing key, for every face, so a call sent before a
+// grant carries a smaller token than any check made after it. Since the
+// keys' format does not change, binaries of both versions share a lock
+// during an upgrade; only the new ones' calls are checked.
+//
+// What it does not cover: a call sent before its acquisition learnt any
+// token (its first call, or a repeat of that call after it got no reply)
+// brings none. Such a call can only be late behind a call of the same
+// acquisition sent on another connection; the acquisition then knows it
+// has a call whose outcome it did not see, and its guard voids its value
+// when it ends ([Client.Cancel]), which deletes a lease that call granted
+// or refuses the call if it comes later (for the void marker's life, one
+// TTL).
+//
 // # Semaphores
 //
 // A semaphore of n permits ([Keys.Semaphore]) keeps its holders in a sorted

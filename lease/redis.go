@@ -75,8 +75,15 @@ type Script struct {
 
 func newScript(src string) *Script {
 	sum := sha1.Sum([]byte(src))
-	return &Script{src: src, sha: hex.EncodeToString(sum[:]), lua: rueidis.NewLuaScript(src)}
+	s := &Script{src: src, sha: hex.EncodeToString(sum[:]), lua: rueidis.NewLuaScript(src)}
+	allScripts = append(allScripts, s)
+	return s
 }
+
+// allScripts lists every script of the protocol, as it is sent, for the
+// tests that check each one (lua_internal_test.go). The scripts are
+// package-level values, so it is complete once the package is initialised.
+var allScripts []*Script
 
 // Source returns the script's body, for EVAL.
 func (s *Script) Source() string { return s.src }

@@ -47,6 +47,13 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 // reply {deleted}, and returns it when the line's keys are of the wrong
 // type; the includer declares value and deleted, and protocolLua's leave.
 //
+// seenLua is a Lua condition for the lean paths, true when a call may take
+// a new grant or a new place although its value neither holds the lock
+// nor stands in line: it brings no token it saw (ARGV[6]: its first call,
+// or a caller that does not stand in line), or the fencing key (raw, which
+// the includer has read) holds no token above it. Otherwise the call is
+// stale (see stale, in grantLua) and the full path refuses it.
+//
 // leanTokenLua reads the fencing key and the clock, and makes the token
 // and its text (leanNextTokenLua): the clock's seconds and µs side by side
 // spare a string.format. (Arithmetic on a string reads it as a
@@ -55,6 +62,7 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 // that can be followed (fence's rule) or the next token would pass
 // 2^53-1, and the full path is left to say so.
 var (
+	seenLua         = `(not ARGV[6] or (raw and raw + 0 or 0) <= ARGV[6] + 0)`
 	leanAnnounceLua = `
 local r = redis.pcall('SPUBLISH', KEYS[1] .. ':leader', msg)
 if type(r) == 'table' and r.err then
@@ -220,7 +228,7 @@ if n > 0 and ARGV[3] then
     if not fresh then
       rank = redis.pcall('ZRANK', KEYS[3], value)
     end
-    if type(rank) ~= 'table' then
+    if type(rank) ~= 'table' and (rank or ` + seenLua + `) then
       local t, us
 ` + leanClockLua + `
       local keep = ARGV[3] + 0
@@ -295,7 +303,8 @@ if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[6]) == 0) then
         rank = redis.pcall('ZRANK', KEYS[3], value)
       end
       local keep = ARGV[3] + 0
-      local ok = type(rank) ~= 'table' and redis.pcall('HSET', KEYS[4], value, string.format('%d', ms + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
+      local ok = type(rank) ~= 'table' and (rank or ` + seenLua + `) and
+        redis.pcall('HSET', KEYS[4], value, string.format('%d', ms + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
       if type(ok) == 'number' then
 ` + leanPlaceLua + `
         local soon = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
@@ -375,7 +384,7 @@ if n > 0 and ARGV[3] then
         rank = redis.pcall('ZRANK', KEYS[3], value)
       end
       local keep = ARGV[3] + 0
-      local ok = e + 0 > ms and type(rank) ~= 'table' and
+      local ok = e + 0 > ms and type(rank) ~= 'table' and (rank or ` + seenLua + `) and
         redis.pcall('HSET', KEYS[4], value, string.format('%d', ms + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
       if type(ok) == 'number' then
 ` + leanPlaceLua + `
@@ -426,6 +435,29 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
   if err then
     return err
   end
+  return ` + reply + `
+end
+`
+}
+
+// staleLua is the text of the full path of an acquire that refuses a stale
+// call: one that brings the last token its acquisition saw (ARGV[6]) and
+// finds its value neither holding the lock (the includer has checked that)
+// nor in line, while the fencing key (last) holds a later token. Such a
+// call was sent before its acquisition was granted the lock and reaches
+// Redis after that grant was used and ended (a path that held the request
+// and delivered it late): granting it again, or putting it back in line
+// where a release would pass it the lock, would hand its value a lease
+// that nobody holds, or let the guard that renews that value regain the
+// lock after another holder. It writes nothing and returns reply, a Lua
+// expression (the reply of a caller that is not granted, rank -1). A live
+// waiter whose place merely lapsed gets the same reply, and calls again at
+// once with the fencing key's token (see [Place.Seen]). The includer
+// declares value and last; a line of the wrong type reads as a place and
+// is reported by standInLine.
+func staleLua(reply string) string {
+	return `
+if ARGV[6] and last > ARGV[6] + 0 and not redis.pcall('ZSCORE', KEYS[3], value) then
   return ` + reply + `
 end
 `
@@ -934,7 +966,7 @@ if st.mine then
   hold(value, ARGV[1], st.now, st.mine)
   return st.mine
 end
-local v
+` + staleLua("waiting(st, -1, 0, last)") + `local v
 last, v, err = promote(st, last, nil, value)
 if err then
   return err
@@ -1024,9 +1056,12 @@ return out
 // ARGV[1] TTL in ms, ARGV[2] "1" to announce every change of holder (an
 // election; see [Keys.Election]), and to stand in line ARGV[3] the claim
 // window in ms, ARGV[4] the waiting room, ARGV[5] a ticket to stand in line
-// with (absent or "0": a new one, at the end). A lock's Acquire sends ARGV[1]
-// alone: a missing ARGV[2] is no election, a missing ARGV[3] a caller that
-// does not stand in line. The acquisition's value is not an argument: it is
+// with (absent or "0": a new one, at the end), ARGV[6] the largest token
+// the acquisition has learnt of (absent: none yet; a call that finds its
+// value neither holding nor in line while the fencing key holds a larger
+// one is stale and refused with rank -1, see staleLua). A lock's Acquire
+// sends ARGV[1] alone: a missing ARGV[2] is no election, a missing ARGV[3]
+// a caller that does not stand in line. The acquisition's value is not an argument: it is
 // the end of its void key, KEYS[6], after KEYS[1] .. ":void:" (each
 // argument costs Redis more than cutting it out of the key).
 //
@@ -1072,7 +1107,7 @@ local value = string.sub(KEYS[6], #KEYS[1] + 7)
 local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6])
 if n == 0 then
 ` + leanTokenLua + `
-  if token then
+  if token and ` + seenLua + ` then
     redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
     redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
     if ARGV[2] == '1' then
@@ -1261,7 +1296,7 @@ if n == 1 and ARGV[2] == 'r' then
 end
 if free then
 ` + leanTokenLua + `
-  if token then
+  if token and ` + seenLua + ` then
     -- hold (lockLua), from the clock in t.
     local e = t[1] * 1000 + math.ceil(t[2] / 1000) + ARGV[1] .. ' ' .. s
     if ARGV[2] == 'w' then
@@ -1424,7 +1459,7 @@ if n == 0 then
   local held = redis.pcall('ZCARD', KEYS[1])
   if type(held) == 'number' and held < tonumber(ARGV[2]) then
 ` + leanTokenLua + `
-    if token then
+    if token and ` + seenLua + ` then
       -- dropEnded, and hold for a value that holds no permit yet (NX), as
       -- below.
       redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 1, 3))
@@ -1470,7 +1505,7 @@ if redis.call('ZSCORE', KEYS[1], value) then
   end
   return grant(last, now, value, ARGV[1])
 end
-local held = redis.call('ZCARD', KEYS[1])
+` + staleLua("waiting(-1, 0)") + `local held = redis.call('ZCARD', KEYS[1])
 while held < permits do
   local v, claim, room, _, ferr = first()
   if ferr then
