@@ -132,7 +132,7 @@ func runDemo(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	client, where, closeClient, err := connect(cfg.redis, true)
+	client, where, closeClient, err := connect(cfg.redis, true, time.Time{})
 	if err != nil {
 		return err
 	}

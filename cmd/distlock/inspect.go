@@ -286,7 +286,7 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 			return usageError{err}
 		}
 	}
-	client, _, closeClient, err := connect(cfg.redis, false)
+	client, _, closeClient, err := connect(cfg.redis, false, time.Time{})
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {

@@ -214,7 +214,7 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	fs.BoolVar(&c.try, "n", false, "make a single attempt: if the lock is held, exit at once with the status of -E")
 	alias(fs, "n", "nonblock", "try")
 	fs.Var(&durationValue{d: &c.wait, set: &c.waitSet}, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
-	alias(fs, "w", "wait")
+	alias(fs, "w", "wait", "timeout") // flock(1) takes all three
 	fs.IntVar(&c.conflictCode, "E", exitNotAcquired, "the exit status (`CODE`, 0 to 255) when the lock is not acquired (-n found it held, or -w ran out)")
 	alias(fs, "E", "conflict-exit-code")
 	fs.StringVar(&c.command, "c", "", "run `LINE` with sh -c, instead of COMMAND [ARGS...]")
@@ -347,6 +347,9 @@ func defaultOwner() string {
 type runner struct {
 	cfg   runConfig
 	start time.Time
+	// deadline is, with -w N (N > 0), start plus N: the command starts by
+	// then or not at all. Zero without a bound.
+	deadline time.Time
 	lk    *locker // what the command runs under, once run has made it
 
 	// mu serialises the lines written to stderr, which come from the
@@ -404,15 +407,23 @@ func (r *runner) run(ctx context.Context) error {
 	if _, err := exec.LookPath(cfg.argv[0]); err != nil {
 		return execError(err)
 	}
-	client, where, closeClient, err := connect(cfg.redis, false)
+	if cfg.waitSet && cfg.wait > 0 {
+		// -w bounds all that comes before the command: the connect as
+		// well as the wait (see acquire).
+		r.deadline = r.start.Add(cfg.wait)
+	}
+	client, where, closeClient, err := connect(cfg.redis, false, r.deadline)
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
 			return err
 		}
+		if errors.Is(err, errConnectTime) {
+			err = fmt.Errorf("%w; -w %v ran out, and the command did not run", err, cfg.wait)
+		}
 		return &exitStatus{code: exitFailed, err: err}
 	}
-	defer closeClient()
+	defer closeSoon(closeClient)
 
 	opts := []distlock.Option{
 		distlock.WithNamespace(cfg.namespace),
@@ -465,6 +476,29 @@ func (r *runner) run(ctx context.Context) error {
 		return &exitStatus{code: exitLost, err: fmt.Errorf("%s; the command %s", message(slipped), describe(ps))}
 	}
 	return &exitStatus{code: exitCode(ps)}
+}
+
+// closeTimeout bounds how long "distlock run" waits for its Redis client to
+// close before it exits. The lock is released (or its release given up on)
+// by then, so the close only frees sockets; but rueidis gives a server that
+// does not answer a second per connection before it drops it.
+const closeTimeout = 250 * time.Millisecond
+
+// closeSoon calls closeClient and returns when it has returned or after
+// closeTimeout, whichever comes first. In the latter case the close goes on
+// in a goroutine that the process's exit, which comes next, ends.
+func closeSoon(closeClient func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		closeClient()
+	}()
+	t := time.NewTimer(closeTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // locker is what "distlock run" holds while the command runs: the
@@ -574,17 +608,42 @@ const settleTimeout = time.Second
 
 func (s *signalCause) Error() string { return "received " + s.sig.String() }
 
+// noReplyCause is the cause of lockCtx when -w ran out with a call to Redis
+// still unanswered (see acquire).
+type noReplyCause struct{ wait time.Duration }
+
+func (c *noReplyCause) Error() string {
+	return fmt.Sprintf("Redis did not answer within -w %v", c.wait)
+}
+
+// waitSlack is how long past the deadline of -w acquire waits for the
+// wait's own end (ErrTimeout, exit status 75) before it gives up on Redis
+// (exit status 125).
+const waitSlack = 300 * time.Millisecond
+
 // acquire waits for the lock, or makes a single attempt with -n or -w 0. A
 // signal ends the wait with status 128+N. Other failures are an
 // *exitStatus with the documented code.
 func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCauseFunc, m *locker, sigs <-chan os.Signal) (*distlock.Guard, error) {
 	waiting := make(chan struct{})
 	watched := make(chan struct{})
+	var expired <-chan time.Time
+	if !r.deadline.IsZero() {
+		// A backstop: the wait bounds itself (WithMaxWait) and ends with
+		// ErrTimeout at the deadline, but a call to Redis that is in
+		// flight then, to a server that does not answer, may not end
+		// until its own timeout.
+		t := time.NewTimer(time.Until(r.deadline) + waitSlack)
+		defer t.Stop()
+		expired = t.C
+	}
 	go func() {
 		defer close(watched)
 		select {
 		case sig := <-sigs:
 			cancelLock(&signalCause{sig: sig})
+		case <-expired:
+			cancelLock(&noReplyCause{wait: r.cfg.wait})
 		case <-waiting:
 		}
 	}()
@@ -600,14 +659,24 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	if err != nil {
 		// distlock exits next: let the clean-up of the wait it gave up
 		// reach Redis, so that the next waiter gets the lock now rather
-		// than a claim window later.
-		sctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		_ = distlock.Settle(sctx)
-		cancel()
+		// than a claim window later. With -w, not past the backstop: a
+		// server that did not answer the wait will not answer the
+		// clean-up either (the waiter's place lapses on its own).
+		settle := settleTimeout
+		if !r.deadline.IsZero() {
+			settle = min(settle, time.Until(r.deadline.Add(waitSlack)))
+		}
+		if settle > 0 {
+			sctx, cancel := context.WithTimeout(context.Background(), settle)
+			_ = distlock.Settle(sctx)
+			cancel()
+		}
 	}
 
 	var sc *signalCause
-	if errors.As(context.Cause(lockCtx), &sc) {
+	var nr *noReplyCause
+	switch {
+	case errors.As(context.Cause(lockCtx), &sc):
 		// The signal may have come just as the lock was granted; then the
 		// guard is already releasing itself (its Lock context ended).
 		if g != nil {
@@ -615,6 +684,11 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 		}
 		return nil, &exitStatus{code: exitSignalBase + signalNumber(sc.sig),
 			err: fmt.Errorf("%v while waiting for %s", sc, m.what)}
+	case errors.As(context.Cause(lockCtx), &nr):
+		if g != nil { // granted just as the backstop fired: too late
+			r.release(g)
+		}
+		return nil, &exitStatus{code: exitFailed, err: fmt.Errorf("waiting for %s: %v; the command did not run", m.what, nr)}
 	}
 	switch {
 	case err == nil:
