@@ -350,7 +350,7 @@ type runner struct {
 	// deadline is, with -w N (N > 0), start plus N: the command starts by
 	// then or not at all. Zero without a bound.
 	deadline time.Time
-	lk    *locker // what the command runs under, once run has made it
+	lk       *locker // what the command runs under, once run has made it
 
 	// mu serialises the lines written to stderr, which come from the
 	// runner and, with -v, from the guard's goroutine (runObserver).
