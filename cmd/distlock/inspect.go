@@ -238,7 +238,12 @@ type lockState struct {
 	// names the owners of the first ones, first in line first.
 	Waiting int      `json:"waiting"`
 	Waiters []string `json:"waiters,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	// Voided is how many void markers the name has: values that gave up
+	// waiting, whose late acquire Redis refuses while the marker lasts
+	// (one TTL). Voids names the first maxNamedVoids to end.
+	Voided int         `json:"voided,omitempty"`
+	Voids  []voidState `json:"voids,omitempty"`
+	Error  string      `json:"error,omitempty"`
 }
 
 // waiterState is one waiter in a line that shows modes.
@@ -269,7 +274,8 @@ func (s lockState) differs(o lockState) bool {
 	return s.State != o.State || s.Kind != o.Kind || s.Value != o.Value || s.LastToken != o.LastToken ||
 		s.Waiting != o.Waiting || s.Error != o.Error || noExpiry(s) != noExpiry(o) ||
 		s.Holding != o.Holding || !slices.Equal(holders(s), holders(o)) ||
-		s.Permits != o.Permits || s.Observers != o.Observers || s.Mode != o.Mode || !slices.Equal(s.Line, o.Line)
+		s.Permits != o.Permits || s.Observers != o.Observers || s.Mode != o.Mode || !slices.Equal(s.Line, o.Line) ||
+		s.Voided != o.Voided
 }
 
 // runInspect implements "distlock inspect". Without --watch it returns nil
@@ -296,6 +302,9 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	}
 	defer closeClient()
 	in := &inspector{rc: client, lc: lease.New(client), names: cfg.names, keys: keys}
+	if cfg.watch {
+		in.voidEvery = voidScanEvery
+	}
 
 	emit := func(s lookState) error {
 		if cfg.json {
@@ -340,6 +349,11 @@ type inspector struct {
 	lc    *lease.Client
 	names []string     // as given
 	keys  []lease.Keys // of each name
+	// voidScans is the last scan for void markers of each lease key, and
+	// voidEvery how old it may be before the next look scans again (0:
+	// every look scans).
+	voidScans map[string]voidScan
+	voidEvery time.Duration
 }
 
 // watch prints the state, then every change, until ctx is done. A Redis
@@ -602,6 +616,7 @@ func (s lockState) text(withTime bool) string {
 			b.WriteString(", ...")
 		}
 	}
+	s.voidText(&b)
 	return b.String()
 }
 

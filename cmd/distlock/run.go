@@ -129,7 +129,8 @@ signals then go to the command alone, and SIGINT and SIGQUIT are not passed
 on, since the terminal sends them to the command directly. A signal that
 arrives while distlock is still waiting for the lock ends the wait.
 
-For flock(1) users: -n, -w, -E, -c and -v mean what they mean there, but
+For flock(1) users: -n, -w (also --wait and --timeout), -E, -c and -v
+mean what they mean there, but
 the default -E is 75, not 1; -c runs sh, not $SHELL; and -w also takes
 durations such as 1m30s. -s and -x mean what they mean there (-x is the
 default; --permits N lets N commands share a semaphore instead), and the
@@ -138,6 +139,23 @@ Unlike flock's lock, which goes with the holder's processes, a lease
 outlives a distlock that is killed with SIGKILL (an OOM kill, say): the lock
 stays held until its lease ends, at most --ttl (10s by default) after the
 last renewal, and a -n run that starts meanwhile skips.
+
+The lease is 10s unless --ttl says otherwise, where the Go library's
+default (distlock.DefaultTTL) is 30s: a "distlock run" that is SIGKILLed
+keeps the lock for the rest of its lease, which flock(1) users do not
+expect, and a service's hold, which renews itself from a long-lived
+process, can afford a longer one. The TTL only bounds that wait (and how
+long a frozen holder keeps the lock): the command itself may run for hours,
+renewed every TTL/3. "distlock break KEY" ends a stuck holder's lease at
+once.
+
+With -w, everything before the command counts against the wait: the
+connection to Redis, the wait in line, and a call that Redis does not
+answer. A Redis that accepts connections but does not answer (stopped,
+overloaded) ends the run with status 125 at most a fraction of a second
+after -w runs out, and the command does not run. Without -w (and with -n),
+a Redis that does not answer makes distlock wait as long as its calls'
+own timeouts.
 
 Every time span (--ttl, -w, --grace) is a duration such as 10s, 500ms or
 1m30s, or a bare number of seconds: --ttl 10 is ten seconds.
@@ -196,11 +214,14 @@ type runConfig struct {
 }
 
 // runTTL is the default lease of "distlock run": shorter than the library's
-// DefaultTTL (30 s). A holder that is SIGKILLed (an OOM kill) cannot
-// release, so its lock stays held for the rest of its lease and a -n cron
-// job that starts meanwhile skips its run; flock(1) frees the lock as soon
-// as the holder's processes are gone. Ten seconds bounds that; renewals,
-// every TTL/3, are one round trip each and cost little.
+// DefaultTTL (30 s), on purpose, and said so in runUsage and the README. A
+// holder that is SIGKILLed (an OOM kill) cannot release, so its lock stays
+// held for the rest of its lease and a -n cron job that starts meanwhile
+// skips its run; flock(1) frees the lock as soon as the holder's processes
+// are gone. Ten seconds bounds that; renewals, every TTL/3, are one round
+// trip each and cost little. A library user's hold lives in a long-running
+// service, whose restarts are rarer than a cron job's kills, and whose
+// renewals compete with its own work: there 30 s leaves more room.
 const runTTL = 10 * time.Second
 
 // singleAttempt reports whether the command line asks for one attempt at
@@ -693,7 +714,9 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	switch {
 	case err == nil:
 		return g, nil
-	case errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, distlock.ErrTimeout):
+	case errors.Is(err, distlock.ErrTimeout):
+		return nil, &exitStatus{code: r.cfg.conflictCode, err: timedOut(r.cfg.wait, err)}
+	case errors.Is(err, distlock.ErrNotAcquired):
 		return nil, &exitStatus{code: r.cfg.conflictCode, err: err}
 	case errors.Is(err, distlock.ErrWrongKind):
 		// Neither a Redis failure nor a bad command line as such: KEY is
@@ -703,6 +726,26 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	default:
 		return nil, &exitStatus{code: exitFailed, err: err}
 	}
+}
+
+// timedOut says how a wait bounded by -w ended without the lock. The
+// library counts every call to Redis as an attempt; those of a waiter are
+// the one that put it in line and the refreshes of its place (every half
+// claim window), not polls: a grant reaches it by pub/sub.
+func timedOut(wait time.Duration, err error) error {
+	var te *distlock.TimeoutError
+	if !errors.As(err, &te) {
+		return err
+	}
+	calls := "1 call to Redis, which put it in line"
+	if te.Attempts > 1 {
+		refreshes := "refreshes"
+		if te.Attempts == 2 {
+			refreshes = "refresh"
+		}
+		calls = fmt.Sprintf("%d calls to Redis: one to stand in line, %d %s of its place", te.Attempts, te.Attempts-1, refreshes)
+	}
+	return fmt.Errorf("not acquired within -w %v: waited %v for %s (%s)", wait, te.Waited.Round(time.Millisecond), te.Key, calls)
 }
 
 // kindNames says in words what each kind of lease that a WrongKindError
