@@ -57,6 +57,14 @@ to its leader channel, one per observed Election value in each process. A
 lock and an election that nobody observes look alike, and are shown as a
 lock.
 
+It also shows the name's void markers (NAMESPACE:{KEY}:void:<value>):
+each is a waiter that gave up (its wait was cancelled or ran out, a
+MultiMutex's Lock among them), and lasts one TTL, during which a late
+acquire with that value is refused. Nothing lists them, so inspect scans
+the keyspace for them (SCAN MATCH, on every node): on a database of
+millions of keys that is a pass over all of them, which --watch makes at
+most every 5s.
+
 With --watch it prints the state, then reads it again every --interval and
 prints one line for each change it sees (a new holder, a release, a new
 token, an error) until interrupted. It reads, it does not follow every
@@ -78,7 +86,9 @@ that nothing tells more of. A semaphore has "holding" (how many hold a permit),
 election has "observers"; a read-write lock has "mode" ("read" or
 "write"), "holding" and "holders" as a semaphore has, and "line" (the first
 10 in line: owner and mode), which a lock has too when a read-write lock's
-waiter stands in its line.
+waiter stands in its line. Every kind has "voided" (how many void markers
+the name has) and "voids" (the first 10 to end: owner, value,
+expires_in_ms) when it has any.
 
 With several KEYs it shows each one as above, a line each in the order
 given, and then a line for each request that holds several of them, or
