@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -146,13 +145,9 @@ func runBreak(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	client, _, closeClient, err := connect(cfg.redis, false, time.Time{})
+	client, _, closeClient, err := connectReal(cfg.redis, time.Time{})
 	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			return err
-		}
-		return &exitStatus{code: exitFailed, err: err}
+		return err
 	}
 	defer closeClient()
 	b := &breaker{rc: client, lc: lease.New(client), k: k}

@@ -46,6 +46,49 @@ func waitInLine(t *testing.T, lc *lease.Client, keys lease.Keys, n int) {
 	}, eventually, pollEvery, "%d never stood in the line of %s", n, keys.Lease)
 }
 
+// waiter is a Lock (or Acquire) of the library that waits in line in a
+// goroutine of its own, so that a test can break the holder meanwhile.
+type waiter struct {
+	done chan struct{}
+	g    *distlock.Guard
+	err  error
+	at   time.Time // when the call returned
+}
+
+// waitFor calls lock in a goroutine, which ends when it returns (at the
+// latest when the test's context ends), and waits until the call stands
+// in the line of keys.
+func waitFor(t *testing.T, lc *lease.Client, keys lease.Keys, lock func(context.Context) (*distlock.Guard, error)) *waiter {
+	t.Helper()
+	w := &waiter{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.g, w.err = lock(t.Context())
+		w.at = time.Now()
+	}()
+	waitInLine(t, lc, keys, 1)
+	select {
+	case <-w.done:
+		t.Fatalf("the waiter got the lock before the break (err %v)", w.err)
+	default:
+	}
+	return w
+}
+
+// heldAfter waits for w's grant and checks that it came within
+// breakHandOff of broke, when the break exited; out is what it printed.
+func (w *waiter) heldAfter(t *testing.T, broke time.Time, out string) *distlock.Guard {
+	t.Helper()
+	select {
+	case <-w.done:
+	case <-time.After(eventually):
+		t.Fatalf("the waiter never got the lock; break said: %s", out)
+	}
+	require.NoError(t, w.err)
+	assert.Less(t, w.at.Sub(broke), breakHandOff, "the waiter held the lock %v after the break exited", w.at.Sub(broke))
+	return w.g
+}
+
 // A "distlock run" whose process is stopped (SIGSTOP) holds the lock with
 // a long TTL, and another waits in line. "distlock break" exits 0, names
 // the holder and its token; the waiter holds within breakHandOff with a
@@ -180,42 +223,20 @@ func TestBreakSemaphore(t *testing.T) {
 
 	s, err := distlock.NewSemaphore(srv.Client(), name, 2, distlock.WithOwner("waiter:1"))
 	require.NoError(t, err)
-	type result struct {
-		g   *distlock.Guard
-		err error
-		at  time.Time
-	}
-	got := make(chan result, 1)
-	go func() {
-		g, err := s.Acquire(t.Context())
-		got <- result{g, err, time.Now()}
-	}()
-	waitInLine(t, lc, keys, 1)
+	w := waitFor(t, lc, keys, s.Acquire)
 
-	select {
-	case r := <-got:
-		t.Fatalf("the waiter got a permit before the break: %v", r.err)
-	default:
-	}
 	code, out, errOut := runDistlock(t, breakArgs(srv, "--holder", "frozen:1", name)...)
 	broke := time.Now()
 	require.Equal(t, exitBroke, code, "stdout: %s; stderr: %s", out, errOut)
 	assert.Contains(t, out, "held by frozen:1 (value "+frozen1+",")
 	assert.NotContains(t, out, "frozen:2", "--holder frozen:1 broke another holder")
 	assert.Contains(t, out, "passed to waiter:1 (token ")
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(eventually):
-		t.Fatalf("the waiter never got the permit; break said: %s", out)
-	}
-	require.NoError(t, r.err)
-	assert.Less(t, r.at.Sub(broke), breakHandOff, "the waiter held the permit %v after the break exited", r.at.Sub(broke))
-	assert.Greater(t, r.g.Token(), lastToken, "the waiter's token")
+	g := w.heldAfter(t, broke, out)
+	assert.Greater(t, g.Token(), lastToken, "the waiter's token")
 	ren, err := lc.Renew(t.Context(), keys, frozen1, frozenTTL)
 	require.NoError(t, err)
 	assert.False(t, ren.OK, "the broken holder's renewal was accepted")
-	releaseGuard(t, r.g)
+	releaseGuard(t, g)
 
 	code, out, _ = runDistlock(t, breakArgs(srv, name)...)
 	assert.Equal(t, exitBroke, code, "stdout: %s", out)
@@ -245,23 +266,8 @@ func TestBreakRWMutex(t *testing.T) {
 
 	rw, err := distlock.NewRWMutex(srv.Client(), name, distlock.WithOwner("writer:1"))
 	require.NoError(t, err)
-	type result struct {
-		g   *distlock.Guard
-		err error
-		at  time.Time
-	}
-	got := make(chan result, 1)
-	go func() {
-		g, err := rw.Lock(t.Context())
-		got <- result{g, err, time.Now()}
-	}()
-	waitInLine(t, lc, keys, 1)
+	w := waitFor(t, lc, keys, rw.Lock)
 
-	select {
-	case r := <-got:
-		t.Fatalf("the writer got the lock before the break: %v", r.err)
-	default:
-	}
 	code, out, errOut := runDistlock(t, breakArgs(srv, name)...)
 	broke := time.Now()
 	require.Equal(t, exitBroke, code, "stdout: %s; stderr: %s", out, errOut)
@@ -269,16 +275,9 @@ func TestBreakRWMutex(t *testing.T) {
 		assert.Contains(t, out, fmt.Sprintf("held by %s (value %s, token %d,", lease.Owner(v), v, tokens[i]))
 	}
 	assert.Contains(t, out, "passed to writer:1 (token ", "the last reader's break passes the lock to the writer")
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(eventually):
-		t.Fatalf("the writer never got the lock; break said: %s", out)
-	}
-	require.NoError(t, r.err)
-	assert.Less(t, r.at.Sub(broke), breakHandOff, "the writer held the lock %v after the break exited", r.at.Sub(broke))
-	assert.Greater(t, r.g.Token(), max(tokens[0], tokens[1]), "the writer's token")
-	releaseGuard(t, r.g)
+	g := w.heldAfter(t, broke, out)
+	assert.Greater(t, g.Token(), max(tokens[0], tokens[1]), "the writer's token")
+	releaseGuard(t, g)
 }
 
 // Bad command lines are usage errors that say what is wrong.

@@ -302,13 +302,9 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 			return usageError{err}
 		}
 	}
-	client, _, closeClient, err := connect(cfg.redis, false, time.Time{})
+	client, _, closeClient, err := connectReal(cfg.redis, time.Time{})
 	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			return err
-		}
-		return &exitStatus{code: exitFailed, err: err}
+		return err
 	}
 	defer closeClient()
 	in := &inspector{rc: client, lc: lease.New(client), names: cfg.names, keys: keys}

@@ -87,6 +87,18 @@ func connect(rawURL string, embedded bool, by time.Time) (rueidis.Client, string
 	return srv.Client(), "embedded Redis (miniredis) at " + srv.Addr(), srv.Close, nil
 }
 
+// connectReal is connect for the commands that need a real Redis (all but
+// the demo): a bad or missing URL is a usage error, and a failure to
+// connect an *exitStatus with exitFailed.
+func connectReal(rawURL string, by time.Time) (rueidis.Client, string, func(), error) {
+	c, where, closeClient, err := connect(rawURL, false, by)
+	var ue usageError
+	if err != nil && !errors.As(err, &ue) {
+		err = &exitStatus{code: exitFailed, err: err}
+	}
+	return c, where, closeClient, err
+}
+
 // errConnectTime is wrapped by the error of a connect that ran out of the
 // time it was given.
 var errConnectTime = errors.New("no reply in time")

@@ -433,16 +433,12 @@ func (r *runner) run(ctx context.Context) error {
 		// well as the wait (see acquire).
 		r.deadline = r.start.Add(cfg.wait)
 	}
-	client, where, closeClient, err := connect(cfg.redis, false, r.deadline)
+	client, where, closeClient, err := connectReal(cfg.redis, r.deadline)
+	if errors.Is(err, errConnectTime) {
+		return &exitStatus{code: exitFailed, err: fmt.Errorf("%w; -w %v ran out, and the command did not run", errors.Unwrap(err), cfg.wait)}
+	}
 	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			return err
-		}
-		if errors.Is(err, errConnectTime) {
-			err = fmt.Errorf("%w; -w %v ran out, and the command did not run", err, cfg.wait)
-		}
-		return &exitStatus{code: exitFailed, err: err}
+		return err
 	}
 	defer closeSoon(closeClient)
 
