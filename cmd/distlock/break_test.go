@@ -280,6 +280,45 @@ func TestBreakRWMutex(t *testing.T) {
 	releaseGuard(t, g)
 }
 
+// An election's leader that is frozen, a candidate in line and an
+// observer: break passes the lock to the candidate, and announces it, so
+// that the observer sees the new leader at once rather than when the old
+// lease would have ended.
+func TestBreakElection(t *testing.T) {
+	srv := redistest.Start(t)
+	lc := lease.New(srv.Client())
+	const name = "boss"
+	keys, err := lease.NewKeys(distlock.DefaultNamespace, name)
+	require.NoError(t, err)
+	frozen := lease.NewValue("node-1")
+	gr, err := lc.Acquire(t.Context(), keys.Election(), frozen, frozenTTL)
+	require.NoError(t, err)
+	require.True(t, gr.Acquired)
+
+	e, err := distlock.NewElection(srv.Client(), name)
+	require.NoError(t, err)
+	observing, stopObserving := context.WithCancel(t.Context())
+	leaders := e.Observe(observing)
+	defer func() {
+		stopObserving()
+		for range leaders { // closed once the observer has left
+		}
+	}()
+	awaitLeader(t, leaders, "node-1")
+	w := waitFor(t, lc, keys, func(ctx context.Context) (*distlock.Guard, error) { return e.Campaign(ctx, "node-2") })
+
+	code, out, errOut := runDistlock(t, breakArgs(srv, name)...)
+	broke := time.Now()
+	require.Equal(t, exitBroke, code, "stdout: %s; stderr: %s", out, errOut)
+	assert.Contains(t, out, fmt.Sprintf("held by node-1 (value %s, token %d,", frozen, gr.Token))
+	assert.Contains(t, out, "passed to node-2 (token ")
+	g := w.heldAfter(t, broke, out)
+	assert.Greater(t, g.Token(), gr.Token, "the new leader's token")
+	awaitLeader(t, leaders, "node-2")
+	assert.Less(t, time.Since(broke), breakHandOff, "the observer saw the new leader %v after the break exited", time.Since(broke))
+	releaseGuard(t, g)
+}
+
 // Bad command lines are usage errors that say what is wrong.
 func TestBreakUsage(t *testing.T) {
 	t.Setenv("REDIS_URL", "")
