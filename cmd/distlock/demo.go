@@ -18,7 +18,11 @@ import (
 const demoUsage = `Usage: distlock demo [flags]
 
 A few workers contend for one lock. Each prints its transitions (acquired,
-lost, released) with its fencing token. Half-way through, an "operator"
+lost, released) with its fencing token; "acquired" also says how long the
+worker waited and how many calls to Redis its Lock made: a waiter stands
+in line with its first call, and then only refreshes its place (every half
+claim window) and claims its grant, which reaches it by pub/sub: it does
+not poll. Half-way through, an "operator"
 overwrites the key (--steal) to show how a holder learns of a loss. A summary
 closes the run: acquisitions per worker, wait p50 and p99, whether the tokens
 strictly increased, and overlaps (two workers holding at once: must be 0).
@@ -132,7 +136,7 @@ func runDemo(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	client, where, closeClient, err := connect(cfg.redis, true)
+	client, where, closeClient, err := connect(cfg.redis, true, time.Time{})
 	if err != nil {
 		return err
 	}
@@ -241,7 +245,21 @@ func (d *demo) acquired(id int, g *distlock.Guard, waited time.Duration) {
 	}
 	d.current[id] = g
 	d.grants = append(d.grants, grant{worker: id, token: g.Token(), at: time.Now(), waited: waited})
-	d.printfLocked(id, "acquired  token=%d  attempt=%d  waited=%v", g.Token(), g.Attempt(), waited.Round(time.Millisecond))
+	d.printfLocked(id, "acquired  token=%d  waited=%v  %s", g.Token(), waited.Round(time.Millisecond), callsText(g.Attempt()))
+}
+
+// callsText says how many calls to Redis an acquisition made, from its
+// guard's Attempt (the calls before its last one): "calls=1" when the first
+// call granted it, and for a worker that waited in line, which is told of
+// its grant by pub/sub and does not poll, "calls=4 (1 joined the line, 3
+// refreshed its place or claimed)": its place is refreshed every
+// half claim window, and a grant passed to it is claimed by one more call
+// unless it holds enough of the claim window already.
+func callsText(attempt int) string {
+	if attempt == 0 {
+		return "calls=1"
+	}
+	return fmt.Sprintf("calls=%d (1 joined the line, %d refreshed its place or claimed)", attempt+1, attempt)
 }
 
 // release releases g and prints the outcome. It holds the output lock

@@ -57,6 +57,14 @@ to its leader channel, one per observed Election value in each process. A
 lock and an election that nobody observes look alike, and are shown as a
 lock.
 
+It also shows the name's void markers (NAMESPACE:{KEY}:void:<value>):
+each is a waiter that gave up (its wait was cancelled or ran out, a
+MultiMutex's Lock among them), and lasts one TTL, during which a late
+acquire with that value is refused. Nothing lists them, so inspect scans
+the keyspace for them (SCAN MATCH, on every node): on a database of
+millions of keys that is a pass over all of them, which --watch makes at
+most every 5s.
+
 With --watch it prints the state, then reads it again every --interval and
 prints one line for each change it sees (a new holder, a release, a new
 token, an error) until interrupted. It reads, it does not follow every
@@ -78,7 +86,9 @@ that nothing tells more of. A semaphore has "holding" (how many hold a permit),
 election has "observers"; a read-write lock has "mode" ("read" or
 "write"), "holding" and "holders" as a semaphore has, and "line" (the first
 10 in line: owner and mode), which a lock has too when a read-write lock's
-waiter stands in its line.
+waiter stands in its line. Every kind has "voided" (how many void markers
+the name has) and "voids" (the first 10 to end: owner, value,
+expires_in_ms) when it has any.
 
 With several KEYs it shows each one as above, a line each in the order
 given, and then a line for each request that holds several of them, or
@@ -238,7 +248,12 @@ type lockState struct {
 	// names the owners of the first ones, first in line first.
 	Waiting int      `json:"waiting"`
 	Waiters []string `json:"waiters,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	// Voided is how many void markers the name has: values that gave up
+	// waiting, whose late acquire Redis refuses while the marker lasts
+	// (one TTL). Voids names the first maxNamedVoids to end.
+	Voided int         `json:"voided,omitempty"`
+	Voids  []voidState `json:"voids,omitempty"`
+	Error  string      `json:"error,omitempty"`
 }
 
 // waiterState is one waiter in a line that shows modes.
@@ -269,7 +284,8 @@ func (s lockState) differs(o lockState) bool {
 	return s.State != o.State || s.Kind != o.Kind || s.Value != o.Value || s.LastToken != o.LastToken ||
 		s.Waiting != o.Waiting || s.Error != o.Error || noExpiry(s) != noExpiry(o) ||
 		s.Holding != o.Holding || !slices.Equal(holders(s), holders(o)) ||
-		s.Permits != o.Permits || s.Observers != o.Observers || s.Mode != o.Mode || !slices.Equal(s.Line, o.Line)
+		s.Permits != o.Permits || s.Observers != o.Observers || s.Mode != o.Mode || !slices.Equal(s.Line, o.Line) ||
+		s.Voided != o.Voided
 }
 
 // runInspect implements "distlock inspect". Without --watch it returns nil
@@ -286,16 +302,15 @@ func runInspect(ctx context.Context, args []string, stdout, _ io.Writer) error {
 			return usageError{err}
 		}
 	}
-	client, _, closeClient, err := connect(cfg.redis, false)
+	client, _, closeClient, err := connectReal(cfg.redis, time.Time{})
 	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			return err
-		}
-		return &exitStatus{code: exitFailed, err: err}
+		return err
 	}
 	defer closeClient()
 	in := &inspector{rc: client, lc: lease.New(client), names: cfg.names, keys: keys}
+	if cfg.watch {
+		in.voidEvery = voidScanEvery
+	}
 
 	emit := func(s lookState) error {
 		if cfg.json {
@@ -340,6 +355,11 @@ type inspector struct {
 	lc    *lease.Client
 	names []string     // as given
 	keys  []lease.Keys // of each name
+	// voidScans is the last scan for void markers of each lease key, and
+	// voidEvery how old it may be before the next look scans again (0:
+	// every look scans).
+	voidScans map[string]voidScan
+	voidEvery time.Duration
 }
 
 // watch prints the state, then every change, until ctx is done. A Redis
@@ -602,6 +622,7 @@ func (s lockState) text(withTime bool) string {
 			b.WriteString(", ...")
 		}
 	}
+	s.voidText(&b)
 	return b.String()
 }
 

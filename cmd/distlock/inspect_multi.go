@@ -56,6 +56,11 @@ func (in *inspector) look(ctx context.Context) (lookState, error) {
 	}
 	for i, k := range in.keys {
 		ls, err := in.inspect(ctx, k)
+		if err == nil {
+			vctx, cancel := context.WithTimeout(ctx, inspectTimeout)
+			err = in.voids(vctx, &ls, k)
+			cancel()
+		}
 		if err != nil {
 			fail(i, err)
 			continue

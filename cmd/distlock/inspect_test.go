@@ -130,13 +130,17 @@ func TestInspect(t *testing.T) {
 	// Another namespace is another lock.
 	assert.Equal(t, "jobs:{job}  free  no token issued\n", inspectText(t, srv, "--namespace", "jobs", "job"))
 
-	// Released: free, and the last token stays.
+	// Released: free, and the last token stays. The two waiters that gave
+	// up left their void markers, for one TTL (the default, 30 s).
 	releaseGuard(t, g)
-	assert.Equal(t, fmt.Sprintf("distlock:{job}  free  last token %d\n", g.Token()), inspectText(t, srv, "job"))
+	assert.Regexp(t, fmt.Sprintf(`^distlock:\{job\}  free  last token %d  2 void: (first:1|second:2) \(\d+(\.\d+)?s left\), (first:1|second:2) \(\d+(\.\d+)?s left\)\n$`, g.Token()),
+		inspectText(t, srv, "job"))
 	s = inspectJSON(t, srv, "job")
 	assert.Equal(t, "free", s.State)
 	assert.Nil(t, s.ExpiresInMS)
 	assert.Equal(t, g.Token(), s.LastToken)
+	assert.Equal(t, 2, s.Voided)
+	assert.ElementsMatch(t, []string{"first:1", "second:2"}, []string{s.Voids[0].Owner, s.Voids[1].Owner})
 
 	// Set by hand, without expiry.
 	srv.MustDo("SET", "distlock:{manual}", "an operator")
@@ -280,12 +284,16 @@ func TestInspectSemaphore(t *testing.T) {
 
 	// Both released: free (exit 1), but still known as a semaphore, with
 	// its permits and last token.
+	// The waiter that gave up above left its void marker.
 	releaseGuard(t, g2)
-	assert.Equal(t, fmt.Sprintf("distlock:{pool}  semaphore free  permits: 2 (as of the last grant), 2 free  last token %d\n", g2.Token()),
+	assert.Regexp(t, fmt.Sprintf(`^distlock:\{pool\}  semaphore free  permits: 2 \(as of the last grant\), 2 free  last token %d  1 void: w-3 \([^)]+ left\)\n$`, g2.Token()),
 		inspectText(t, srv, "pool"))
 	s = inspectJSON(t, srv, "pool")
 	assert.Equal(t, lockState{Time: s.Time, Key: "distlock:{pool}", State: "free", Kind: "semaphore",
-		Permits: 2, FreePermits: s.FreePermits, LastToken: g2.Token()}, s)
+		Permits: 2, FreePermits: s.FreePermits, LastToken: g2.Token(), Voided: 1, Voids: s.Voids}, s)
+	if assert.Len(t, s.Voids, 1) {
+		assert.Equal(t, "w-3", s.Voids[0].Owner)
+	}
 
 	// More holders than inspect names; and the record of the permits gone.
 	const many = maxNamedHolders + 2
@@ -360,12 +368,13 @@ func TestInspectElection(t *testing.T) {
 	s = inspectJSON(t, srv, "boss")
 	assert.Equal(t, "held", s.State)
 	assert.Equal(t, "lock", s.Kind)
-	assert.Regexp(t, fmt.Sprintf(`^distlock:\{boss\}  held by node-1:8080  expires in [^ ]+s  last token %d\n$`, g.Token()),
+	// The candidate that stopped campaigning left its void marker.
+	assert.Regexp(t, fmt.Sprintf(`^distlock:\{boss\}  held by node-1:8080  expires in [^ ]+s  last token %d  1 void: node-2:8080 \([^)]+ left\)\n$`, g.Token()),
 		inspectText(t, srv, "boss"))
 
 	// Resigned: free.
 	releaseGuard(t, g)
-	assert.Equal(t, fmt.Sprintf("distlock:{boss}  free  last token %d\n", g.Token()), inspectText(t, srv, "boss"))
+	assert.Regexp(t, fmt.Sprintf(`^distlock:\{boss\}  free  last token %d  1 void: node-2:8080 \([^)]+ left\)\n$`, g.Token()), inspectText(t, srv, "boss"))
 }
 
 // awaitLeader waits until leaders delivers the leader value.

@@ -5,6 +5,7 @@
 //	distlock run --permits N [flags] KEY ...          the same, under one of N permits of a semaphore
 //	distlock run [flags] -k NAME -k NAME ... [--] ... the same, holding several locks at once (all or none)
 //	distlock inspect [flags] KEY [KEY...]             show who holds a lock, semaphore or election; --watch follows it
+//	distlock break [flags] KEY                        end the lease of a stuck holder; the first in line gets the lock
 //	distlock demo [flags]                             a few workers contend for one lock
 //
 // Run "distlock help" for an overview and "distlock help COMMAND" for the
@@ -54,6 +55,11 @@ Usage:
         token (or a semaphore's holders and permits, or an election's
         leader); exit status 0 if it is held, 1 if it is free; with several
         KEYs, also who holds some and waits for others at once
+  distlock break [flags] KEY
+        end the lease of whoever holds KEY (a holder that is frozen or
+        dead), as its expiry would: the first in line gets the lock at
+        once with a larger token, and the holder's next renewal is
+        refused; exit status 0 if it broke a lease, 1 if there was none
   distlock demo [flags]
         a few workers contend for one lock and print their transitions
   distlock help [COMMAND]
@@ -82,6 +88,9 @@ Examples:
   distlock inspect backup
   distlock inspect --watch --json backup
 
+  # its holder is frozen and its lease has an hour left: end it now
+  distlock break backup
+
   # see the lock at work, on an embedded Redis
   distlock demo --workers 5 --duration 10s
 
@@ -100,8 +109,9 @@ Exit status:
   78 (KEY is used by another kind: a semaphore's name without --permits,
   or a lock's with it), 125 (Redis failed), 126 or 127 (the command
   cannot run); inspect exits 1
-  when the lock is free and 125 when Redis cannot be read. "distlock help
-  COMMAND" tells each command's codes in full.
+  when the lock is free and 125 when Redis cannot be read; break exits 1
+  when it broke nothing. "distlock help COMMAND" tells each command's
+  codes in full.
 `
 
 // subcommand is one of distlock's commands.
@@ -127,6 +137,11 @@ var subcommands = map[string]subcommand{
 		usage: inspectUsage,
 		flags: func() *flag.FlagSet { return inspectFlags(new(inspectConfig)) },
 		run:   stopOnSignal(runInspect),
+	},
+	"break": {
+		usage: breakUsage,
+		flags: func() *flag.FlagSet { return breakFlags(new(breakConfig)) },
+		run:   stopOnSignal(runBreak),
 	},
 	"demo": {
 		usage: demoUsage,

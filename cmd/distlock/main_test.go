@@ -192,10 +192,11 @@ func TestHelp(t *testing.T) {
 	assert.Empty(t, errOut)
 	for _, want := range []string{"distlock run --", "distlock run -n", "distlock run -w 30", "-c '",
 		"distlock inspect ", "if distlock inspect", "distlock inspect --watch", "distlock demo --workers",
+		"distlock break ",
 		"distlock --version", "Exit status:", "64 ", "75", "125"} {
 		assert.Contains(t, out, want, "the overview lacks it")
 	}
-	for _, sub := range []string{"run", "inspect", "demo"} {
+	for _, sub := range []string{"run", "inspect", "break", "demo"} {
 		for _, args := range [][]string{{sub, "-h"}, {sub, "--help"}, {"help", sub}} {
 			code, out, errOut := runDistlock(t, args...)
 			assert.Equal(t, exitOK, code, "%q", args)
@@ -208,7 +209,7 @@ func TestHelp(t *testing.T) {
 	}
 	_, out, _ = runDistlock(t, "help", "run")
 	for _, want := range []string{"DISTLOCK_TOKEN", "75", "76", "125", "126", "127", "128+N", "--grace DURATION",
-		"-n, --nonblock, --try\n", "-w, --wait SECONDS\n", "-E, --conflict-exit-code CODE\n", "-c, --command LINE\n",
+		"-n, --nonblock, --try\n", "-w, --timeout, --wait SECONDS\n", "-E, --conflict-exit-code CODE\n", "-c, --command LINE\n",
 		"-v, --verbose\n", "flock(1)", "--permits N\n", "distlock run --permits 4"} {
 		assert.Contains(t, out, want)
 	}

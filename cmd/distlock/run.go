@@ -129,7 +129,8 @@ signals then go to the command alone, and SIGINT and SIGQUIT are not passed
 on, since the terminal sends them to the command directly. A signal that
 arrives while distlock is still waiting for the lock ends the wait.
 
-For flock(1) users: -n, -w, -E, -c and -v mean what they mean there, but
+For flock(1) users: -n, -w (also --wait and --timeout), -E, -c and -v
+mean what they mean there, but
 the default -E is 75, not 1; -c runs sh, not $SHELL; and -w also takes
 durations such as 1m30s. -s and -x mean what they mean there (-x is the
 default; --permits N lets N commands share a semaphore instead), and the
@@ -138,6 +139,23 @@ Unlike flock's lock, which goes with the holder's processes, a lease
 outlives a distlock that is killed with SIGKILL (an OOM kill, say): the lock
 stays held until its lease ends, at most --ttl (10s by default) after the
 last renewal, and a -n run that starts meanwhile skips.
+
+The lease is 10s unless --ttl says otherwise, where the Go library's
+default (distlock.DefaultTTL) is 30s: a "distlock run" that is SIGKILLed
+keeps the lock for the rest of its lease, which flock(1) users do not
+expect, and a service's hold, which renews itself from a long-lived
+process, can afford a longer one. The TTL only bounds that wait (and how
+long a frozen holder keeps the lock): the command itself may run for hours,
+renewed every TTL/3. "distlock break KEY" ends a stuck holder's lease at
+once.
+
+With -w, everything before the command counts against the wait: the
+connection to Redis, the wait in line, and a call that Redis does not
+answer. A Redis that accepts connections but does not answer (stopped,
+overloaded) ends the run with status 125 at most a fraction of a second
+after -w runs out, and the command does not run. Without -w (and with -n),
+a Redis that does not answer makes distlock wait as long as its calls'
+own timeouts.
 
 Every time span (--ttl, -w, --grace) is a duration such as 10s, 500ms or
 1m30s, or a bare number of seconds: --ttl 10 is ten seconds.
@@ -196,11 +214,14 @@ type runConfig struct {
 }
 
 // runTTL is the default lease of "distlock run": shorter than the library's
-// DefaultTTL (30 s). A holder that is SIGKILLed (an OOM kill) cannot
-// release, so its lock stays held for the rest of its lease and a -n cron
-// job that starts meanwhile skips its run; flock(1) frees the lock as soon
-// as the holder's processes are gone. Ten seconds bounds that; renewals,
-// every TTL/3, are one round trip each and cost little.
+// DefaultTTL (30 s), on purpose, and said so in runUsage and the README. A
+// holder that is SIGKILLed (an OOM kill) cannot release, so its lock stays
+// held for the rest of its lease and a -n cron job that starts meanwhile
+// skips its run; flock(1) frees the lock as soon as the holder's processes
+// are gone. Ten seconds bounds that; renewals, every TTL/3, are one round
+// trip each and cost little. A library user's hold lives in a long-running
+// service, whose restarts are rarer than a cron job's kills, and whose
+// renewals compete with its own work: there 30 s leaves more room.
 const runTTL = 10 * time.Second
 
 // singleAttempt reports whether the command line asks for one attempt at
@@ -214,7 +235,7 @@ func runFlags(c *runConfig) *flag.FlagSet {
 	fs.BoolVar(&c.try, "n", false, "make a single attempt: if the lock is held, exit at once with the status of -E")
 	alias(fs, "n", "nonblock", "try")
 	fs.Var(&durationValue{d: &c.wait, set: &c.waitSet}, "w", "wait at most `SECONDS` for the lock, then exit with the status of -E: seconds (5, 0.5) or a duration (1m30s); 0 makes a single attempt, like -n (default: wait as long as it takes)")
-	alias(fs, "w", "wait")
+	alias(fs, "w", "wait", "timeout") // flock(1) takes all three
 	fs.IntVar(&c.conflictCode, "E", exitNotAcquired, "the exit status (`CODE`, 0 to 255) when the lock is not acquired (-n found it held, or -w ran out)")
 	alias(fs, "E", "conflict-exit-code")
 	fs.StringVar(&c.command, "c", "", "run `LINE` with sh -c, instead of COMMAND [ARGS...]")
@@ -347,7 +368,10 @@ func defaultOwner() string {
 type runner struct {
 	cfg   runConfig
 	start time.Time
-	lk    *locker // what the command runs under, once run has made it
+	// deadline is, with -w N (N > 0), start plus N: the command starts by
+	// then or not at all. Zero without a bound.
+	deadline time.Time
+	lk       *locker // what the command runs under, once run has made it
 
 	// mu serialises the lines written to stderr, which come from the
 	// runner and, with -v, from the guard's goroutine (runObserver).
@@ -404,15 +428,19 @@ func (r *runner) run(ctx context.Context) error {
 	if _, err := exec.LookPath(cfg.argv[0]); err != nil {
 		return execError(err)
 	}
-	client, where, closeClient, err := connect(cfg.redis, false)
-	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			return err
-		}
-		return &exitStatus{code: exitFailed, err: err}
+	if cfg.waitSet && cfg.wait > 0 {
+		// -w bounds all that comes before the command: the connect as
+		// well as the wait (see acquire).
+		r.deadline = r.start.Add(cfg.wait)
 	}
-	defer closeClient()
+	client, where, closeClient, err := connectReal(cfg.redis, r.deadline)
+	if errors.Is(err, errConnectTime) {
+		return &exitStatus{code: exitFailed, err: fmt.Errorf("%w; -w %v ran out, and the command did not run", errors.Unwrap(err), cfg.wait)}
+	}
+	if err != nil {
+		return err
+	}
+	defer closeSoon(closeClient)
 
 	opts := []distlock.Option{
 		distlock.WithNamespace(cfg.namespace),
@@ -465,6 +493,29 @@ func (r *runner) run(ctx context.Context) error {
 		return &exitStatus{code: exitLost, err: fmt.Errorf("%s; the command %s", message(slipped), describe(ps))}
 	}
 	return &exitStatus{code: exitCode(ps)}
+}
+
+// closeTimeout bounds how long "distlock run" waits for its Redis client to
+// close before it exits. The lock is released (or its release given up on)
+// by then, so the close only frees sockets; but rueidis gives a server that
+// does not answer a second per connection before it drops it.
+const closeTimeout = 250 * time.Millisecond
+
+// closeSoon calls closeClient and returns when it has returned or after
+// closeTimeout, whichever comes first. In the latter case the close goes on
+// in a goroutine that the process's exit, which comes next, ends.
+func closeSoon(closeClient func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		closeClient()
+	}()
+	t := time.NewTimer(closeTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // locker is what "distlock run" holds while the command runs: the
@@ -574,17 +625,42 @@ const settleTimeout = time.Second
 
 func (s *signalCause) Error() string { return "received " + s.sig.String() }
 
+// noReplyCause is the cause of lockCtx when -w ran out with a call to Redis
+// still unanswered (see acquire).
+type noReplyCause struct{ wait time.Duration }
+
+func (c *noReplyCause) Error() string {
+	return fmt.Sprintf("Redis did not answer within -w %v", c.wait)
+}
+
+// waitSlack is how long past the deadline of -w acquire waits for the
+// wait's own end (ErrTimeout, exit status 75) before it gives up on Redis
+// (exit status 125).
+const waitSlack = 300 * time.Millisecond
+
 // acquire waits for the lock, or makes a single attempt with -n or -w 0. A
 // signal ends the wait with status 128+N. Other failures are an
 // *exitStatus with the documented code.
 func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCauseFunc, m *locker, sigs <-chan os.Signal) (*distlock.Guard, error) {
 	waiting := make(chan struct{})
 	watched := make(chan struct{})
+	var expired <-chan time.Time
+	if !r.deadline.IsZero() {
+		// A backstop: the wait bounds itself (WithMaxWait) and ends with
+		// ErrTimeout at the deadline, but a call to Redis that is in
+		// flight then, to a server that does not answer, may not end
+		// until its own timeout.
+		t := time.NewTimer(time.Until(r.deadline) + waitSlack)
+		defer t.Stop()
+		expired = t.C
+	}
 	go func() {
 		defer close(watched)
 		select {
 		case sig := <-sigs:
 			cancelLock(&signalCause{sig: sig})
+		case <-expired:
+			cancelLock(&noReplyCause{wait: r.cfg.wait})
 		case <-waiting:
 		}
 	}()
@@ -600,14 +676,24 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	if err != nil {
 		// distlock exits next: let the clean-up of the wait it gave up
 		// reach Redis, so that the next waiter gets the lock now rather
-		// than a claim window later.
-		sctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		_ = distlock.Settle(sctx)
-		cancel()
+		// than a claim window later. With -w, not past the backstop: a
+		// server that did not answer the wait will not answer the
+		// clean-up either (the waiter's place lapses on its own).
+		settle := settleTimeout
+		if !r.deadline.IsZero() {
+			settle = min(settle, time.Until(r.deadline.Add(waitSlack)))
+		}
+		if settle > 0 {
+			sctx, cancel := context.WithTimeout(context.Background(), settle)
+			_ = distlock.Settle(sctx)
+			cancel()
+		}
 	}
 
 	var sc *signalCause
-	if errors.As(context.Cause(lockCtx), &sc) {
+	var nr *noReplyCause
+	switch {
+	case errors.As(context.Cause(lockCtx), &sc):
 		// The signal may have come just as the lock was granted; then the
 		// guard is already releasing itself (its Lock context ended).
 		if g != nil {
@@ -615,11 +701,18 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 		}
 		return nil, &exitStatus{code: exitSignalBase + signalNumber(sc.sig),
 			err: fmt.Errorf("%v while waiting for %s", sc, m.what)}
+	case errors.As(context.Cause(lockCtx), &nr):
+		if g != nil { // granted just as the backstop fired: too late
+			r.release(g)
+		}
+		return nil, &exitStatus{code: exitFailed, err: fmt.Errorf("waiting for %s: %v; the command did not run", m.what, nr)}
 	}
 	switch {
 	case err == nil:
 		return g, nil
-	case errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, distlock.ErrTimeout):
+	case errors.Is(err, distlock.ErrTimeout):
+		return nil, &exitStatus{code: r.cfg.conflictCode, err: timedOut(r.cfg.wait, err)}
+	case errors.Is(err, distlock.ErrNotAcquired):
 		return nil, &exitStatus{code: r.cfg.conflictCode, err: err}
 	case errors.Is(err, distlock.ErrWrongKind):
 		// Neither a Redis failure nor a bad command line as such: KEY is
@@ -629,6 +722,26 @@ func (r *runner) acquire(lockCtx context.Context, cancelLock context.CancelCause
 	default:
 		return nil, &exitStatus{code: exitFailed, err: err}
 	}
+}
+
+// timedOut says how a wait bounded by -w ended without the lock. The
+// library counts every call to Redis as an attempt; those of a waiter are
+// the one that put it in line and the refreshes of its place (every half
+// claim window), not polls: a grant reaches it by pub/sub.
+func timedOut(wait time.Duration, err error) error {
+	var te *distlock.TimeoutError
+	if !errors.As(err, &te) {
+		return err
+	}
+	calls := "1 call to Redis, which put it in line"
+	if te.Attempts > 1 {
+		refreshes := "refreshes"
+		if te.Attempts == 2 {
+			refreshes = "refresh"
+		}
+		calls = fmt.Sprintf("%d calls to Redis: one to stand in line, %d %s of its place", te.Attempts, te.Attempts-1, refreshes)
+	}
+	return fmt.Errorf("not acquired within -w %v: waited %v for %s (%s)", wait, te.Waited.Round(time.Millisecond), te.Key, calls)
 }
 
 // kindNames says in words what each kind of lease that a WrongKindError
