@@ -3,7 +3,9 @@ package distlock_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/distkit-go/distlock"
 	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/lease"
 )
 
 // multiOpts are the options of the MultiMutexes and Mutexes of these
@@ -501,4 +504,115 @@ func TestMultiMutexReplicaAck(t *testing.T) {
 	for _, n := range []string{"x", "y", "z"} {
 		assert.Empty(t, holderOf(t, p, n), "%s held after a grant the replica did not acknowledge", n)
 	}
+}
+
+// lossyRedis is a Redis whose first lose scripts get no reply: each fails
+// as on a connection that broke before the reply, without running.
+type lossyRedis struct {
+	lease.Redis
+	lose atomic.Int32
+}
+
+func (r *lossyRedis) Eval(ctx context.Context, s *lease.Script, keys, args []string) lease.Reply {
+	if r.lose.Add(-1) >= 0 {
+		return lease.ErrorReply(io.ErrUnexpectedEOF)
+	}
+	return r.Redis.Eval(ctx, s, keys, args)
+}
+
+// Issue 31, fault 3: a set joins a waiting room once per call. A Mutex of
+// client c waits in y's line, so c has a room for y; a MultiMutex on
+// {x, y} of c, whose first call gets no reply, asks again and then stands
+// in y's line behind the Mutex. (Before the fix, it joined y's room again
+// before its second call, and left it once.) y's holder releases, the
+// Mutex takes y and releases it, the set takes both and releases them:
+// then no room is left for y.
+func TestMultiMutexJoinsARoomOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	const key = "distlock:{y}"
+	gy, err := newMutex(t, srv.Client(), "y", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	waiter := acquireAsync(t, t.Context(), newMutex(t, c, "y", multiOpts...).Lock)
+	waitInLine(t, srv, key, 1)
+	require.Equal(t, 1, distlock.RoomsOf(key), "the Mutex's room for y")
+
+	lossy := &lossyRedis{Redis: lease.FromRueidis(c)}
+	lossy.lose.Store(1)
+	m, err := distlock.NewMultiMutexOn(lossy, []string{"x", "y"}, multiOpts...)
+	require.NoError(t, err)
+	set := acquireAsync(t, t.Context(), m.Lock)
+	waitInLine(t, srv, key, 2)
+	require.Negative(t, lossy.lose.Load(), "the set's first call was not lost")
+
+	assert.Equal(t, distlock.Released, release(t, gy))
+	ow := await(t, waiter, eventually, "the Mutex once y's holder released")
+	require.NoError(t, ow.Err())
+	assert.Equal(t, distlock.Released, release(t, ow.Guard()))
+	os := await(t, set, eventually, "the set once the Mutex released")
+	require.NoError(t, os.Err())
+	assert.Equal(t, distlock.Released, release(t, os.Guard()))
+	require.Eventually(t, func() bool { return distlock.RoomsOf(key) == 0 }, eventually, pollEvery,
+		"y's room is still there after everyone released: %d rooms", distlock.RoomsOf(key))
+}
+
+// Issue 32, item 5: a cancelled Lock touches only the names it reached. A
+// Mutex holds y; a set on {x, y, z}, which takes z, then y, then x, holds z
+// and waits in y's line; its Lock is cancelled. Its clean-up leaves the
+// void marker of its value on z and y (what a call of it still in flight
+// would find), and nothing at all on x, which it never reached.
+func TestMultiMutexCancelTouchesOnlyReachedNames(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	mg, err := newMutex(t, c, "y", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	m := newMulti(t, c, []string{"x", "y", "z"})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	set := acquireAsync(t, ctx, m.Lock)
+	require.Eventually(t, func() bool {
+		return lineLen(t, srv, "y") == 1 && holderOf(t, srv, "z") != ""
+	}, eventually, pollEvery, "the set does not hold z and wait in y's line")
+	value := holderOf(t, srv, "z")
+	cancel()
+	require.ErrorIs(t, await(t, set, eventually, "the set's Lock after cancel").Err(), context.Canceled)
+	// One script cancels the value on every name of the group it reached.
+	require.Eventually(t, func() bool { return lineLen(t, srv, "y") == 0 && holderOf(t, srv, "z") == "" },
+		eventually, pollEvery, "the set's clean-up did not run")
+	for _, n := range []string{"z", "y"} {
+		assert.True(t, exists(t, srv, "distlock:{"+n+"}:void:"+value), "the void marker of the set on %s, which it reached", n)
+	}
+	keys, err := srv.MustDo("KEYS", "distlock:{x}*").AsStrSlice()
+	require.NoError(t, err)
+	assert.Empty(t, keys, "the cancelled set left keys on x, which it never reached")
+	assert.Equal(t, distlock.Released, release(t, mg))
+}
+
+// Issue 32, item 5: a TryLock that fails touches no name it gives back. A
+// Mutex holds a; a set on {a, z}, which takes z first, fails on a: z is
+// left as it was, without a token issued or a fencing key made for it, and
+// a's holder is untouched.
+func TestMultiMutexFailedTryLockTouchesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ga, err := newMutex(t, c, "a", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	aFence, _ := get(t, srv, "distlock:{a}:fence")
+	m := newMulti(t, c, []string{"a", "z"})
+	for range 3 {
+		_, err = m.TryLock(t.Context())
+		var na *distlock.NotAcquiredError
+		require.ErrorAs(t, err, &na)
+		assert.Equal(t, "distlock:{a}", na.Key)
+	}
+	keys, err := srv.MustDo("KEYS", "distlock:{z}*").AsStrSlice()
+	require.NoError(t, err)
+	assert.Empty(t, keys, "the failed TryLocks left keys on z, which was free")
+	got, _ := get(t, srv, "distlock:{a}:fence")
+	assert.Equal(t, aFence, got, "a's fencing key")
+	assert.Equal(t, distlock.Acquired, ga.State())
+	assert.Equal(t, distlock.Released, release(t, ga))
+	g, err := m.TryLock(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, distlock.Released, release(t, g))
 }
