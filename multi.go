@@ -179,7 +179,12 @@ func (m *MultiMutex) Keys() []string {
 // error matching ctx.Err() (or [ErrTimeout]); in the background it gives
 // back every name it held and leaves every line it stood in (the names
 // that a release was passing to it at that moment are passed on within
-// their claim window at worst). It is safe for concurrent use.
+// their claim window at worst). On each name that a call of it reached
+// it leaves the void marker of its value, the key
+// "<lease key>:void:<value>", for one TTL, so that a call still on its
+// way cannot take the name or stand in its line after Lock gave up (see
+// [Mutex.Lock]); the names after the one it waited for, which no call
+// reached, it does not touch. It is safe for concurrent use.
 func (m *MultiMutex) Lock(ctx context.Context) (*Guard, error) {
 	if m.set == nil {
 		return nil, zeroValue("MultiMutex")
@@ -189,8 +194,12 @@ func (m *MultiMutex) Lock(ctx context.Context) (*Guard, error) {
 }
 
 // TryLock makes a single attempt to take every name: it takes all of them,
-// or none and leaves every name as it found it (only the fencing tokens
-// of names it could take have moved on). When a name is held it returns an
+// or none and leaves every name as it found it. Within a group (one
+// server, or one Cluster slot) it grants no name before it knows that
+// none is held, so a refused attempt issues no fencing token for the
+// free names; over several groups, the groups before the one with a held
+// name are taken and given back again, and their tokens have moved on.
+// When a name is held it returns an
 // error matching [ErrNotAcquired], a [*NotAcquiredError] that names that
 // name's key and its holder. Like [MultiMutex.Lock], ctx bounds the
 // attempt and the hold.
@@ -529,9 +538,13 @@ func (a *setAcquirer) poll(interval time.Duration) (*Guard, error) {
 // would end (see acquirer.queue, whose rules it follows for one line at
 // a time). Each group is granted the TTL; while the request waits for a
 // later group, it shortens the groups it holds to the claim window and
-// renews them every half window, so that a waiter that dies costs the
-// others no more. If one of them is lost, it gives back everything and
-// starts again from the first group, with the same ticket.
+// renews them every half window, after each call at which that renewal
+// would fall due before the next call (see keep), so that a waiter that
+// dies costs the others no more and a waiter whose nodes answer keeps
+// what it holds. (A call to the group it waits for that gets no reply
+// holds up those renewals until its deadline: the held names may then
+// lapse, and the set starts again.) If one of them is lost, it gives back
+// everything and starts again from the first group, with the same ticket.
 //
 // A name passed to it is taken with the rest of its group by the next
 // call, except the set's last name: then every name is held, and the set

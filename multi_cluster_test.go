@@ -181,6 +181,7 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 		return inLine(t, nodes[1], mcKey(b)) == 1 && mcOwnerOn(t, nodes[0], a) == "set"
 	}, eventually, pollEvery, "the set never held %s while waiting in %s's line", a, b)
 	assert.Empty(t, mcOwnerOn(t, nodes[2], c), "the set holds %s, which comes after the name it waits for", c)
+	setValue, _ := get(t, nodes[0], mcKey(a))
 
 	cancelled := time.Now()
 	cancel()
@@ -215,6 +216,12 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 	// includes the looks' own time; a place that lapsed rather than left
 	// would take the claim window.)
 	assert.Less(t, gone, mcCancelClaim/2, "the set's place left %s's line %v after the cancel", b, gone)
+	// It leaves its void marker on the names it reached, a and b, and
+	// nothing on c, which it never reached (issue 32).
+	for i, n := range []string{a, b} {
+		assert.True(t, exists(t, nodes[i], mcKey(n)+":void:"+setValue), "the set's void marker on %s", n)
+	}
+	assert.False(t, exists(t, nodes[2], mcKey(c)+":void:"+setValue), "the set voided %s, which it never reached", c)
 	assert.Equal(t, distlock.Acquired, gb.State(), "%s's holder", b)
 	got, _ := get(t, nodes[1], mcKey(b))
 	assert.Equal(t, bValue, got, "%s's lease", b)
@@ -261,18 +268,17 @@ func mcKeepsHeld(t *testing.T, cl *redistest.Cluster) {
 	// at x's owner is a command of its own; any look must find the set.
 	waiting := time.Now()
 	looks := 0
-	for tick := time.NewTicker(10 * time.Millisecond); time.Since(waiting) < mcKeepWait; looks++ {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Since(waiting) < mcKeepWait; looks++ {
 		select {
 		case o := <-later:
-			tick.Stop()
 			t.Fatalf("the later Mutex took %s %v into the set's wait (err %v): the set let its hold lapse", x, o.At().Sub(waiting), o.Err())
 		case o := <-setLock:
-			tick.Stop()
 			t.Fatalf("the set's Lock returned while %s was held: %v", y, o.Err())
 		case <-tick.C:
 		}
 		if owner := mcOwnerOn(t, nodes[0], x); owner != "set" {
-			tick.Stop()
 			t.Fatalf("%s's owner %v into the set's wait: %q, want the set", x, time.Since(waiting), owner)
 		}
 	}

@@ -320,6 +320,11 @@ func parseSetRelease(arr []Reply, n int) ([]Release, error) {
 // (from 0) of the lock it stopped at (the set's size when it did not), and,
 // when it stopped, acquireScript's reply for that lock follows; or the
 // error reply of a lock whose keys hold something else.
+//
+// Cost per call (as for acquireScript, scripts/script-cost, N=200): a
+// single attempt at a free set of 2 162k, of 8 551k, some 15k and 40k
+// more than without its check that every lock is free (one EXISTS of the
+// set's keys); standing in line at the 5th lock of 8 427k, as before.
 var acquireAllScript = newScript(`
 local acquire = function(KEYS, ARGV)
 ` + acquireScript.Source() + `
@@ -371,12 +376,19 @@ if not ARGV[2] and n > 1 then
   -- (A lock granted here, to the value that held it already or past a
   -- line of the dead, is deleted again by stop.) That check is only a
   -- shortcut: the loop below grants each lock as acquireScript decides.
+  local all = {}
   for i = 1, n do
-    local k = lock(i)
-    if redis.call('EXISTS', k[1], k[3], k[6]) > 0 then
-      local r = acquire(k, args)
-      if type(r) ~= 'number' then
-        return stop(i, r, nil)
+    local b = 6 * (i - 1)
+    all[3 * i - 2], all[3 * i - 1], all[3 * i] = KEYS[b + 1], KEYS[b + 3], KEYS[b + 6]
+  end
+  if redis.call('EXISTS', unpack(all)) > 0 then
+    for i = 1, n do
+      local k = lock(i)
+      if redis.call('EXISTS', k[1], k[3], k[6]) > 0 then
+        local r = acquire(k, args)
+        if type(r) ~= 'number' then
+          return stop(i, r, nil)
+        end
       end
     end
   end
