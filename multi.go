@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -178,7 +179,12 @@ func (m *MultiMutex) Keys() []string {
 // error matching ctx.Err() (or [ErrTimeout]); in the background it gives
 // back every name it held and leaves every line it stood in (the names
 // that a release was passing to it at that moment are passed on within
-// their claim window at worst). It is safe for concurrent use.
+// their claim window at worst). On each name that a call of it reached
+// it leaves the void marker of its value, the key
+// "<lease key>:void:<value>", for one TTL, so that a call still on its
+// way cannot take the name or stand in its line after Lock gave up (see
+// [Mutex.Lock]); the names after the one it waited for, which no call
+// reached, it does not touch. It is safe for concurrent use.
 func (m *MultiMutex) Lock(ctx context.Context) (*Guard, error) {
 	if m.set == nil {
 		return nil, zeroValue("MultiMutex")
@@ -188,8 +194,12 @@ func (m *MultiMutex) Lock(ctx context.Context) (*Guard, error) {
 }
 
 // TryLock makes a single attempt to take every name: it takes all of them,
-// or none and leaves every name as it found it (only the fencing tokens
-// of names it could take have moved on). When a name is held it returns an
+// or none and leaves every name as it found it. Within a group (one
+// server, or one Cluster slot) it grants no name before it knows that
+// none is held, so a refused attempt issues no fencing token for the
+// free names; over several groups, the groups before the one with a held
+// name are taken and given back again, and their tokens have moved on.
+// When a name is held it returns an
 // error matching [ErrNotAcquired], a [*NotAcquiredError] that names that
 // name's key and its holder. Like [MultiMutex.Lock], ctx bounds the
 // attempt and the hold.
@@ -238,6 +248,12 @@ func (s *lockSet) posOf(j int) int {
 // group returns the keys of group gi.
 func (s *lockSet) group(gi int) []lease.Keys { return s.keys[s.groups[gi]:s.groups[gi+1]] }
 
+// reachedOf returns the keys of group gi that a request's calls reached:
+// the first reached[gi].
+func (s *lockSet) reachedOf(gi int, reached []int) []lease.Keys {
+	return s.keys[s.groups[gi] : s.groups[gi]+reached[gi]]
+}
+
 // ngroups returns the number of groups.
 func (s *lockSet) ngroups() int { return len(s.groups) - 1 }
 
@@ -251,6 +267,11 @@ type setAcquirer struct {
 	tokens []int64     // the token of each name held, in the set's order
 	sent   []time.Time // for each group held, the send time of the last write of its leases
 	ttl    []time.Duration
+	// reached counts, for each group, the names (from its first) that a
+	// call of the request may have written to: all of them after a call
+	// without a reply, otherwise up to the name the furthest call stopped
+	// at. A request that gives up cancels these names alone.
+	reached []int
 	// ticket is the request's place in every line, once it stood in one.
 	ticket int64
 }
@@ -270,6 +291,7 @@ func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interv
 		tokens:   make([]int64, len(s.keys)),
 		sent:     make([]time.Time, s.ngroups()),
 		ttl:      make([]time.Duration, s.ngroups()),
+		reached:  make([]int, s.ngroups()),
 	}
 	if wait > 0 {
 		a.limit = a.start.Add(wait)
@@ -291,12 +313,13 @@ func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interv
 		a.stopCalls()
 	}
 	if g == nil && a.dirty {
-		// Give back whatever of the value may be in Redis, in every
-		// group, in the background: the caller does not wait on it.
-		value := a.value
+		// Give back whatever of the value may be in Redis, on every name
+		// a call reached, in the background: the caller does not wait on
+		// it.
+		value, reached := a.value, a.reached
 		proc.goWork(func() {
 			defer proc.work.done()
-			s.cleanup(value)
+			s.cleanup(value, reached)
 		})
 	}
 	info := AcquireInfo{Key: first.keys.Lease, Kind: kindMultiMutex, Owner: first.owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
@@ -307,16 +330,22 @@ func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interv
 	return g, err
 }
 
-// cleanup cancels value on every name (see engine.cleanup): it voids it,
+// cleanup cancels value on the names that a call of it reached, the
+// first reached[gi] of each group gi (see engine.cleanup): it voids it,
 // takes it out of every line and gives back every name it holds, passing
-// each to its line. It may take up to a TTL, on connections of its own.
-func (s *lockSet) cleanup(value string) {
+// each to its line. A name that no call reached is not touched. It may
+// take up to a TTL, on connections of its own.
+func (s *lockSet) cleanup(value string, reached []int) {
 	e := &s.engines[0]
 	ctx, cancel := context.WithTimeout(context.Background(), e.ttl)
 	defer cancel()
 	s.eachGroup(func(gi int) {
+		ks := s.reachedOf(gi, reached)
+		if len(ks) == 0 {
+			return
+		}
 		sent := time.Now()
-		rs, err := s.store.CancelAllDedicated(ctx, s.group(gi), value, e.ttl)
+		rs, err := s.store.CancelAllDedicated(ctx, ks, value, e.ttl)
 		if err != nil {
 			e.logger().Warn("distlock: could not clean up after giving up on a set; it expires on its own", "err", err)
 			return
@@ -398,6 +427,13 @@ func (a *setAcquirer) call(gi int, p *lease.Place) (sg lease.SetGrant, err, stop
 func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, retry bool, err error) {
 	sent := time.Now()
 	sg, err, stop := a.call(gi, p)
+	n := len(a.s.group(gi))
+	if stop != nil || err != nil {
+		// It may have run, or stopped anywhere (an error reply).
+		a.reached[gi] = n
+	} else {
+		a.reached[gi] = max(a.reached[gi], min(sg.Stopped+1, n))
+	}
 	if stop != nil {
 		a.dirty, a.uncertain = true, true
 		return sg, false, false, stop
@@ -422,7 +458,7 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 	}
 	at := a.s.groups[gi]
 	copy(a.tokens[at:], sg.Tokens)
-	if sg.Stopped < len(a.s.group(gi)) {
+	if sg.Stopped < n {
 		return sg, false, false, nil
 	}
 	if !time.Now().Before(leaseDeadline(sent, a.e.ttl)) {
@@ -437,14 +473,19 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 
 // giveBack releases the groups before gi, which the call took before it
 // met a held name (a single attempt: all or nothing) or lost one (a
-// waiting call, which starts again). A release that fails leaves the call
-// dirty: its clean-up cancels the value on every name when it gives up.
+// waiting call, which starts again): the names of each that a call
+// reached. A release that fails leaves the call dirty: its clean-up
+// cancels the value on every name reached when it gives up.
 func (a *setAcquirer) giveBack(gi int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), min(cleanupTimeout, a.e.claim))
 	defer cancel()
 	for g := range gi {
+		ks := a.s.reachedOf(g, a.reached)
+		if len(ks) == 0 {
+			continue
+		}
 		sent := time.Now()
-		rs, err := a.s.store.ReleaseAll(ctx, a.s.group(g), a.value)
+		rs, err := a.s.store.ReleaseAll(ctx, ks, a.value)
 		if err != nil {
 			a.dirty = true
 			continue
@@ -497,9 +538,13 @@ func (a *setAcquirer) poll(interval time.Duration) (*Guard, error) {
 // would end (see acquirer.queue, whose rules it follows for one line at
 // a time). Each group is granted the TTL; while the request waits for a
 // later group, it shortens the groups it holds to the claim window and
-// renews them every half window, so that a waiter that dies costs the
-// others no more. If one of them is lost, it gives back everything and
-// starts again from the first group, with the same ticket.
+// renews them every half window, after each call at which that renewal
+// would fall due before the next call (see keep), so that a waiter that
+// dies costs the others no more and a waiter whose nodes answer keeps
+// what it holds. (A call to the group it waits for that gets no reply
+// holds up those renewals until its deadline: the held names may then
+// lapse, and the set starts again.) If one of them is lost, it gives back
+// everything and starts again from the first group, with the same ticket.
 //
 // A name passed to it is taken with the rest of its group by the next
 // call, except the set's last name: then every name is held, and the set
@@ -542,7 +587,7 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			// Held whole, but a group's leases were last written too long
 			// ago to trust: renew them, or start again.
 			a.dirty = true
-			if !a.keep(gi, false) {
+			if !a.keep(gi, false, time.Now()) {
 				restart(gi)
 				gi, lastStop = 0, -1
 			}
@@ -569,12 +614,15 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			if e := a.e; e.debug() {
 				e.logger().Debug("distlock: asking for a set of locks failed; trying again", "err", err)
 			}
-			if !a.keep(gi, true) {
+			// The next call comes after the pause: renew what falls due
+			// before it.
+			p := pause.next()
+			if !a.keep(gi, true, time.Now().Add(p)) {
 				restart(gi + 1)
 				gi, lastStop = 0, -1
 				continue
 			}
-			if _, _, err := a.wait(pause.next(), a.waiter); err != nil {
+			if _, _, err := a.wait(p, a.waiter); err != nil {
 				return nil, err
 			}
 			continue
@@ -582,10 +630,11 @@ func (a *setAcquirer) queue() (*Guard, error) {
 		pause.reset()
 		a.dirty = true
 		stop := s.groups[gi] + sg.Stopped
-		if lastStop >= 0 && stop < lastStop || !a.keep(gi, true) {
-			// A name it held is lost (its claim window lapsed, or someone
-			// deleted it): it must not hold the names after it while it
-			// waits, so it gives everything back and starts again.
+		if lastStop >= 0 && stop < lastStop {
+			// A name of this group that it held is lost (its claim window
+			// lapsed, or someone deleted it): it must not hold the names
+			// after it while it waits, so it gives everything back and
+			// starts again.
 			restart(gi + 1)
 			gi, lastStop = 0, -1
 			continue
@@ -628,6 +677,12 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			wait = min(wait, sg.Blocked.HolderTTL+expiryGrace)
 		}
 		until := sent.Add(wait)
+		if !a.keep(gi, true, until) {
+			// A name of an earlier group is lost, or may be: as above.
+			restart(gi + 1)
+			gi, lastStop = 0, -1
+			continue
+		}
 		for {
 			why, note, err := a.wait(max(time.Until(until), 0), a.waiter)
 			if err != nil {
@@ -663,10 +718,16 @@ type preJoined struct {
 	w  *waiter
 }
 
-// preJoin joins the rooms open in this process for the names of group gi.
+// preJoin joins the rooms open in this process for the names of group gi,
+// but for those it has joined already (pre): a call that got no reply
+// asks again with the rooms it joined for the first, and a room is
+// joined, and left, once per call.
 func (a *setAcquirer) preJoin(gi int, pre []preJoined) []preJoined {
 	s := a.s
 	for i := s.groups[gi]; i < s.groups[gi+1]; i++ {
+		if slices.ContainsFunc(pre, func(p preJoined) bool { return p.at == i }) {
+			continue
+		}
 		if r, _ := proc.enterRoom(s.engine(i), false); r != nil {
 			pre = append(pre, preJoined{at: i, r: r, w: r.join(a.value)})
 		}
@@ -682,19 +743,24 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // keep looks after the groups before gi, which the request holds while it
-// waits for a later one: with short set, it shortens those still held for
-// the TTL to the claim window (what a waiter that dies may cost the
-// others), and renews each one once half of its lease has passed since
-// its last write. It reports false when one of them is no longer held, or
-// may not be (no renewal was confirmed before its lease would end).
-func (a *setAcquirer) keep(gi int, short bool) bool {
+// waits for a later one, until its next call at next (which calls keep
+// again): with short set, it shortens those still held for the TTL to the
+// claim window (what a waiter that dies may cost the others), and it
+// renews each one whose renewal, half of its lease after its last write,
+// falls due before next. So a hold is renewed at the call before its
+// renewal is due, however the calls fall against it: waiting for the call
+// after the one it is due at would leave it, when calls come every half
+// window, past its lease. It reports false when one of them is no longer
+// held, or may not be (no renewal was confirmed before its lease would
+// end).
+func (a *setAcquirer) keep(gi int, short bool, next time.Time) bool {
 	claim := a.e.claim
 	for g := range gi {
 		ttl := a.ttl[g]
 		if short {
 			ttl = claim
 		}
-		if a.ttl[g] == ttl && time.Since(a.sent[g]) < refreshAfter(ttl) {
+		if a.ttl[g] == ttl && a.sent[g].Add(refreshAfter(ttl)).After(next) {
 			continue
 		}
 		dl := leaseDeadline(a.sent[g], a.ttl[g])

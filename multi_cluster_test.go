@@ -138,6 +138,7 @@ func TestMultiMutexCluster(t *testing.T) {
 	t.Run("FairOverSlots", func(t *testing.T) { mcFair(t, cl) })
 	t.Run("HolderCutOffFromOneNode", func(t *testing.T) { mfCutOff(t, cl) })
 	t.Run("CancelGivesEverythingBack", func(t *testing.T) { mcCancel(t, cl) })
+	t.Run("KeepsHeldNamesWhileWaiting", func(t *testing.T) { mcKeepsHeld(t, cl) })
 	t.Run("OppositeOrders", func(t *testing.T) { mcOppositeOrders(t, cl) })
 	t.Run("SlotMigrates", func(t *testing.T) {
 		for i, m := range mcMigrations {
@@ -180,6 +181,7 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 		return inLine(t, nodes[1], mcKey(b)) == 1 && mcOwnerOn(t, nodes[0], a) == "set"
 	}, eventually, pollEvery, "the set never held %s while waiting in %s's line", a, b)
 	assert.Empty(t, mcOwnerOn(t, nodes[2], c), "the set holds %s, which comes after the name it waits for", c)
+	setValue, _ := get(t, nodes[0], mcKey(a))
 
 	cancelled := time.Now()
 	cancel()
@@ -214,6 +216,12 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 	// includes the looks' own time; a place that lapsed rather than left
 	// would take the claim window.)
 	assert.Less(t, gone, mcCancelClaim/2, "the set's place left %s's line %v after the cancel", b, gone)
+	// It leaves its void marker on the names it reached, a and b, and
+	// nothing on c, which it never reached (issue 32).
+	for i, n := range []string{a, b} {
+		assert.True(t, exists(t, nodes[i], mcKey(n)+":void:"+setValue), "the set's void marker on %s", n)
+	}
+	assert.False(t, exists(t, nodes[2], mcKey(c)+":void:"+setValue), "the set voided %s, which it never reached", c)
 	assert.Equal(t, distlock.Acquired, gb.State(), "%s's holder", b)
 	got, _ := get(t, nodes[1], mcKey(b))
 	assert.Equal(t, bValue, got, "%s's lease", b)
@@ -223,6 +231,74 @@ func mcCancel(t *testing.T, cl *redistest.Cluster) {
 	for _, g := range []*distlock.Guard{gb, ga, gc} {
 		assert.Equal(t, distlock.Released, release(t, g))
 	}
+}
+
+// mcKeepWait is how long the set of mcKeepsHeld waits for its second
+// name while it holds the first: eight claim windows of the default 500 ms,
+// so each of the 16 renewals of the held name must come in time.
+const mcKeepWait = 4 * time.Second
+
+// Issue 31, fault 2: a set across groups keeps the names it holds while it
+// waits, as long as every node answers. On a Cluster, a Mutex holds y; a
+// MultiMutex on {x, y} (x on one primary, y on another; the set takes x
+// first) holds x with its claim window (the default 500 ms) and stands in
+// y's line; a Mutex asks for x after it, and waits in x's line. For 4 s
+// x stays the set's and the later Mutex waits (before the fix the set's
+// hold of x lapsed within a few claim windows: it gave x back, to the later
+// Mutex, and started again). Once y's holder releases, the set holds both;
+// once the set releases, the later Mutex gets x.
+func mcKeepsHeld(t *testing.T, cl *redistest.Cluster) {
+	names, nodes := mcNames(t, cl, "keep", 1)
+	x, y := names[0], names[1]
+	opts := func(owner string) []distlock.Option {
+		return []distlock.Option{distlock.WithTTL(mcHoldTTL), distlock.WithOwner(owner)}
+	}
+	gy, err := newMutex(t, cl.Client(), y, opts("holder")...).Lock(t.Context())
+	require.NoError(t, err)
+	set, err := distlock.NewMultiMutex(cl.Client(), []string{y, x}, opts("set")...)
+	require.NoError(t, err)
+	setLock := acquireAsync(t, t.Context(), set.Lock)
+	require.Eventually(t, func() bool {
+		return inLine(t, nodes[1], mcKey(y)) == 1 && mcOwnerOn(t, nodes[0], x) == "set"
+	}, eventually, pollEvery, "the set never held %s while waiting in %s's line", x, y)
+	later := acquireAsync(t, t.Context(), newMutex(t, cl.Client(), x, opts("later")...).Lock)
+	waitInLine(t, nodes[0], mcKey(x), 1)
+
+	// The fault's length: the set waits for y while it holds x. Every look
+	// at x's owner is a command of its own; any look must find the set.
+	waiting := time.Now()
+	looks := 0
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Since(waiting) < mcKeepWait; looks++ {
+		select {
+		case o := <-later:
+			t.Fatalf("the later Mutex took %s %v into the set's wait (err %v): the set let its hold lapse", x, o.At().Sub(waiting), o.Err())
+		case o := <-setLock:
+			t.Fatalf("the set's Lock returned while %s was held: %v", y, o.Err())
+		case <-tick.C:
+		}
+		if owner := mcOwnerOn(t, nodes[0], x); owner != "set" {
+			t.Fatalf("%s's owner %v into the set's wait: %q, want the set", x, time.Since(waiting), owner)
+		}
+	}
+	t.Logf("%s stayed the set's for %v (%d looks)", x, time.Since(waiting), looks)
+
+	assert.Equal(t, distlock.Released, release(t, gy))
+	o := await(t, setLock, eventually, "the set's Lock once "+y+" was released")
+	require.NoError(t, o.Err())
+	for i, n := range []string{x, y} {
+		assert.Equal(t, "set", mcOwnerOn(t, nodes[i], n), "owner of %s", n)
+	}
+	select {
+	case o := <-later:
+		t.Fatalf("the later Mutex took %s while the set held it: %v", x, o.Err())
+	default:
+	}
+	assert.Equal(t, distlock.Released, release(t, o.Guard()))
+	ol := await(t, later, eventually, "the later Mutex once the set released")
+	require.NoError(t, ol.Err())
+	assert.Equal(t, distlock.Released, release(t, ol.Guard()))
 }
 
 // Timing of the migration tests.

@@ -3,7 +3,9 @@ package distlock_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/distkit-go/distlock"
 	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/lease"
 )
 
 // multiOpts are the options of the MultiMutexes and Mutexes of these
@@ -186,7 +189,8 @@ func TestMultiMutexWaitsBehindMutex(t *testing.T) {
 
 // Issue 25's case: a Mutex holds b; a MultiMutex on {a, b, c} waits; its
 // context is cancelled: within 100 ms a and c can be taken by anyone, and
-// b's holder is undisturbed. The names are x, y and z, which the set takes
+// b's holder is undisturbed; the set leaves its void marker only on the
+// names it reached (issue 32). The names are x, y and z, which the set takes
 // in the order z, y, x (by slot: 8157, 12222, 16287), so that it holds z
 // while it waits in y's line.
 func TestMultiMutexCancelGivesEverythingBack(t *testing.T) {
@@ -204,6 +208,7 @@ func TestMultiMutexCancelGivesEverythingBack(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return lineLen(t, srv, "y") == 1 && holderOf(t, srv, "z") != ""
 	}, 5*time.Second, 5*time.Millisecond, "the set does not hold z and wait in y's line")
+	setValue := holderOf(t, srv, "z")
 	cancelled := time.Now()
 	cancel()
 	select {
@@ -231,6 +236,15 @@ func TestMultiMutexCancelGivesEverythingBack(t *testing.T) {
 	assert.Less(t, took, 100*time.Millisecond)
 	assert.Zero(t, lineLen(t, srv, "y"), "the set's place in y's line is still there")
 	assert.Equal(t, distlock.Acquired, mg.State(), "y's holder was disturbed")
+	// The clean-up (one script, done once y's line is empty) leaves the
+	// void marker of the set's value on the names it reached, z and y, and
+	// none on x, which it never reached (issue 32).
+	for _, n := range []string{"z", "y"} {
+		assert.True(t, exists(t, srv, "distlock:{"+n+"}:void:"+setValue), "the set's void marker on %s", n)
+	}
+	voids, err := srv.MustDo("KEYS", "distlock:{x}:void:*").AsStrSlice()
+	require.NoError(t, err)
+	assert.Empty(t, voids, "the cancelled set voided x, which it never reached")
 	for _, g := range []*distlock.Guard{mg, gx, gz} {
 		_, err := g.Release(t.Context())
 		require.NoError(t, err)
@@ -501,4 +515,83 @@ func TestMultiMutexReplicaAck(t *testing.T) {
 	for _, n := range []string{"x", "y", "z"} {
 		assert.Empty(t, holderOf(t, p, n), "%s held after a grant the replica did not acknowledge", n)
 	}
+}
+
+// lossyRedis is a Redis whose first lose scripts get no reply: each fails
+// as on a connection that broke before the reply, without running.
+type lossyRedis struct {
+	lease.Redis
+	lose atomic.Int32
+}
+
+func (r *lossyRedis) Eval(ctx context.Context, s *lease.Script, keys, args []string) lease.Reply {
+	if r.lose.Add(-1) >= 0 {
+		return lease.ErrorReply(io.ErrUnexpectedEOF)
+	}
+	return r.Redis.Eval(ctx, s, keys, args)
+}
+
+// Issue 31, fault 3: a set joins a waiting room once per call. A Mutex of
+// client c waits in y's line, so c has a room for y; a MultiMutex on
+// {x, y} of c, whose first call gets no reply, asks again and then stands
+// in y's line behind the Mutex. (Before the fix, it joined y's room again
+// before its second call, and left it once.) y's holder releases, the
+// Mutex takes y and releases it, the set takes both and releases them:
+// then no room is left for y.
+func TestMultiMutexJoinsARoomOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	const key = "distlock:{y}"
+	gy, err := newMutex(t, srv.Client(), "y", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	waiter := acquireAsync(t, t.Context(), newMutex(t, c, "y", multiOpts...).Lock)
+	waitInLine(t, srv, key, 1)
+	require.Equal(t, 1, distlock.RoomsOf(key), "the Mutex's room for y")
+
+	lossy := &lossyRedis{Redis: lease.FromRueidis(c)}
+	lossy.lose.Store(1)
+	m, err := distlock.NewMultiMutexOn(lossy, []string{"x", "y"}, multiOpts...)
+	require.NoError(t, err)
+	set := acquireAsync(t, t.Context(), m.Lock)
+	waitInLine(t, srv, key, 2)
+	require.Negative(t, lossy.lose.Load(), "the set's first call was not lost")
+
+	assert.Equal(t, distlock.Released, release(t, gy))
+	ow := await(t, waiter, eventually, "the Mutex once y's holder released")
+	require.NoError(t, ow.Err())
+	assert.Equal(t, distlock.Released, release(t, ow.Guard()))
+	os := await(t, set, eventually, "the set once the Mutex released")
+	require.NoError(t, os.Err())
+	assert.Equal(t, distlock.Released, release(t, os.Guard()))
+	require.Eventually(t, func() bool { return distlock.RoomsOf(key) == 0 }, eventually, pollEvery,
+		"y's room is still there after everyone released: %d rooms", distlock.RoomsOf(key))
+}
+
+// Issue 32, item 5: a TryLock that fails touches no name it gives back. A
+// Mutex holds a; a set on {a, z}, which takes z first, fails on a: z is
+// left as it was, without a token issued or a fencing key made for it, and
+// a's holder is untouched.
+func TestMultiMutexFailedTryLockTouchesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ga, err := newMutex(t, c, "a", multiOpts...).Lock(t.Context())
+	require.NoError(t, err)
+	aFence, _ := get(t, srv, "distlock:{a}:fence")
+	m := newMulti(t, c, []string{"a", "z"})
+	for range 3 {
+		_, err = m.TryLock(t.Context())
+		var na *distlock.NotAcquiredError
+		require.ErrorAs(t, err, &na)
+		assert.Equal(t, "distlock:{a}", na.Key)
+	}
+	keys, err := srv.MustDo("KEYS", "distlock:{z}*").AsStrSlice()
+	require.NoError(t, err)
+	assert.Empty(t, keys, "the failed TryLocks left keys on z, which was free")
+	got, _ := get(t, srv, "distlock:{a}:fence")
+	assert.Equal(t, aFence, got, "a's fencing key")
+	assert.Equal(t, distlock.Acquired, ga.State())
+	assert.Equal(t, distlock.Released, release(t, ga))
+	g, err := m.TryLock(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, distlock.Released, release(t, g))
 }

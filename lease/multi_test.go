@@ -160,3 +160,48 @@ func TestAcquireAllBadSets(t *testing.T) {
 	assert.Equal(t, "semaphore", wk.Found)
 	assert.Empty(t, e.holder(t, ks[0]), "a set that met a semaphore kept the lock before it")
 }
+
+// A single attempt refused issues no token and makes no fencing key for a
+// free lock (issue 32): it tries the locks that are not free first. A lock
+// that holds the value already is granted again with its token, and given
+// back when a later one is refused; a set whose only non-free lock holds
+// the value is granted whole.
+func TestAcquireAllSingleAttemptTouchesNoFreeLock(t *testing.T) {
+	e := newEnv(t)
+	ks := setOf(t, 4)
+	x := lease.NewValue("x")
+	e.mustAcquire(t, ks[2], x)
+	v := lease.NewValue("set")
+
+	for range 2 {
+		g, err := e.lc.AcquireAll(ctxFor(t), ks, v, queueTTL, nil)
+		require.NoError(t, err)
+		assert.Equal(t, 0, g.Held)
+		assert.Equal(t, 2, g.Stopped, "the attempt names the held lock")
+		assert.Equal(t, x, g.Blocked.Holder)
+		for _, i := range []int{0, 1, 3} {
+			assert.False(t, e.exists(t, ks[i].Fence), "lock %d, free, has a fencing key", i)
+			assert.Empty(t, e.holder(t, ks[i]), "lock %d", i)
+		}
+	}
+
+	// ks[1] holds the value already (an attempt whose reply was lost): it
+	// is given back with the rest when ks[2] is refused.
+	e.mustAcquire(t, ks[1], v)
+	g, err := e.lc.AcquireAll(ctxFor(t), ks, v, queueTTL, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 2, g.Stopped)
+	assert.Empty(t, e.holder(t, ks[1]), "the lock the value held before the refused attempt")
+	assert.False(t, e.exists(t, ks[0].Fence), "lock 0, free, has a fencing key")
+
+	// Once ks[2] is free, a lock the value holds keeps its token.
+	require.True(t, e.release(t, ks[2], x))
+	own := e.mustAcquire(t, ks[1], v)
+	g, err = e.lc.AcquireAll(ctxFor(t), ks, v, queueTTL, nil)
+	require.NoError(t, err)
+	require.Equal(t, 4, g.Held)
+	assert.Equal(t, own, g.Tokens[1], "the token of the lock the value held")
+	for i, k := range ks {
+		assert.Equal(t, v, e.holder(t, k), "lock %d", i)
+	}
+}
