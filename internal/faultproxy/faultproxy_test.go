@@ -260,6 +260,119 @@ func TestPauseUp(t *testing.T) {
 	waitReceived(t, e, before+int64(len("one,two,three")))
 }
 
+// TestHoldUp: requests held on the way up wait at the proxy, counted by
+// Held, while replies to earlier requests keep coming down; on release they
+// land in order.
+func TestHoldUp(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "warm")
+
+	// A reply on its way down when the uplink stalls still arrives.
+	p.Set(faultproxy.Down, faultproxy.Pause)
+	write(t, c, "early")
+	waitReceived(t, e, int64(len("warmearly")))
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	p.Set(faultproxy.Down, faultproxy.Pass)
+	assert.Equal(t, "early", readN(t, c, len("early")), "the reply sent before the hold")
+
+	for _, s := range []string{"one,", "two,", "three"} {
+		write(t, c, s)
+	}
+	require.True(t, p.WaitHeld(faultproxy.Up, len("one,two,three"), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+	assert.Equal(t, len("one,two,three"), p.Held(faultproxy.Up), "bytes held up")
+	assert.Zero(t, p.Held(faultproxy.Down), "bytes held down")
+	assertNothingArrives(t, c)
+	assert.Equal(t, int64(len("warmearly")), e.received.Load(), "bytes the server received while up was held")
+
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	assert.Equal(t, "one,two,three", readN(t, c, len("one,two,three")), "held requests, in order")
+	assert.Zero(t, p.Held(faultproxy.Up), "bytes held up after the release")
+	echo(t, c, "after")
+}
+
+// TestHoldOutlivesTheSender: requests held on the way up land after their
+// sender has closed its connection, as a stalled path delivers what was
+// sent before the close; Pause drops them instead. The server then reads
+// the end of the stream and the connection ends.
+func TestHoldOutlivesTheSender(t *testing.T) {
+	for _, tc := range []struct {
+		mode faultproxy.Mode
+		want int64 // bytes of "late" the server gets
+	}{
+		{faultproxy.Hold, int64(len("late"))},
+		{faultproxy.Pause, 0},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			e := startEcho(t)
+			p := faultproxy.New(t, e.addr())
+			c := dial(t, p.Addr())
+			echo(t, c, "warm")
+
+			p.Set(faultproxy.Up, tc.mode)
+			write(t, c, "late")
+			require.True(t, p.WaitHeld(faultproxy.Up, len("late"), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+			require.NoError(t, c.Close())
+			if tc.mode == faultproxy.Pause {
+				// The proxy drops the paused bytes once it reads the close.
+				require.Eventually(t, func() bool { return p.Held(faultproxy.Up) == 0 }, ioTimeout, poll, "paused bytes dropped")
+			} else {
+				// Nothing the proxy can watch for: give it the time to
+				// read the close before the release.
+				assert.False(t, p.WaitHeld(faultproxy.Up, len("late")+1, quiet), "more held than sent")
+				assert.Equal(t, len("late"), p.Held(faultproxy.Up), "held bytes kept after the sender closed")
+			}
+			assert.Equal(t, int64(len("warm")), e.received.Load(), "bytes the server received while held")
+
+			p.Set(faultproxy.Up, faultproxy.Pass)
+			waitReceived(t, e, int64(len("warm"))+tc.want)
+			require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
+			assert.Zero(t, p.Held(faultproxy.Up), "bytes held up at the end")
+		})
+	}
+}
+
+// TestHoldReplyToAClosedSender: the replies to requests delivered after
+// their sender closed are read and discarded; the held bytes behind the
+// first still land.
+func TestHoldReplyToAClosedSender(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "warm")
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	big := bytes.Repeat([]byte("x"), 1<<20) // more than one chunk, with echoes in between
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(ioTimeout)))
+	_, err := c.Write(big)
+	require.NoError(t, err)
+	require.True(t, p.WaitHeld(faultproxy.Up, len(big), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+	require.NoError(t, c.Close())
+	assert.False(t, p.WaitHeld(faultproxy.Up, len(big)+1, quiet), "more held than sent")
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	waitReceived(t, e, int64(len("warm")+len(big)))
+	require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
+}
+
+// TestHoldDiscardedByReset: Reset drops held bytes with their connection.
+func TestHoldDiscardedByReset(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "warm")
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	write(t, c, "lost")
+	require.True(t, p.WaitHeld(faultproxy.Up, len("lost"), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+	p.Reset()
+	require.Eventually(t, func() bool { return p.Held(faultproxy.Up) == 0 }, ioTimeout, poll, "held bytes dropped")
+	readClosed(t, c)
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
+	assert.Equal(t, int64(len("warm")), e.received.Load(), "bytes the server received")
+	c2 := dial(t, p.Addr())
+	echo(t, c2, "new")
+}
+
 func TestPauseThenDelay(t *testing.T) {
 	// Pause is also lifted by a change to Delay; bytes held longer than the
 	// delay go out at once.
@@ -520,6 +633,7 @@ func TestStrings(t *testing.T) {
 		{faultproxy.Pause, "pause"},
 		{faultproxy.Blackhole, "blackhole"},
 		{faultproxy.Delay, "delay"},
+		{faultproxy.Hold, "hold"},
 		{faultproxy.Mode(99), "mode?"},
 	} {
 		assert.Equal(t, tc.want, tc.got.String())
