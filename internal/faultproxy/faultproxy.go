@@ -5,14 +5,17 @@
 // pass bytes through, pause them (hold and deliver on the next change of
 // mode), hold them as a stalled path does (deliver them later even if the
 // sender has moved on and closed), blackhole them (read and discard), or
-// delay each chunk by a fixed time. [Proxy.Reset] closes every connection, as a crashed network path or
-// a restarted server would, and [Proxy.Refuse] also closes the proxy's port
-// until [Proxy.Heal], as a dead server or a rejecting firewall would. Give
-// each client under test its own proxy to cut it off alone.
+// delay each chunk by a fixed time; a connection can also be given modes
+// of its own ([Proxy.Conns]). [Proxy.Reset] closes every connection, as a
+// crashed network path or a restarted server would, and [Proxy.Refuse]
+// also closes the proxy's port until [Proxy.Heal], as a dead server or a
+// rejecting firewall would. Give each client under test its own proxy to
+// cut it off alone.
 package faultproxy
 
 import (
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -92,6 +95,7 @@ type Proxy struct {
 	delay  [2]time.Duration
 	held   [2]int // bytes read from a sender and not yet written, by direction
 	links  map[*link]struct{}
+	seq    int // connections accepted so far
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -115,7 +119,8 @@ func New(tb testing.TB, target string) *Proxy {
 // same across [Proxy.Refuse] and [Proxy.Heal].
 func (p *Proxy) Addr() string { return p.addr }
 
-// Set sets the mode of one direction.
+// Set sets the mode of one direction, for every connection but those given
+// a mode of their own ([Conn.Set]).
 func (p *Proxy) Set(d Direction, m Mode) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -123,7 +128,7 @@ func (p *Proxy) Set(d Direction, m Mode) {
 	p.cond.Broadcast()
 }
 
-// SetBoth sets the mode of both directions.
+// SetBoth sets the mode of both directions, as Set does.
 func (p *Proxy) SetBoth(m Mode) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -165,6 +170,68 @@ func (p *Proxy) WaitHeld(d Direction, n int, timeout time.Duration) bool {
 		p.cond.Wait()
 	}
 	return p.held[d] >= n
+}
+
+// Conn is one connection through the proxy, for a fault of that
+// connection alone: a client that pools connections can have the requests
+// of one held while the others flow, or have its held connections
+// released one at a time, in an order of the test's choosing.
+type Conn struct{ l *link }
+
+// Conns returns the proxy's open connections, in the order it accepted
+// them.
+func (p *Proxy) Conns() []*Conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*Conn, 0, len(p.links))
+	for l := range p.links {
+		out = append(out, &Conn{l})
+	}
+	slices.SortFunc(out, func(a, b *Conn) int { return a.l.seq - b.l.seq })
+	return out
+}
+
+// Set sets the mode of one direction of this connection alone; the
+// proxy's own Set, SetBoth and Heal (which ends the connection) no longer
+// change it, until [Conn.Follow].
+func (c *Conn) Set(d Direction, m Mode) {
+	p := c.l.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.l.own[d], c.l.owned[d] = m, true
+	p.cond.Broadcast()
+}
+
+// Follow makes direction d of this connection follow the proxy's mode
+// again.
+func (c *Conn) Follow(d Direction) {
+	p := c.l.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.l.owned[d] = false
+	p.cond.Broadcast()
+}
+
+// Held returns how many bytes of direction d this connection has read from
+// their sender and not yet written (see [Proxy.Held]).
+func (c *Conn) Held(d Direction) int {
+	p := c.l.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return size(c.l.queue[d])
+}
+
+// HeldSince returns when the oldest byte of direction d that this
+// connection holds was read, or the zero Time if it holds none: of several
+// held connections, the one whose bytes were sent first.
+func (c *Conn) HeldSince(d Direction) time.Time {
+	p := c.l.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(c.l.queue[d]) == 0 {
+		return time.Time{}
+	}
+	return c.l.queue[d][0].at
 }
 
 // Mode returns the mode of one direction.
@@ -267,7 +334,8 @@ func (p *Proxy) accept(ln net.Listener) {
 			}
 			continue
 		}
-		link := &link{p: p, client: client, server: server}
+		p.seq++
+		link := &link{p: p, client: client, server: server, seq: p.seq}
 		p.links[link] = struct{}{}
 		p.mu.Unlock()
 		p.wg.Go(func() { link.pipe(Up, client, server) })
@@ -282,6 +350,9 @@ type link struct {
 	client, server net.Conn
 	once           sync.Once
 
+	seq    int        // its place in the order of acceptance
+	own    [2]Mode    // its own mode of each direction, where set
+	owned  [2]bool    // whether own[d] applies rather than the proxy's
 	queue  [2][]chunk // read and not yet written, by direction
 	eof    [2]bool    // the direction's sender has ended
 	drain  [2]bool    // the direction's sender ended while its bytes were held
@@ -305,10 +376,19 @@ func (l *link) close() {
 	})
 }
 
+// mode returns the mode of direction d on this connection. The caller
+// holds p.mu.
+func (l *link) mode(d Direction) Mode {
+	if l.owned[d] {
+		return l.own[d]
+	}
+	return l.p.modes[d]
+}
+
 // holding reports whether direction d holds bytes to deliver later. The
 // caller holds p.mu.
 func (l *link) holding(d Direction) bool {
-	return l.p.modes[d] == Hold && len(l.queue[d]) > 0 || l.drain[d]
+	return l.mode(d) == Hold && len(l.queue[d]) > 0 || l.drain[d]
 }
 
 type chunk struct {
@@ -348,13 +428,13 @@ func (l *link) pipe(d Direction, src, dst net.Conn) {
 		for {
 			n, err := src.Read(buf)
 			p.mu.Lock()
-			if n > 0 && p.modes[d] != Blackhole && !l.broken {
+			if n > 0 && l.mode(d) != Blackhole && !l.broken {
 				l.queue[d] = append(l.queue[d], chunk{data: append([]byte(nil), buf[:n]...), at: time.Now()})
 				p.held[d] += n
 			}
 			if err != nil {
 				l.eof[d] = true
-				if p.modes[d] == Hold && len(l.queue[d]) > 0 {
+				if l.mode(d) == Hold && len(l.queue[d]) > 0 {
 					l.drain[d] = true
 				}
 			}
@@ -370,7 +450,7 @@ func (l *link) pipe(d Direction, src, dst net.Conn) {
 	for {
 		p.mu.Lock()
 		for {
-			m := p.modes[d]
+			m := l.mode(d)
 			if m == Blackhole && len(l.queue[d]) > 0 {
 				p.held[d] -= size(l.queue[d])
 				l.queue[d] = nil
@@ -383,7 +463,7 @@ func (l *link) pipe(d Direction, src, dst net.Conn) {
 			}
 			p.cond.Wait()
 		}
-		if p.closed || l.broken || len(l.queue[d]) == 0 || p.modes[d] == Pause {
+		if p.closed || l.broken || len(l.queue[d]) == 0 || l.mode(d) == Pause {
 			// Closed, or the sender ended: with nothing left to deliver, or
 			// while paused (Pause drops what it holds when a sender ends).
 			if !p.closed && !l.broken && l.drain[d] {
@@ -403,7 +483,7 @@ func (l *link) pipe(d Direction, src, dst net.Conn) {
 		l.queue[d] = l.queue[d][1:]
 		p.held[d] -= len(c.data)
 		wait := time.Duration(0)
-		if p.modes[d] == Delay {
+		if l.mode(d) == Delay {
 			wait = time.Until(c.at.Add(p.delay[d]))
 		}
 		p.mu.Unlock()

@@ -354,6 +354,45 @@ func TestHoldReplyToAClosedSender(t *testing.T) {
 	require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
 }
 
+// TestConnModes: a connection given a mode of its own keeps it while the
+// proxy's changes, so held connections can be released one at a time.
+func TestConnModes(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c1 := dial(t, p.Addr())
+	echo(t, c1, "one")
+	c2 := dial(t, p.Addr())
+	echo(t, c2, "two")
+	conns := p.Conns()
+	require.Len(t, conns, 2)
+
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	write(t, c1, "first")
+	require.True(t, p.WaitHeld(faultproxy.Up, len("first"), ioTimeout), "held up: %d", p.Held(faultproxy.Up))
+	write(t, c2, "second")
+	require.True(t, p.WaitHeld(faultproxy.Up, len("firstsecond"), ioTimeout), "held up: %d", p.Held(faultproxy.Up))
+	assert.Equal(t, len("first"), conns[0].Held(faultproxy.Up), "held on the first connection")
+	assert.Equal(t, len("second"), conns[1].Held(faultproxy.Up), "held on the second")
+	assert.True(t, conns[0].HeldSince(faultproxy.Up).Before(conns[1].HeldSince(faultproxy.Up)), "the first was sent first")
+
+	// The later connection goes first; the earlier stays held.
+	conns[1].Set(faultproxy.Up, faultproxy.Pass)
+	assert.Equal(t, "second", readN(t, c2, len("second")))
+	assertNothingArrives(t, c1)
+	assert.Zero(t, conns[1].Held(faultproxy.Up))
+	assert.True(t, conns[1].HeldSince(faultproxy.Up).IsZero())
+
+	// A connection with a mode of its own ignores the proxy's changes
+	// until it follows them again.
+	conns[1].Set(faultproxy.Up, faultproxy.Hold)
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	assert.Equal(t, "first", readN(t, c1, len("first")))
+	write(t, c2, "third")
+	assertNothingArrives(t, c2)
+	conns[1].Follow(faultproxy.Up)
+	assert.Equal(t, "third", readN(t, c2, len("third")))
+}
+
 // TestHoldDiscardedByReset: Reset drops held bytes with their connection.
 func TestHoldDiscardedByReset(t *testing.T) {
 	e := startEcho(t)
