@@ -28,7 +28,7 @@ const (
 	// delayedTTL is every party's TTL: long against the claim window, so
 	// that a stray grant made by B's delayed refresh (a full TTL) outlasts
 	// the checks that come after it.
-	delayedTTL = 3 * time.Second
+	delayedTTL = 2 * time.Second
 	// delayedClaim is every party's claim window: B refreshes its place
 	// every half of it, and a grant passed to B lapses after it.
 	delayedClaim = 500 * time.Millisecond
@@ -36,6 +36,12 @@ const (
 	// watches B's guard for a regain: their replies come back within a
 	// round trip, far below this, and the stray grant's TTL is far above.
 	delayedWatch = 400 * time.Millisecond
+	// delayedRefusal bounds the wait for a renewal of B's on a connection
+	// of its own (see deliverRenewalFirst): B's guard tries about once a
+	// second, so a few tries.
+	delayedRefusal = 3 * time.Second
+	// delayedTries is how many times the renewal-first staging is tried.
+	delayedTries = 3
 )
 
 // delayedFace is one face of the lock that waits in line, as fault 1 needs
@@ -69,17 +75,87 @@ var delayedFaces = []delayedFace{
 
 // TestDelayedRefreshGrantsNothing stages fault 1 of issue 31 on every face
 // that waits in line (SAFETY.md L4 and W1).
+//
+// Two orders of delivery: all of B's held requests at once (in order on
+// each connection; across B's pooled connections, in any order), or first
+// those of every connection but the refresh's, until a renewal that B's
+// guard sends meanwhile is refused, so that B's loss is final before the
+// refresh lands. On 2d4e301 the refresh grants B's value anew either way:
+// then B's renewal finds it and B is Acquired again (L4), or, where a
+// refusal came first, B's Release returns Lost and sends nothing, and the
+// stray grant keeps D out for a whole TTL (W1). All at once ends either
+// way, by how B's requests were spread over its connections.
 func TestDelayedRefreshGrantsNothing(t *testing.T) {
 	for _, f := range delayedFaces {
-		t.Run(f.name, func(t *testing.T) { stageDelayedRefresh(t, f) })
+		t.Run(f.name, func(t *testing.T) {
+			t.Run("all-at-once", func(t *testing.T) { require.True(t, stageDelayedRefresh(t, f, false)) })
+			t.Run("renewal-first", func(t *testing.T) {
+				for range delayedTries {
+					if stageDelayedRefresh(t, f, true) {
+						return
+					}
+				}
+				t.Fatalf("staging: in %d tries, no renewal of B's went out on a connection of its own", delayedTries)
+			})
+		})
 	}
 }
 
+// deliverRenewalFirst delivers the held requests of every connection of
+// proxy but the one that holds the oldest (the refresh of B's place, sent
+// before B held the lock), and waits until a renewal of B's is refused,
+// which reports whether one was. That connection then stays held until
+// the proxy's mode changes.
+//
+// The renewals held since the pass gave up long ago (their replies are
+// dropped); B's guard keeps trying, and each try goes out on one of its
+// client's pooled connections, picked at random: one that goes out on
+// another connection than the refresh's is refused at once, as the lease
+// has lapsed. One that joins the refresh's connection waits behind it.
+func deliverRenewalFirst(t *testing.T, proxy *faultproxy.Proxy, obs *transitions) bool {
+	t.Helper()
+	var oldest *faultproxy.Conn
+	held := 0
+	for _, c := range proxy.Conns() {
+		since := c.HeldSince(faultproxy.Up)
+		if since.IsZero() {
+			continue
+		}
+		held++
+		if oldest == nil || since.Before(oldest.HeldSince(faultproxy.Up)) {
+			oldest = c
+		}
+	}
+	require.NotNil(t, oldest, "staging: nothing held")
+	oldest.Set(faultproxy.Up, faultproxy.Hold)
+	proxy.Set(faultproxy.Up, faultproxy.Pass)
+	refused := pollUntil(delayedRefusal, func() bool { return obs.refusedRenewals() > 0 })
+	if !refused {
+		t.Logf("staging: no renewal of B's was refused within %v; trying again", delayedRefusal)
+	}
+	oldest.Follow(faultproxy.Up)
+	return refused
+}
+
+// pollUntil polls cond until it holds, for at most within, and reports
+// whether it held.
+func pollUntil(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pollEvery)
+	}
+	return true
+}
+
 // transitions records a guard's moves as its Observer hears them, with the
-// time each was heard.
+// time each was heard, and counts its refused renewals.
 type transitions struct {
-	mu    sync.Mutex
-	moves []move
+	mu      sync.Mutex
+	moves   []move
+	refused int // renewals refused (LostRefused)
 }
 
 type move struct {
@@ -88,7 +164,21 @@ type move struct {
 }
 
 func (*transitions) ObserveAcquire(distlock.AcquireInfo) {}
-func (*transitions) ObserveRenew(distlock.RenewInfo)     {}
+func (r *transitions) ObserveRenew(i distlock.RenewInfo) {
+	var le *distlock.LostError
+	if errors.As(i.Err, &le) && le.Reason == distlock.LostRefused {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.refused++
+	}
+}
+
+// refusedRenewals returns how many renewals Redis refused.
+func (r *transitions) refusedRenewals() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refused
+}
 func (r *transitions) ObserveTransition(i distlock.TransitionInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -124,8 +214,9 @@ func lostByDeadline(t *testing.T, g *distlock.Guard, within time.Duration, what 
 // releases it; then B's held requests land. B must not be Acquired again
 // (C held in between, SAFETY.md L4), and once B has released, a new client
 // D gets the lock within a claim window of asking (nothing that B's
-// requests could grant is left, W1).
-func stageDelayedRefresh(t *testing.T, f delayedFace) {
+// requests could grant is left, W1). It reports false if it could not
+// stage a renewal that lands first (renewalFirst), and true otherwise.
+func stageDelayedRefresh(t *testing.T, f delayedFace, renewalFirst bool) bool {
 	srv := redistest.Start(t)
 	opts := []distlock.Option{distlock.WithTTL(delayedTTL), distlock.WithClaimWindow(delayedClaim)}
 	proxy, optB := throughProxy(t, srv)
@@ -167,7 +258,11 @@ func stageDelayedRefresh(t *testing.T, f delayedFace) {
 	require.Equal(t, distlock.Released, release(t, gc), "C's release")
 	require.NotZero(t, proxy.Held(faultproxy.Up), "B's requests still held")
 
-	// B's held requests land, in order, after C has come and gone.
+	// B's held requests land, in order on each connection, after C has
+	// come and gone.
+	if renewalFirst && !deliverRenewalFirst(t, proxy, obsB) {
+		return false
+	}
 	proxy.Set(faultproxy.Up, faultproxy.Pass)
 	require.Eventually(t, func() bool { return proxy.Held(faultproxy.Up) == 0 }, eventually, pollEvery, "B's held requests delivered")
 	landed := time.Now()
@@ -203,4 +298,5 @@ func stageDelayedRefresh(t *testing.T, f delayedFace) {
 	assert.LessOrEqual(t, waited, delayedClaim,
 		"W1: after B's release, D waited %v for a free lock (something B's held requests granted was left)", waited)
 	t.Logf("D waited %v", waited)
+	return true
 }
