@@ -40,6 +40,10 @@ const (
 	// of its own (see deliverRenewalFirst): B's guard tries about once a
 	// second, so a few tries.
 	delayedRefusal = 3 * time.Second
+	// delayedRefreshBytes is how many held bytes show that a refresh of B's
+	// place is on its way: the script call takes some 300, a keep-alive
+	// PING that the client may send meanwhile 14.
+	delayedRefreshBytes = 100
 	// delayedTries is how many times the renewal-first staging is tried.
 	delayedTries = 3
 )
@@ -115,13 +119,11 @@ func TestDelayedRefreshGrantsNothing(t *testing.T) {
 func deliverRenewalFirst(t *testing.T, proxy *faultproxy.Proxy, obs *transitions) bool {
 	t.Helper()
 	var oldest *faultproxy.Conn
-	held := 0
 	for _, c := range proxy.Conns() {
 		since := c.HeldSince(faultproxy.Up)
 		if since.IsZero() {
 			continue
 		}
-		held++
 		if oldest == nil || since.Before(oldest.HeldSince(faultproxy.Up)) {
 			oldest = c
 		}
@@ -179,6 +181,7 @@ func (r *transitions) refusedRenewals() int {
 	defer r.mu.Unlock()
 	return r.refused
 }
+
 func (r *transitions) ObserveTransition(i distlock.TransitionInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -239,7 +242,8 @@ func stageDelayedRefresh(t *testing.T, f delayedFace, renewalFirst bool) bool {
 	// that B's last confirmed call is recent and B holds the lock passed
 	// to it without asking Redis.
 	proxy.Set(faultproxy.Up, faultproxy.Hold)
-	require.True(t, proxy.WaitHeld(faultproxy.Up, 1, 2*delayedClaim), "no refresh of B's place was sent within %v", 2*delayedClaim)
+	require.True(t, proxy.WaitHeld(faultproxy.Up, delayedRefreshBytes, 2*delayedClaim),
+		"no refresh of B's place was sent within %v (held: %d bytes)", 2*delayedClaim, proxy.Held(faultproxy.Up))
 	require.Equal(t, distlock.Released, release(t, ga), "A's release")
 	ob := await(t, bw, promptly, "B, passed the lock on its downlink")
 	require.NoError(t, ob.Err(), "B")
@@ -266,17 +270,7 @@ func stageDelayedRefresh(t *testing.T, f delayedFace, renewalFirst bool) bool {
 	proxy.Set(faultproxy.Up, faultproxy.Pass)
 	require.Eventually(t, func() bool { return proxy.Held(faultproxy.Up) == 0 }, eventually, pollEvery, "B's held requests delivered")
 	landed := time.Now()
-	deadline := time.After(delayedWatch)
-	for stop := false; !stop; {
-		select {
-		case <-deadline:
-			stop = true
-		case <-time.After(pollEvery):
-			if gb.State() == distlock.Acquired {
-				stop = true
-			}
-		}
-	}
+	pollUntil(delayedWatch, func() bool { return gb.State() == distlock.Acquired })
 	assert.Empty(t, obsB.acquiredSince(cHeld),
 		"L4: B is Acquired again after C held the lock (B's token %d, C's %d); the held requests landed at +%v",
 		tokenB, gc.Token(), landed.Sub(cHeld))
