@@ -172,6 +172,31 @@ func readClosed(t *testing.T, c net.Conn) string {
 	return string(got)
 }
 
+// warmLink starts an echo server and a proxy to it, and returns them with
+// a connection through the proxy that has echoed "warm".
+func warmLink(t *testing.T) (*echoServer, *faultproxy.Proxy, *net.TCPConn) {
+	t.Helper()
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "warm")
+	return e, p, c
+}
+
+// waitHeldUp waits until p holds n bytes on the way up.
+func waitHeldUp(t *testing.T, p *faultproxy.Proxy, n int) {
+	t.Helper()
+	require.True(t, p.WaitHeld(faultproxy.Up, n, ioTimeout), "held up: %d bytes, want %d", p.Held(faultproxy.Up), n)
+}
+
+// noMoreHeldUp checks, for a while, that p holds no more than n bytes on
+// the way up, and that it holds n.
+func noMoreHeldUp(t *testing.T, p *faultproxy.Proxy, n int) {
+	t.Helper()
+	assert.False(t, p.WaitHeld(faultproxy.Up, n+1, quiet), "more held than sent")
+	assert.Equal(t, n, p.Held(faultproxy.Up), "bytes held up")
+}
+
 // waitReceived waits until the echo server has read want bytes in all.
 func waitReceived(t *testing.T, e *echoServer, want int64) {
 	t.Helper()
@@ -216,10 +241,7 @@ func TestPass(t *testing.T) {
 }
 
 func TestPauseDown(t *testing.T) {
-	e := startEcho(t)
-	p := faultproxy.New(t, e.addr())
-	c := dial(t, p.Addr())
-	echo(t, c, "warm")
+	e, p, c := warmLink(t)
 
 	p.Set(faultproxy.Down, faultproxy.Pause)
 	assert.Equal(t, faultproxy.Pause, p.Mode(faultproxy.Down))
@@ -241,10 +263,7 @@ func TestPauseDown(t *testing.T) {
 }
 
 func TestPauseUp(t *testing.T) {
-	e := startEcho(t)
-	p := faultproxy.New(t, e.addr())
-	c := dial(t, p.Addr())
-	echo(t, c, "warm")
+	e, p, c := warmLink(t)
 	before := e.received.Load()
 
 	p.Set(faultproxy.Up, faultproxy.Pause)
@@ -264,10 +283,7 @@ func TestPauseUp(t *testing.T) {
 // Held, while replies to earlier requests keep coming down; on release they
 // land in order.
 func TestHoldUp(t *testing.T) {
-	e := startEcho(t)
-	p := faultproxy.New(t, e.addr())
-	c := dial(t, p.Addr())
-	echo(t, c, "warm")
+	e, p, c := warmLink(t)
 
 	// A reply on its way down when the uplink stalls still arrives.
 	p.Set(faultproxy.Down, faultproxy.Pause)
@@ -280,7 +296,7 @@ func TestHoldUp(t *testing.T) {
 	for _, s := range []string{"one,", "two,", "three"} {
 		write(t, c, s)
 	}
-	require.True(t, p.WaitHeld(faultproxy.Up, len("one,two,three"), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+	waitHeldUp(t, p, len("one,two,three"))
 	assert.Equal(t, len("one,two,three"), p.Held(faultproxy.Up), "bytes held up")
 	assert.Zero(t, p.Held(faultproxy.Down), "bytes held down")
 	assertNothingArrives(t, c)
@@ -305,14 +321,11 @@ func TestHoldOutlivesTheSender(t *testing.T) {
 		{faultproxy.Pause, 0},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
-			e := startEcho(t)
-			p := faultproxy.New(t, e.addr())
-			c := dial(t, p.Addr())
-			echo(t, c, "warm")
+			e, p, c := warmLink(t)
 
 			p.Set(faultproxy.Up, tc.mode)
 			write(t, c, "late")
-			require.True(t, p.WaitHeld(faultproxy.Up, len("late"), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+			waitHeldUp(t, p, len("late"))
 			require.NoError(t, c.Close())
 			if tc.mode == faultproxy.Pause {
 				// The proxy drops the paused bytes once it reads the close.
@@ -320,8 +333,7 @@ func TestHoldOutlivesTheSender(t *testing.T) {
 			} else {
 				// Nothing the proxy can watch for: give it the time to
 				// read the close before the release.
-				assert.False(t, p.WaitHeld(faultproxy.Up, len("late")+1, quiet), "more held than sent")
-				assert.Equal(t, len("late"), p.Held(faultproxy.Up), "held bytes kept after the sender closed")
+				noMoreHeldUp(t, p, len("late"))
 			}
 			assert.Equal(t, int64(len("warm")), e.received.Load(), "bytes the server received while held")
 
@@ -337,18 +349,15 @@ func TestHoldOutlivesTheSender(t *testing.T) {
 // their sender closed are read and discarded; the held bytes behind the
 // first still land.
 func TestHoldReplyToAClosedSender(t *testing.T) {
-	e := startEcho(t)
-	p := faultproxy.New(t, e.addr())
-	c := dial(t, p.Addr())
-	echo(t, c, "warm")
+	e, p, c := warmLink(t)
 	p.Set(faultproxy.Up, faultproxy.Hold)
 	big := bytes.Repeat([]byte("x"), 1<<20) // more than one chunk, with echoes in between
 	require.NoError(t, c.SetWriteDeadline(time.Now().Add(ioTimeout)))
 	_, err := c.Write(big)
 	require.NoError(t, err)
-	require.True(t, p.WaitHeld(faultproxy.Up, len(big), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+	waitHeldUp(t, p, len(big))
 	require.NoError(t, c.Close())
-	assert.False(t, p.WaitHeld(faultproxy.Up, len(big)+1, quiet), "more held than sent")
+	noMoreHeldUp(t, p, len(big))
 	p.Set(faultproxy.Up, faultproxy.Pass)
 	waitReceived(t, e, int64(len("warm")+len(big)))
 	require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
@@ -368,9 +377,9 @@ func TestConnModes(t *testing.T) {
 
 	p.Set(faultproxy.Up, faultproxy.Hold)
 	write(t, c1, "first")
-	require.True(t, p.WaitHeld(faultproxy.Up, len("first"), ioTimeout), "held up: %d", p.Held(faultproxy.Up))
+	waitHeldUp(t, p, len("first"))
 	write(t, c2, "second")
-	require.True(t, p.WaitHeld(faultproxy.Up, len("firstsecond"), ioTimeout), "held up: %d", p.Held(faultproxy.Up))
+	waitHeldUp(t, p, len("firstsecond"))
 	assert.Equal(t, len("first"), conns[0].Held(faultproxy.Up), "held on the first connection")
 	assert.Equal(t, len("second"), conns[1].Held(faultproxy.Up), "held on the second")
 	assert.True(t, conns[0].HeldSince(faultproxy.Up).Before(conns[1].HeldSince(faultproxy.Up)), "the first was sent first")
@@ -395,13 +404,10 @@ func TestConnModes(t *testing.T) {
 
 // TestHoldDiscardedByReset: Reset drops held bytes with their connection.
 func TestHoldDiscardedByReset(t *testing.T) {
-	e := startEcho(t)
-	p := faultproxy.New(t, e.addr())
-	c := dial(t, p.Addr())
-	echo(t, c, "warm")
+	e, p, c := warmLink(t)
 	p.Set(faultproxy.Up, faultproxy.Hold)
 	write(t, c, "lost")
-	require.True(t, p.WaitHeld(faultproxy.Up, len("lost"), ioTimeout), "held up: %d bytes", p.Held(faultproxy.Up))
+	waitHeldUp(t, p, len("lost"))
 	p.Reset()
 	require.Eventually(t, func() bool { return p.Held(faultproxy.Up) == 0 }, ioTimeout, poll, "held bytes dropped")
 	readClosed(t, c)
