@@ -66,6 +66,10 @@ const (
 	procUp procState = iota
 	procPartitioned
 	procKilled
+	// procHeld: its requests are held and delivered later (faultproxy.Hold),
+	// its replies flow. Its holders release as usual: the release lands
+	// when the hold ends.
+	procHeld
 )
 
 // rproc is a process: one rueidis client behind one proxy.
@@ -278,8 +282,9 @@ func (r *round) pending() []string {
 // move makes one random move, then lets a random moment pass. Out of a
 // thousand: 420 start a waiter, 140 cancel one; in a stormy phase 30 drop
 // every subscription, 30 reset a process's connections, 40 partition a
-// process, 40 pause Redis and kind.killOdds kill a process; the rest, and
-// the faults in a calm phase, let a longer moment pass.
+// process, 40 pause Redis, kind.killOdds kill a process and 40 hold a
+// process's requests for a while (delayed delivery); the rest, and the
+// faults in a calm phase, let a longer moment pass.
 func (r *round) move(calm bool) {
 	t := r.t
 	gap := time.Duration(r.rng.Int64N(int64(randomGap)))
@@ -332,6 +337,18 @@ func (r *round) move(calm bool) {
 	case n < 700+r.kind.killOdds:
 		if p := r.pickProc(procUp); p != nil && r.killable() {
 			r.kill(p)
+		}
+	case n < 740+r.kind.killOdds:
+		// Delayed delivery: the process's requests are held and land
+		// later, in order, while Redis's replies and announcements keep
+		// reaching it; what it gave up on meanwhile still arrives.
+		if p := r.pickProc(procUp); p != nil {
+			d := randomPartitionMin + time.Duration(r.rng.Int64N(int64(randomPartitionMax-randomPartitionMin)))
+			r.setState(p, procHeld)
+			r.fault("hold", p.idx, func() { p.proxy.Set(faultproxy.Up, faultproxy.Hold) }, d, func() {
+				p.proxy.Set(faultproxy.Up, faultproxy.Pass)
+				r.setState(p, procUp)
+			})
 		}
 	default:
 		gap *= 4 // a quiet moment
@@ -564,7 +581,8 @@ func (r *round) runWaiter(ctx context.Context, wt *rwaiter) {
 // partitioned process waits until the partition ends to release (a release
 // that cannot reach Redis leaves the lease to expire, which is a kill's
 // business); a holder in a killed process releases at once, into the void,
-// and its lease expires on its own.
+// and its lease expires on its own; a holder in a process whose requests
+// are held releases as usual, and its release lands when the hold ends.
 func (r *round) hold(wt *rwaiter, h *holding) {
 	until := time.Now().Add(wt.hold)
 	timer := time.NewTimer(wt.hold)
@@ -573,11 +591,12 @@ func (r *round) hold(wt *rwaiter, h *holding) {
 		r.mu.Lock()
 		s, changed := wt.proc.state, wt.proc.changed
 		r.mu.Unlock()
-		if s == procKilled || (s == procUp && !time.Now().Before(until)) {
+		live := s == procUp || s == procHeld
+		if s == procKilled || (live && !time.Now().Before(until)) {
 			break
 		}
 		var timerC <-chan time.Time
-		if s == procUp {
+		if live {
 			timerC = timer.C
 		}
 		select {

@@ -172,6 +172,31 @@ func readClosed(t *testing.T, c net.Conn) string {
 	return string(got)
 }
 
+// warmLink starts an echo server and a proxy to it, and returns them with
+// a connection through the proxy that has echoed "warm".
+func warmLink(t *testing.T) (*echoServer, *faultproxy.Proxy, *net.TCPConn) {
+	t.Helper()
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c := dial(t, p.Addr())
+	echo(t, c, "warm")
+	return e, p, c
+}
+
+// waitHeldUp waits until p holds n bytes on the way up.
+func waitHeldUp(t *testing.T, p *faultproxy.Proxy, n int) {
+	t.Helper()
+	require.True(t, p.WaitHeld(faultproxy.Up, n, ioTimeout), "held up: %d bytes, want %d", p.Held(faultproxy.Up), n)
+}
+
+// noMoreHeldUp checks, for a while, that p holds no more than n bytes on
+// the way up, and that it holds n.
+func noMoreHeldUp(t *testing.T, p *faultproxy.Proxy, n int) {
+	t.Helper()
+	assert.False(t, p.WaitHeld(faultproxy.Up, n+1, quiet), "more held than sent")
+	assert.Equal(t, n, p.Held(faultproxy.Up), "bytes held up")
+}
+
 // waitReceived waits until the echo server has read want bytes in all.
 func waitReceived(t *testing.T, e *echoServer, want int64) {
 	t.Helper()
@@ -216,10 +241,7 @@ func TestPass(t *testing.T) {
 }
 
 func TestPauseDown(t *testing.T) {
-	e := startEcho(t)
-	p := faultproxy.New(t, e.addr())
-	c := dial(t, p.Addr())
-	echo(t, c, "warm")
+	e, p, c := warmLink(t)
 
 	p.Set(faultproxy.Down, faultproxy.Pause)
 	assert.Equal(t, faultproxy.Pause, p.Mode(faultproxy.Down))
@@ -241,10 +263,7 @@ func TestPauseDown(t *testing.T) {
 }
 
 func TestPauseUp(t *testing.T) {
-	e := startEcho(t)
-	p := faultproxy.New(t, e.addr())
-	c := dial(t, p.Addr())
-	echo(t, c, "warm")
+	e, p, c := warmLink(t)
 	before := e.received.Load()
 
 	p.Set(faultproxy.Up, faultproxy.Pause)
@@ -258,6 +277,145 @@ func TestPauseUp(t *testing.T) {
 	got := readN(t, c, len("one,two,three"))
 	assert.Equal(t, "one,two,three", got, "held requests, in order")
 	waitReceived(t, e, before+int64(len("one,two,three")))
+}
+
+// TestHoldUp: requests held on the way up wait at the proxy, counted by
+// Held, while replies to earlier requests keep coming down; on release they
+// land in order.
+func TestHoldUp(t *testing.T) {
+	e, p, c := warmLink(t)
+
+	// A reply on its way down when the uplink stalls still arrives.
+	p.Set(faultproxy.Down, faultproxy.Pause)
+	write(t, c, "early")
+	waitReceived(t, e, int64(len("warmearly")))
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	p.Set(faultproxy.Down, faultproxy.Pass)
+	assert.Equal(t, "early", readN(t, c, len("early")), "the reply sent before the hold")
+
+	for _, s := range []string{"one,", "two,", "three"} {
+		write(t, c, s)
+	}
+	waitHeldUp(t, p, len("one,two,three"))
+	assert.Equal(t, len("one,two,three"), p.Held(faultproxy.Up), "bytes held up")
+	assert.Zero(t, p.Held(faultproxy.Down), "bytes held down")
+	assertNothingArrives(t, c)
+	assert.Equal(t, int64(len("warmearly")), e.received.Load(), "bytes the server received while up was held")
+
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	assert.Equal(t, "one,two,three", readN(t, c, len("one,two,three")), "held requests, in order")
+	assert.Zero(t, p.Held(faultproxy.Up), "bytes held up after the release")
+	echo(t, c, "after")
+}
+
+// TestHoldOutlivesTheSender: requests held on the way up land after their
+// sender has closed its connection, as a stalled path delivers what was
+// sent before the close; Pause drops them instead. The server then reads
+// the end of the stream and the connection ends.
+func TestHoldOutlivesTheSender(t *testing.T) {
+	for _, tc := range []struct {
+		mode faultproxy.Mode
+		want int64 // bytes of "late" the server gets
+	}{
+		{faultproxy.Hold, int64(len("late"))},
+		{faultproxy.Pause, 0},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			e, p, c := warmLink(t)
+
+			p.Set(faultproxy.Up, tc.mode)
+			write(t, c, "late")
+			waitHeldUp(t, p, len("late"))
+			require.NoError(t, c.Close())
+			if tc.mode == faultproxy.Pause {
+				// The proxy drops the paused bytes once it reads the close.
+				require.Eventually(t, func() bool { return p.Held(faultproxy.Up) == 0 }, ioTimeout, poll, "paused bytes dropped")
+			} else {
+				// Nothing the proxy can watch for: give it the time to
+				// read the close before the release.
+				noMoreHeldUp(t, p, len("late"))
+			}
+			assert.Equal(t, int64(len("warm")), e.received.Load(), "bytes the server received while held")
+
+			p.Set(faultproxy.Up, faultproxy.Pass)
+			waitReceived(t, e, int64(len("warm"))+tc.want)
+			require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
+			assert.Zero(t, p.Held(faultproxy.Up), "bytes held up at the end")
+		})
+	}
+}
+
+// TestHoldReplyToAClosedSender: the replies to requests delivered after
+// their sender closed are read and discarded; the held bytes behind the
+// first still land.
+func TestHoldReplyToAClosedSender(t *testing.T) {
+	e, p, c := warmLink(t)
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	big := bytes.Repeat([]byte("x"), 1<<20) // more than one chunk, with echoes in between
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(ioTimeout)))
+	_, err := c.Write(big)
+	require.NoError(t, err)
+	waitHeldUp(t, p, len(big))
+	require.NoError(t, c.Close())
+	noMoreHeldUp(t, p, len(big))
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	waitReceived(t, e, int64(len("warm")+len(big)))
+	require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
+}
+
+// TestConnModes: a connection given a mode of its own keeps it while the
+// proxy's changes, so held connections can be released one at a time.
+func TestConnModes(t *testing.T) {
+	e := startEcho(t)
+	p := faultproxy.New(t, e.addr())
+	c1 := dial(t, p.Addr())
+	echo(t, c1, "one")
+	c2 := dial(t, p.Addr())
+	echo(t, c2, "two")
+	conns := p.Conns()
+	require.Len(t, conns, 2)
+
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	write(t, c1, "first")
+	waitHeldUp(t, p, len("first"))
+	write(t, c2, "second")
+	waitHeldUp(t, p, len("firstsecond"))
+	assert.Equal(t, len("first"), conns[0].Held(faultproxy.Up), "held on the first connection")
+	assert.Equal(t, len("second"), conns[1].Held(faultproxy.Up), "held on the second")
+	assert.True(t, conns[0].HeldSince(faultproxy.Up).Before(conns[1].HeldSince(faultproxy.Up)), "the first was sent first")
+
+	// The later connection goes first; the earlier stays held.
+	conns[1].Set(faultproxy.Up, faultproxy.Pass)
+	assert.Equal(t, "second", readN(t, c2, len("second")))
+	assertNothingArrives(t, c1)
+	assert.Zero(t, conns[1].Held(faultproxy.Up))
+	assert.True(t, conns[1].HeldSince(faultproxy.Up).IsZero())
+
+	// A connection with a mode of its own ignores the proxy's changes
+	// until it follows them again.
+	conns[1].Set(faultproxy.Up, faultproxy.Hold)
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	assert.Equal(t, "first", readN(t, c1, len("first")))
+	write(t, c2, "third")
+	assertNothingArrives(t, c2)
+	conns[1].Follow(faultproxy.Up)
+	assert.Equal(t, "third", readN(t, c2, len("third")))
+}
+
+// TestHoldDiscardedByReset: Reset drops held bytes with their connection.
+func TestHoldDiscardedByReset(t *testing.T) {
+	e, p, c := warmLink(t)
+	p.Set(faultproxy.Up, faultproxy.Hold)
+	write(t, c, "lost")
+	waitHeldUp(t, p, len("lost"))
+	p.Reset()
+	require.Eventually(t, func() bool { return p.Held(faultproxy.Up) == 0 }, ioTimeout, poll, "held bytes dropped")
+	readClosed(t, c)
+	p.Set(faultproxy.Up, faultproxy.Pass)
+	require.Eventually(t, func() bool { return e.finished.Load() == 1 }, ioTimeout, poll, "the server's side of the connection ended")
+	assert.Equal(t, int64(len("warm")), e.received.Load(), "bytes the server received")
+	c2 := dial(t, p.Addr())
+	echo(t, c2, "new")
 }
 
 func TestPauseThenDelay(t *testing.T) {
@@ -520,6 +678,7 @@ func TestStrings(t *testing.T) {
 		{faultproxy.Pause, "pause"},
 		{faultproxy.Blackhole, "blackhole"},
 		{faultproxy.Delay, "delay"},
+		{faultproxy.Hold, "hold"},
 		{faultproxy.Mode(99), "mode?"},
 	} {
 		assert.Equal(t, tc.want, tc.got.String())

@@ -91,6 +91,21 @@ type Report struct {
 	// held it over a common stretch of time (as Peak counts them): a test
 	// that means readers to share checks it.
 	Readers int
+	// L4 lists guards that regained their lease (a Regained op) after
+	// another acquisition of the key had been granted since their own
+	// grant: the renewal that brought them back extended a grant that was
+	// not theirs.
+	L4 []string
+	// Regrants lists lease values (the Lease of the ops) that were granted
+	// under more than one token, with the tokens: a delayed acquire call
+	// granted a value anew after its grant ended. It is not a breach by
+	// itself (a semaphore's holder that asks again gets a new token); what
+	// a regrant may break, L1 and L4, is checked on each grant apart.
+	Regrants []string
+	// Unfiled counts the Confirmed ops that named their Lease but no Token
+	// and came before any grant of that value was known; they are left
+	// out of the checks.
+	Unfiled int
 }
 
 // maxListed is how many breaches of one kind Err spells out.
@@ -125,6 +140,7 @@ func (r Report) Err() error {
 	add("malformed ops", r.Malformed)
 	add("observers", r.Observers)
 	add("arrival order", r.Arrival)
+	add("L4 regained after another held", r.L4)
 	return errors.Join(errs...)
 }
 
@@ -134,11 +150,13 @@ func (r Report) Summary() string {
 	return fmt.Sprintf("acquisitions=%d samples=%d held_samples=%d l1_unchecked=%d "+
 		"l1_violations=%d overlaps=%d token_order_violations=%d "+
 		"reads=%d writes=%d stale_refused=%d stale_accepted=%d lost_updates=%d malformed=%d "+
-		"crowds=%d peak=%d observations=%d observer_violations=%d unknown_terms=%d arrival_violations=%d readers_peak=%d",
+		"crowds=%d peak=%d observations=%d observer_violations=%d unknown_terms=%d arrival_violations=%d readers_peak=%d "+
+		"l4_violations=%d regrants=%d unfiled=%d",
 		r.Acquisitions, r.Samples, r.HeldSamples, r.Unchecked,
 		len(r.L1), len(r.Overlaps), len(r.TokenOrder),
 		r.Reads, r.Writes, r.Refused, len(r.Stale), len(r.LostUpdates), len(r.Malformed),
-		len(r.Crowds), r.Peak, r.Observations, len(r.Observers), r.UnknownTerms, len(r.Arrival), r.Readers)
+		len(r.Crowds), r.Peak, r.Observations, len(r.Observers), r.UnknownTerms, len(r.Arrival), r.Readers,
+		len(r.L4), len(r.Regrants), r.Unfiled)
 }
 
 type acqID struct {
@@ -159,7 +177,10 @@ type acqState struct {
 	mode          string
 	downgraded    Mono
 	lastWriteHeld Mono
-	asked         *Op // its Asked op, if recorded
+	asked         *Op    // its Asked op, if recorded
+	lease         string // the value it wrote, if an op named it
+	lost          []Mono // its Lost ops
+	regained      []Mono // its Regained ops
 }
 
 // Config says what the keys of a history allow. The zero Config is for
@@ -199,8 +220,23 @@ func Check(ops []Op) Report { return Config{}.Check(ops) }
 //     The send time is the earliest Sent of the later acquisition's
 //     Confirmed ops; acquisitions without one are only checked for
 //     distinct tokens.
+//
+// One lease value may be granted more than once, each time with a token
+// of its own; each grant is an acquisition of its own (a grant that no
+// Lock returned is not checked, but its confirmations do not count for
+// another grant of the same value). A Confirmed op that names its Lease
+// and not its Token is filed under the grant of that value it belongs to:
+// the latest grant known (from an op that carries its token) by the time
+// the write was sent (Sent, or At without one). A renewal sent later may
+// still have reached a newer grant, so the filing never credits a grant
+// with a write that reached only a newer one, and a regain is checked on
+// its own (L4): a guard that reports Acquired again after Lost, while
+// another acquisition of the key was granted after its own grant (a larger
+// token) and before the regain, was brought back by a write that extended
+// someone else's grant.
 func (c Config) Check(ops []Op) Report {
 	var r Report
+	ops = r.file(ops)
 	acqs := make(map[acqID]*acqState)
 	get := func(op Op) *acqState {
 		id := acqID{op.Key, op.Client, op.Token}
@@ -208,6 +244,9 @@ func (c Config) Check(ops []Op) Report {
 		if a == nil {
 			a = &acqState{Acq: Acq{Key: op.Key, Client: op.Client, Token: op.Token}}
 			acqs[id] = a
+		}
+		if op.Lease != "" {
+			a.lease = op.Lease
 		}
 		return a
 	}
@@ -251,13 +290,36 @@ func (c Config) Check(ops []Op) Report {
 				continue
 			}
 			a.asked = &op
-		case Lost, Regained, Released, Read, Write:
+		case Lost:
+			a := get(op)
+			a.lost = append(a.lost, op.At)
+		case Regained:
+			a := get(op)
+			a.regained = append(a.regained, op.At)
+		case Released, Read, Write:
 		default:
 			r.Malformed = append(r.Malformed, fmt.Sprintf("op of unknown kind: %v", op))
 		}
 	}
 
 	byKey := make(map[string][]*acqState)
+	grants := make(map[leaseID][]*acqState) // every grant of each value, granted or not
+	for _, a := range acqs {
+		if a.lease != "" {
+			grants[leaseID{a.Key, a.lease}] = append(grants[leaseID{a.Key, a.lease}], a)
+		}
+	}
+	for id, list := range grants {
+		if len(list) > 1 {
+			tokens := make([]int64, len(list))
+			for i, a := range list {
+				tokens[i] = a.Token
+			}
+			slices.Sort(tokens)
+			r.Regrants = append(r.Regrants, fmt.Sprintf("%s value %q granted under tokens %v", id.key, id.lease, tokens))
+		}
+	}
+	slices.Sort(r.Regrants)
 	for _, a := range acqs {
 		if !a.granted {
 			if len(a.samples) > 0 {
@@ -272,7 +334,7 @@ func (c Config) Check(ops []Op) Report {
 				break
 			}
 		}
-		r.checkL1(a)
+		r.checkL1(a, grants[leaseID{a.Key, a.lease}])
 		byKey[a.Key] = append(byKey[a.Key], a)
 	}
 	for key, list := range byKey {
@@ -285,6 +347,9 @@ func (c Config) Check(ops []Op) Report {
 			r.checkOrder(list)
 		}
 		r.checkArrival(list)
+		if c.permits(key) == 1 {
+			r.checkRegains(list, c.RW[key])
+		}
 		r.Peak = max(r.Peak, peak(list))
 	}
 	r.checkCounter(ops)
@@ -494,7 +559,10 @@ func (r *Report) checkObservers(ops []Op, byKey map[string][]*acqState) {
 // State compares the clock at some instant between the sample's start and
 // end with its deadline; so a correct guard always passes, whatever the
 // scheduling.
-func (r *Report) checkL1(a *acqState) {
+//
+// others are the grants of a's value (a among them); a sample that only
+// another grant's confirmation would cover says so.
+func (r *Report) checkL1(a *acqState, others []*acqState) {
 	if len(a.confirms) == 0 {
 		r.Unchecked += len(a.samples)
 		return
@@ -511,7 +579,7 @@ func (r *Report) checkL1(a *acqState) {
 		if until == 0 {
 			r.L1 = append(r.L1, fmt.Sprintf("%v reported Acquired at %d before any write was confirmed", a.Acq, s.At))
 		} else if s.At >= until {
-			r.L1 = append(r.L1, fmt.Sprintf("%v reported Acquired %v after its deadline", a.Acq, s.At.Sub(until)))
+			r.L1 = append(r.L1, fmt.Sprintf("%v reported Acquired %v after its deadline%s", a.Acq, s.At.Sub(until), coveredBy(s, a, others)))
 		}
 	}
 }
@@ -579,5 +647,115 @@ func (r *Report) checkCounter(ops []Op) {
 	}
 	for _, c := range counters {
 		r.Final += c.value
+	}
+}
+
+// leaseID names one lease value of one key.
+type leaseID struct{ key, lease string }
+
+// file returns ops with every Confirmed op that names its Lease but no
+// Token filed under a grant of that value: the latest one known, from an
+// op that carries its token, no later than the write's send time (At when
+// Sent is 0). Ops that no grant is known for are dropped and counted in
+// Unfiled. ops itself is not modified.
+func (r *Report) file(ops []Op) []Op {
+	type grant struct {
+		token int64
+		known Mono // the earliest op that carries the token
+	}
+	grants := make(map[leaseID][]grant)
+	needed := false
+	for _, op := range ops {
+		if op.Lease == "" {
+			continue
+		}
+		if op.Token == 0 {
+			needed = needed || op.Kind == Confirmed
+			continue
+		}
+		id := leaseID{op.Key, op.Lease}
+		i := slices.IndexFunc(grants[id], func(g grant) bool { return g.token == op.Token })
+		if i < 0 {
+			grants[id] = append(grants[id], grant{op.Token, op.At})
+		} else {
+			grants[id][i].known = min(grants[id][i].known, op.At)
+		}
+	}
+	if !needed {
+		return ops
+	}
+	out := make([]Op, 0, len(ops))
+	for _, op := range ops {
+		if op.Kind == Confirmed && op.Token == 0 && op.Lease != "" {
+			sent := op.Sent
+			if sent == 0 {
+				sent = op.At
+			}
+			var best grant
+			for _, g := range grants[leaseID{op.Key, op.Lease}] {
+				if g.known <= sent && (best.token == 0 || g.known > best.known) {
+					best = g
+				}
+			}
+			if best.token == 0 {
+				r.Unfiled++
+				continue
+			}
+			op.Token = best.token
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+// coveredBy says, for a held sample s of a past every deadline that a's
+// own confirmations allow, which other grant of a's value had a
+// confirmation that would have covered it: the write that kept a's guard
+// going extended a grant that was not a's.
+func coveredBy(s Op, a *acqState, others []*acqState) string {
+	for _, o := range others {
+		if o == a {
+			continue
+		}
+		for _, c := range o.confirms {
+			if c.At <= s.End && s.At < c.Until {
+				return fmt.Sprintf(" (a write confirmed for token %d, a later grant of the same value, would cover it)", o.Token)
+			}
+		}
+	}
+	return ""
+}
+
+// checkRegains checks L4 on a key of one holder (or a read-write lock's,
+// where it concerns a writer): a Regained op of an acquisition a at R is
+// a breach when another acquisition e of the key, with a larger token
+// (granted after a, by L3), was granted before R. The key held e's grant
+// after a's, so whatever renewal brought a back found a value that a grant
+// of its own had not left there.
+func (r *Report) checkRegains(list []*acqState, rw bool) {
+	for _, a := range list {
+		for _, at := range a.regained {
+			for _, e := range list {
+				if e == a || e.Token <= a.Token || e.Granted >= at {
+					continue
+				}
+				if rw && a.mode != "write" && e.mode != "write" {
+					continue // readers share
+				}
+				var last Mono
+				for _, l := range a.lost {
+					if l <= at {
+						last = max(last, l)
+					}
+				}
+				lost := "without a Lost before it"
+				if last != 0 {
+					lost = fmt.Sprintf("Lost %v before", at.Sub(last))
+				}
+				r.L4 = append(r.L4, fmt.Sprintf("%v regained its lease %v after %v was granted (%s)",
+					a.Acq, at.Sub(e.Granted), e.Acq, lost))
+				break
+			}
+		}
 	}
 }

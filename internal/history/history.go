@@ -13,6 +13,8 @@
 //     confirmed write allows (its send time plus the TTL minus the margin);
 //   - L2: no two acquisitions of a key report Acquired at the same moment;
 //   - L3: tokens strictly increase in grant order;
+//   - L4: a guard that regains its lease after Lost does so only when
+//     nobody else held the key in between;
 //   - the counter accepts no operation with a token below one it already
 //     accepted, and no accepted write loses an update.
 //
@@ -88,7 +90,8 @@ const (
 	Sample
 	// Lost: the guard published Lost. At is the event's time.
 	Lost
-	// Regained: the guard published Acquired again after Lost.
+	// Regained: the guard published Acquired again after Lost. At is the
+	// event's time.
 	Regained
 	// Released: Release returned. Held says whether it returned Released
 	// (rather than Lost).
@@ -180,6 +183,13 @@ type Op struct {
 	// Mode, for the Granted op of a read-write lock's acquisition, is
 	// "read" or "write".
 	Mode string `json:"mode,omitzero"`
+	// Lease is the value the acquisition wrote into the lease, where the
+	// recorder knows it. One value can be granted more than once, each
+	// grant with a token of its own (a delayed acquire call that lands
+	// after the value's grant ended grants it anew), so a Confirmed op
+	// that names its Lease but not its Token (0) is filed by Check under
+	// the grant of that value it belongs to; see [Config.Check].
+	Lease string `json:"lease,omitzero"`
 }
 
 func (o Op) String() string {
