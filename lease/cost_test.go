@@ -409,9 +409,20 @@ func costPaths() []costPath {
 			return err
 		}},
 		{name: "lock acquire: held, refreshes its place", command: "evalsha", prepare: both(heldByAnother, queue), call: func(e *costEnv, k lease.Keys, i int) error {
-			g, err := e.lc.AcquireOrQueue(context.Background(), k, costWaiter(i), costTTL, lease.Place{Claim: costClaim, Room: "room", Ticket: 1})
+			// As a waiter's refresh is sent: with its ticket and the token
+			// it saw (Place.Seen), which no grant has passed since.
+			g, err := e.lc.AcquireOrQueue(context.Background(), k, costWaiter(i), costTTL, lease.Place{Claim: costClaim, Room: "room", Ticket: 1, Seen: 1})
 			if err == nil && (g.Rank != 0 || g.Ticket == 1) {
 				err = fmt.Errorf("refresh %s: got %+v, want rank 0 and its ticket", costWaiter(i), g)
+			}
+			return err
+		}},
+		{name: "lock acquire: held, a late refresh refused", command: "evalsha", prepare: heldByAnother, call: func(e *costEnv, k lease.Keys, i int) error {
+			// A refresh of a value that is not in line, sent before the
+			// last grant (its Seen is below the fencing key's token).
+			g, err := e.lc.AcquireOrQueue(context.Background(), k, costWaiter(i), costTTL, lease.Place{Claim: costClaim, Room: "room", Ticket: 1, Seen: 1})
+			if err == nil && (g.Acquired || g.Rank != -1) {
+				err = fmt.Errorf("late refresh %s: got %+v, want it refused (rank -1)", costWaiter(i), g)
 			}
 			return err
 		}},
@@ -684,7 +695,7 @@ func (e *costEnv) serverUsec(t *testing.T, command string) float64 {
 			}
 		}
 	}
-	t.Fatalf("INFO commandstats: no %s calls", command)
+	t.Fatalf("INFO commandstats: no %s calls in:\n%s", command, info)
 	return 0
 }
 
