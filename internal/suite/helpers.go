@@ -63,6 +63,11 @@ const (
 	// machine, as in SAFETY.md ("soon after" allows 250 ms). State() does
 	// not wait for that goroutine, so what it says is checked exactly.
 	slack = 250 * time.Millisecond
+	// starvedClaim is the claim window of waiters in tests that check the
+	// order of grants with no waiter dying: far above the scheduling delay
+	// of a loaded 2-core machine under -race (seconds at worst), so that no
+	// live waiter loses its turn, or a permit passed to it, for being slow.
+	starvedClaim = 5 * time.Second
 	// ackTimeout is the replica acknowledgement timeout: long enough for a
 	// replica on a loaded machine, short against the TTLs.
 	ackTimeout = 300 * time.Millisecond
