@@ -157,3 +157,23 @@ func assertSoon(t *testing.T, p *schedProbe, from time.Time, took, bound time.Du
 	return assert.Less(t, took, bound+late, "%s: took %v; the bound is %v plus the scheduling delay the probe measured meanwhile, %v",
 		what, took.Round(time.Millisecond), bound, late.Round(time.Millisecond))
 }
+
+// skipIfStarved skips t, saying what it measured, when p saw a scheduling
+// delay of at least budget between from and now: a lease lost meanwhile may
+// then be the machine's doing (a renewal not sent, or its reply not read,
+// in time), so a test whose precondition is that no lease is lost cannot
+// judge it. With less delay it returns, and a lost lease is for the test to
+// fail.
+func skipIfStarved(t *testing.T, p *schedProbe, from time.Time, budget time.Duration, what string) {
+	t.Helper()
+	now := time.Now()
+	if late := p.delay(from, now); late >= budget {
+		t.Skipf("%s, but the probe measured a scheduling delay of %v in the %v before, at least the %v the lease had to spare: "+
+			"the machine, not the library, may have taken it", what, late.Round(time.Millisecond), now.Sub(from).Round(time.Millisecond), budget)
+	}
+}
+
+// renewalBudget is how long a guard of a lease of ttl can be kept from
+// running without losing it: its deadline comes ttl minus the margin after
+// a renewal's send, and the next renewal is due a third of ttl after it.
+func renewalBudget(ttl time.Duration) time.Duration { return ttl - ttl/3 - margin(ttl) }
