@@ -777,8 +777,13 @@ func TestSafety10SlowReplies(t *testing.T) {
 			t.Fatalf("slow but timely replies must keep the lease: a was %v", st)
 		}
 		for _, c := range a.wire.renewals(ha.token) {
-			if c.start.After(slowFrom) {
-				assert.GreaterOrEqual(t, c.end.Sub(c.start), delay, "renewal answered faster than the delay")
+			// A call that ended without an answer (its deadline passed
+			// first, on a machine that starved the guard) proves nothing
+			// about the delay; one that Redis answered must have waited
+			// for it.
+			if c.start.After(slowFrom) && c.done && c.err == nil {
+				assert.GreaterOrEqual(t, c.end.Sub(c.start), delay, "renewal answered faster than the delay (sent %v after the replies slowed, extended: %v)",
+					c.start.Sub(slowFrom), c.ok)
 			}
 		}
 		bw := b.lockInBackground(t.Context())
