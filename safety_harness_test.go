@@ -31,6 +31,7 @@ import (
 	"github.com/distkit-go/distlock/internal/faultproxy"
 	"github.com/distkit-go/distlock/internal/history"
 	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/internal/suite"
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -523,7 +524,7 @@ func (h *holding) mustRelease(t *testing.T, want distlock.State) {
 	left := time.Until(h.g.Deadline()) // what the lease had left as Release began
 	start := time.Now()
 	st, err := h.release()
-	if want == distlock.Lost && st == distlock.Lost && err != nil && bestEffortTimeout(err) {
+	if want == distlock.Lost && st == distlock.Lost && err != nil && suite.LapsedDeleteTimedOut(err) {
 		t.Logf("the best-effort delete of %s's lapsed lease timed out: %v", h.c.name, err)
 		err = nil
 	}
@@ -539,15 +540,6 @@ func (h *holding) mustRelease(t *testing.T, want distlock.State) {
 	}
 	require.NoError(t, err, "release of %s", h.c.name)
 	require.Equal(t, want, st, "Release of %s (token %d)", h.c.name, h.token)
-}
-
-// bestEffortTimeout reports whether err, from the release of a Lost guard,
-// says only that its best-effort delete got no answer in the short time it
-// has once the lease has lapsed (the ctx's deadline, or the guard's own
-// "no answer from Redis before the lease ended").
-func bestEffortTimeout(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, distlock.ErrNoReply) ||
-		strings.Contains(err.Error(), "no answer from Redis before the lease ended")
 }
 
 // opSink takes recorded ops: a history.Recorder, or in a helper process the

@@ -40,6 +40,8 @@ var (
 	LockAsync    = lockAsync
 	Async        = async
 	Await        = await
+
+	LapsedDeleteTimedOut = lapsedDeleteTimedOut
 )
 
 const (
