@@ -313,7 +313,8 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 		ha.waitRenewals(t, 1)
 		deadline := distlock.LeaseDeadline(ha.g)
 		// Close the port shortly before the next renewal is due.
-		time.Sleep(time.Until(deadline.Add(-ttl + distlock.Margin(ttl) + ttl/3 - 100*time.Millisecond)))
+		due := deadline.Add(-ttl + distlock.Margin(ttl) + ttl/3)
+		time.Sleep(time.Until(due.Add(-100 * time.Millisecond)))
 		refused := time.Now()
 		a.proxy.Refuse()
 		time.Sleep(300 * time.Millisecond)
@@ -326,7 +327,20 @@ func TestSafety04ResetAndClosedPort(t *testing.T) {
 		assert.Zero(t, ha.lossCount(), "300 ms of a closed port lost a lease that had %v left", deadline.Sub(refused))
 		assert.NoError(t, ha.g.Context().Err(), "the guard's context must live through the blip")
 		failures := ha.renewFailuresSince(refused)
-		assert.NotEmpty(t, failures, "the failed renewals were not reported")
+		if len(failures) == 0 {
+			// The scenario needs the renewal due 100 ms after the close to
+			// be sent while the port is closed. A renewal may go a
+			// twentieth of its period early (to share a batch).
+			if sent := due.Add(-ttl / 3 / 20); !refused.Before(sent) {
+				require.NoError(t, history.Check(w.rec.Ops()).Err())
+				t.Skipf("no renewal failed, but the port closed %v after the renewal could be sent (the sleep overslept by %v): "+
+					"it went out before the close", refused.Sub(sent), refused.Sub(due.Add(-100*time.Millisecond)))
+			}
+			w.skipIfStarved(t, due, healed.Sub(due), fmt.Sprintf("no renewal failed: the renewal due %v after the port closed "+
+				"was not sent before it reopened, %v after it was due", due.Sub(refused), healed.Sub(due)))
+		}
+		assert.NotEmpty(t, failures, "the failed renewals were not reported (closed %v before the renewal was due, reopened %v after; renewed %v after the reopening)",
+			due.Sub(refused), healed.Sub(due), renewed.Sub(healed))
 		assert.Nil(t, bw.stop(), "b acquired while a's lease was alive")
 		ha.mustRelease(t, distlock.Released)
 		w.requireClean(label("4", "port-closed-briefly"))
@@ -763,8 +777,13 @@ func TestSafety10SlowReplies(t *testing.T) {
 			t.Fatalf("slow but timely replies must keep the lease: a was %v", st)
 		}
 		for _, c := range a.wire.renewals(ha.token) {
-			if c.start.After(slowFrom) {
-				assert.GreaterOrEqual(t, c.end.Sub(c.start), delay, "renewal answered faster than the delay")
+			// A call that ended without an answer (its deadline passed
+			// first, on a machine that starved the guard) proves nothing
+			// about the delay; one that Redis answered must have waited
+			// for it.
+			if c.start.After(slowFrom) && c.done && c.err == nil {
+				assert.GreaterOrEqual(t, c.end.Sub(c.start), delay, "renewal answered faster than the delay (sent %v after the replies slowed, extended: %v)",
+					c.start.Sub(slowFrom), c.ok)
 			}
 		}
 		bw := b.lockInBackground(t.Context())

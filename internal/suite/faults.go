@@ -149,6 +149,7 @@ func warm(t *testing.T, c Client) {
 // the new holder's key alone.
 func faultPartitionLongerThanTTL(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	srv.SkipUnless(t, redistest.ExpireTime) // measured against the lease's exact expiry
 	proxy, ca := throughProxy(t, lib, srv)
 	a := newMutex(t, ca, "res", distlock.WithTTL(faultTTL), distlock.WithOwner("a"))
@@ -187,7 +188,7 @@ func faultPartitionLongerThanTTL(t *testing.T, lib Library) {
 	// would be later by a round trip.
 	assert.False(t, w.lastDeadline.After(expiry.Add(-margin(faultTTL)+time.Millisecond)),
 		"a's deadline is %v after the expiry less the margin", w.lastDeadline.Sub(expiry.Add(-margin(faultTTL))))
-	assert.True(t, ev.Time.Before(expiry.Add(slack)), "Lost %v after the earliest expiry", ev.Time.Sub(expiry))
+	assertSoon(t, p, expiry, ev.Time.Sub(expiry), slack, "a's Lost event after the earliest expiry")
 
 	o := await(t, bw, faultTTL+eventually, "b")
 	require.NoError(t, o.err)
@@ -214,6 +215,7 @@ func faultPartitionLongerThanTTL(t *testing.T, lib Library) {
 // on. Nobody else acquires, and the token does not change.
 func faultShortPartition(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	proxy, ca := throughProxy(t, lib, srv)
 	obs := &renewWatch{}
 	a := newMutex(t, ca, "res", distlock.WithTTL(faultTTL), distlock.WithObserver(obs), distlock.WithLogger(testLogger(t)))
@@ -238,7 +240,13 @@ func faultShortPartition(t *testing.T, lib Library) {
 	before := ga.Deadline()
 	proxy.Heal() // resets the connections: a renewal still waiting fails now
 	healed := time.Now()
-	waitDeadlineMoves(t, ga, before, faultTTL, "a renewal confirmed after the heal")
+	require.Eventually(t, func() bool { return ga.Deadline().After(before) || ga.State() != distlock.Acquired },
+		faultTTL, time.Millisecond, "a renewal confirmed after the heal")
+	if ga.State() != distlock.Acquired {
+		// The deadline left this much after the planned cut.
+		skipIfStarved(t, p, cut, faultTTL-margin(faultTTL)-(faultTTL/3+150*time.Millisecond),
+			fmt.Sprintf("a lost its lease in a cut of %v (planned %v)", healed.Sub(cut).Round(time.Millisecond), faultTTL/3+150*time.Millisecond))
+	}
 	renewed := time.Now()
 
 	_, failed, lost := obs.counts()
@@ -283,6 +291,7 @@ func faultShortPartition(t *testing.T, lib Library) {
 // between was unprotected), and nobody else acquired.
 func faultRegainAfterRepliesHeld(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	proxy, ca := throughProxy(t, lib, srv)
 	warm(t, ca)
 	const ttl = 900 * time.Millisecond
@@ -304,7 +313,7 @@ func faultRegainAfterRepliesHeld(t *testing.T, lib Library) {
 	w.end()
 	assert.Equal(t, distlock.LostDeadline, lostReason(t, ev), "reason: %v", ev.Err)
 	assert.True(t, w.lastAcquired.Before(w.lastDeadline), "Acquired %v after the deadline", w.lastAcquired.Sub(w.lastDeadline))
-	assert.True(t, ev.Time.Before(w.lastDeadline.Add(slack)), "Lost %v after the deadline", ev.Time.Sub(w.lastDeadline))
+	assertSoon(t, p, w.lastDeadline, ev.Time.Sub(w.lastDeadline), slack, "the Lost event after the deadline")
 	proxy.Set(faultproxy.Down, faultproxy.Pass)
 
 	ev = nextEvent(t, events)
@@ -328,6 +337,7 @@ func faultRegainAfterRepliesHeld(t *testing.T, lib Library) {
 // holder stays Lost.
 func faultRedisStopped(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	srv.SkipUnless(t, redistest.ExpireTime) // measured against the lease's exact expiry
 	// Renewals every 500 ms: Redis is stopped long before the first.
 	const ttl = 1500 * time.Millisecond
@@ -364,7 +374,7 @@ func faultRedisStopped(t *testing.T, lib Library) {
 	assert.True(t, w.lastAcquired.Before(expiry), "a said Acquired %v after the earliest expiry", w.lastAcquired.Sub(expiry))
 	assert.False(t, w.lastDeadline.After(expiry.Add(-margin(ttl)+time.Millisecond)),
 		"a's deadline is %v after the expiry less the margin", w.lastDeadline.Sub(expiry.Add(-margin(ttl))))
-	assert.True(t, ev.Time.Before(expiry.Add(slack)), "Lost %v after the earliest expiry", ev.Time.Sub(expiry))
+	assertSoon(t, p, expiry, ev.Time.Sub(expiry), slack, "the Lost event after the earliest expiry")
 	notYet(t, bw, "b, with Redis stopped")
 
 	time.Sleep(time.Until(paused.Add(2 * ttl)))
@@ -462,6 +472,7 @@ const noticeRestart = 500 * time.Millisecond
 // with an actor renews at once, is refused, and is Lost.
 func faultHolderNoticesARestart(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	// Renewals every 2 s: the restart comes right after the first one, so
 	// the next scheduled renewal is far beyond the bound.
 	const ttl = 6 * time.Second
@@ -482,7 +493,7 @@ func faultHolderNoticesARestart(t *testing.T, lib Library) {
 			require.Equal(t, distlock.Lost, ev.State, "event %v", ev)
 			took := ev.Time.Sub(answering)
 			t.Logf("Lost %v after the restarted server answered", took)
-			assert.Less(t, took, noticeRestart+slack, "the holder learnt of the restart late")
+			assertSoon(t, p, answering, took, noticeRestart+slack, "the holder's Lost event after the restarted server answered")
 			var le *distlock.LostError
 			require.ErrorAs(t, ev.Err, &le)
 			assert.Equal(t, distlock.LostRefused, le.Reason)

@@ -2,6 +2,7 @@ package suite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -39,6 +40,8 @@ var (
 	LockAsync    = lockAsync
 	Async        = async
 	Await        = await
+
+	LapsedDeleteTimedOut = lapsedDeleteTimedOut
 )
 
 const (
@@ -63,6 +66,11 @@ const (
 	// machine, as in SAFETY.md ("soon after" allows 250 ms). State() does
 	// not wait for that goroutine, so what it says is checked exactly.
 	slack = 250 * time.Millisecond
+	// starvedClaim is the claim window of waiters in tests that check the
+	// order of grants with no waiter dying: far above the scheduling delay
+	// of a loaded 2-core machine under -race (seconds at worst), so that no
+	// live waiter loses its turn, or a permit passed to it, for being slow.
+	starvedClaim = 5 * time.Second
 	// ackTimeout is the replica acknowledgement timeout: long enough for a
 	// replica on a loaded machine, short against the TTLs.
 	ackTimeout = 300 * time.Millisecond
@@ -137,6 +145,14 @@ func release(t *testing.T, g *distlock.Guard) distlock.State {
 	st, err := g.Release(ctx)
 	require.NoError(t, err)
 	return st
+}
+
+// lapsedDeleteTimedOut reports whether err, from the release of a Lost
+// guard, says only that its best-effort delete got no answer in the short
+// time it has once the lease has lapsed.
+func lapsedDeleteTimedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, distlock.ErrNoReply) ||
+		strings.Contains(err.Error(), "no answer from Redis before the lease ended")
 }
 
 // waitState waits until g reports want.

@@ -402,7 +402,7 @@ func mutexOwnerOfAnotherLibraryValue(t *testing.T, lib Library) {
 func mutexStateIsLostOnceTheContextSaysSo(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	c := connect(t, lib, srv)
-	for range 20 {
+	for i := range 20 {
 		m := newMutex(t, c, "res", distlock.WithTTL(300*time.Millisecond))
 		g, err := m.Lock(t.Context())
 		require.NoError(t, err)
@@ -412,7 +412,20 @@ func mutexStateIsLostOnceTheContextSaysSo(t *testing.T, lib Library) {
 		case <-time.After(eventually):
 			t.Fatal("the loss went unnoticed")
 		}
-		require.Equal(t, distlock.Lost, g.State(), "State right after the context was cancelled by the loss")
+		if st := g.State(); st != distlock.Lost {
+			// A guard starved past its deadline before the DEL is Lost by
+			// that deadline, and a renewal's reply read after it finds the
+			// key still its own and regains the lease (L4): the context
+			// stays cancelled. That is not the loss this checks.
+			var le *distlock.LostError
+			cause := context.Cause(g.Context())
+			if errors.As(cause, &le) && le.Reason == distlock.LostDeadline {
+				t.Logf("run %d: lost by its deadline before the DEL (%v), then %v: a regain, not the refused renewal this checks", i, cause, st)
+				release(t, g)
+				continue
+			}
+			t.Fatalf("run %d: State right after the context was cancelled by the loss: %v, want %v (the context's cause: %v)", i, st, distlock.Lost, cause)
+		}
 		release(t, g)
 	}
 }

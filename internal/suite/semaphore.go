@@ -2,6 +2,7 @@ package suite
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,8 +68,13 @@ func semFIFOAcrossClients(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	ctx := t.Context()
 	const permits = 2
+	// A claim window far above a loaded machine's scheduling delay: with
+	// the default (500 ms), a waiter starved that long loses its turn or,
+	// passed a permit, its lease, and either changes the order this test
+	// checks without any fault of the protocol.
 	newSem := func() *distlock.Semaphore {
-		return newSemaphore(t, connect(t, lib, srv), "fifo", permits, distlock.WithTTL(longTTL))
+		return newSemaphore(t, connect(t, lib, srv), "fifo", permits, distlock.WithTTL(longTTL),
+			distlock.WithClaimWindow(starvedClaim))
 	}
 	holder := newSem()
 	var held []*distlock.Guard
@@ -79,8 +85,9 @@ func semFIFOAcrossClients(t *testing.T, lib Library) {
 	}
 	// Four waiters in four clients, in order.
 	type res struct {
-		i int
-		g *distlock.Guard
+		i  int
+		g  *distlock.Guard
+		at time.Time // when Acquire returned
 	}
 	got := make(chan res, 4)
 	var wg sync.WaitGroup
@@ -89,7 +96,7 @@ func semFIFOAcrossClients(t *testing.T, lib Library) {
 		wg.Go(func() {
 			g, err := s.Acquire(ctx)
 			if assert.NoError(t, err) {
-				got <- res{i, g}
+				got <- res{i, g, time.Now()}
 			}
 		})
 		waitInLine(t, srv, "distlock:{fifo}", int64(i+1))
@@ -98,13 +105,17 @@ func semFIFOAcrossClients(t *testing.T, lib Library) {
 		release(t, g)
 	}
 	var order []int
+	var firsts []res // the first two grants
 	take := func() *distlock.Guard {
 		select {
 		case r := <-got:
 			order = append(order, r.i)
+			if len(firsts) < 2 {
+				firsts = append(firsts, r)
+			}
 			return r.g
 		case <-time.After(eventually):
-			t.Fatalf("no waiter got a permit; order so far %v", order)
+			t.Fatalf("no waiter got a permit within %v; order so far %v", eventually, order)
 			return nil
 		}
 	}
@@ -116,7 +127,19 @@ func semFIFOAcrossClients(t *testing.T, lib Library) {
 	assert.ElementsMatch(t, []int{0, 1}, order, "the two oldest waiters get the two freed permits")
 	select {
 	case r := <-got:
-		t.Fatalf("waiter %d got a third permit", r.i)
+		what, breach := thirdPermit(r.i, r.g, r.at, firsts[0].i, a, firsts[1].i, b)
+		if breach {
+			t.Fatalf("SAFETY BREACH: %s: three holders at once", what)
+		}
+		// The precondition failed, not the protocol: end the run cleanly
+		// and say what happened.
+		for _, g := range []*distlock.Guard{r.g, a, b} {
+			release(t, g)
+		}
+		release(t, take()) // the last waiter's
+		wg.Wait()
+		t.Skipf("not a breach: %s: a lease lost to scheduling delay passed its permit on (claim window %v); the order cannot be checked",
+			what, starvedClaim)
 	case <-time.After(100 * time.Millisecond):
 	}
 	for _, g := range []*distlock.Guard{a, b} {
@@ -131,6 +154,28 @@ func semFIFOAcrossClients(t *testing.T, lib Library) {
 	requireNothingLeft(t, lib, srv, "distlock:{fifo}")
 }
 
+// thirdPermit judges a third grant of a 2-permit semaphore, to waiter i
+// at at, while waiters ia and ib had the two permits, and describes it. It
+// is a breach of the bound only if both of them still vouch for their
+// leases: a guard reports Acquired exactly while its deadline, which comes
+// before Redis can expire its lease, lies ahead, and never again once it
+// has passed; so one that is Acquired when read after the grant was
+// Acquired at the grant. A guard starved of CPU past its deadline (a
+// renewal not sent or not confirmed in time) is Lost, and its permit
+// rightly went to the next in line.
+func thirdPermit(i int, g *distlock.Guard, at time.Time, ia int, a *distlock.Guard, ib int, b *distlock.Guard) (what string, breach bool) {
+	sa, sb := a.State(), b.State()
+	desc := func(i int, g *distlock.Guard, st distlock.State) string {
+		d := fmt.Sprintf("waiter %d (token %d) is %v", i, g.Token(), st)
+		if dl := g.Deadline(); !dl.IsZero() {
+			d += fmt.Sprintf(" until %v after the third grant", dl.Sub(at).Round(time.Millisecond))
+		}
+		return d
+	}
+	what = fmt.Sprintf("waiter %d got a third permit of 2 (token %d); %s; %s", i, g.Token(), desc(ia, a, sa), desc(ib, b, sb))
+	return what, sa == distlock.Acquired && sb == distlock.Acquired
+}
+
 func sortPair(p []int) []int {
 	if p[0] > p[1] {
 		return []int{p[1], p[0]}
@@ -143,6 +188,7 @@ func sortPair(p []int) []int {
 // moment; and when two leases end together, both waiters get a permit.
 func semCrashedHolders(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	const ttl = 700 * time.Millisecond
 	key := "distlock:{crash}"
 	// Two crashed holders of the two permits, written by hand; read the
@@ -161,7 +207,7 @@ func semCrashedHolders(t *testing.T, lib Library) {
 		late := o.at.Sub(written) - ttl
 		t.Logf("a permit %v after the crashed holders' leases ended", late)
 		assert.GreaterOrEqual(t, late, time.Duration(0), "granted before the lease ended")
-		assert.Less(t, late, 300*time.Millisecond, "took too long after the end of the lease")
+		assertSoon(t, p, written.Add(ttl), late, 300*time.Millisecond, "a permit after the crashed holders' leases ended")
 		release(t, o.g)
 	}
 	requireNothingLeft(t, lib, srv, key)
@@ -172,6 +218,7 @@ func semCrashedHolders(t *testing.T, lib Library) {
 // only once fewer than that remain.
 func semLoweredPermits(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	// Long enough for renewals to stay on time on a loaded machine under
 	// -race: a holder that lost its lease would prove nothing.
 	const ttl = time.Second
@@ -186,9 +233,13 @@ func semLoweredPermits(t *testing.T, lib Library) {
 	_, err := lowered.TryAcquire(t.Context())
 	require.ErrorIs(t, err, distlock.ErrNotAcquired, "3 held, the new limit is 2")
 	// The old holders keep renewing past two TTLs.
+	since := time.Now()
 	time.Sleep(2*ttl + ttl/4)
-	for _, g := range held {
-		assert.Equal(t, distlock.Acquired, g.State())
+	for i, g := range held {
+		if st := g.State(); st != distlock.Acquired {
+			skipIfStarved(t, p, since, renewalBudget(ttl), fmt.Sprintf("holder %d above the new limit is %v", i, st))
+			t.Errorf("holder %d above the new limit is %v after %v, want Acquired (its renewals must go on)", i, st, time.Since(since).Round(time.Millisecond))
+		}
 	}
 	release(t, held[0])
 	_, err = lowered.TryAcquire(t.Context())

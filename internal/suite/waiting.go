@@ -100,6 +100,7 @@ func waitInOrderAcrossProcesses(t *testing.T, lib Library) {
 // lease expires, by the first waiter in line, without polling.
 func waitCrashedHoldersLeaseAtExpiry(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	m := newMutex(t, connect(t, lib, srv), "res")
 	const ttl = 700 * time.Millisecond
 	// Read before the SET: the lease cannot expire before written + ttl.
@@ -110,7 +111,7 @@ func waitCrashedHoldersLeaseAtExpiry(t *testing.T, lib Library) {
 	late := time.Since(written) - ttl
 	t.Logf("acquired %v after the crashed holder's lease expired", late)
 	assert.GreaterOrEqual(t, late, time.Duration(0), "acquired before the lease expired")
-	assert.Less(t, late, 300*time.Millisecond, "took too long after expiry")
+	assertSoon(t, p, written.Add(ttl), late, 300*time.Millisecond, "the grant after the crashed holder's lease expired")
 	// The first call, a poll or two until the room's subscription is up and
 	// one when it is, a refresh every half claim window, the one at expiry;
 	// polling would have made one every 50ms.
@@ -126,6 +127,7 @@ func waitCrashedHoldersLeaseAtExpiry(t *testing.T, lib Library) {
 // its clean-up cannot reach Redis.
 func waitDeadWaiter(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	const claim = 300 * time.Millisecond
 	holder := newMutex(t, connect(t, lib, srv), "res", distlock.WithTTL(longTTL))
 	g, err := holder.Lock(t.Context())
@@ -144,7 +146,7 @@ func waitDeadWaiter(t *testing.T, lib Library) {
 	cancelDead()
 	o := await(t, deadResult, promptly, "the cut-off waiter's Lock after cancel")
 	require.ErrorIs(t, o.err, context.Canceled)
-	assert.Less(t, o.at.Sub(cancelled), giveUpBound, "Lock waited %v to give up", o.at.Sub(cancelled))
+	assertSoon(t, p, cancelled, o.at.Sub(cancelled), giveUpBound, "the cut-off waiter's Lock returning after its ctx was cancelled")
 
 	released := time.Now()
 	release(t, g) // passes the lock to the cut-off waiter, who never answers
@@ -152,8 +154,8 @@ func waitDeadWaiter(t *testing.T, lib Library) {
 	require.NoError(t, o.err)
 	idle := o.at.Sub(released)
 	t.Logf("the live waiter acquired %v after the release", idle)
-	assert.Less(t, idle, claim+distlock.DefaultClaimWindow/2+300*time.Millisecond,
-		"a dead waiter ahead held the lock up for %v", idle)
+	assertSoon(t, p, released, idle, claim+distlock.DefaultClaimWindow/2+300*time.Millisecond,
+		"the live waiter's grant after the release, with a dead waiter ahead")
 	release(t, o.g)
 	proxy.Heal()
 	requireNothingLeft(t, lib, srv, holder.Key())
@@ -222,6 +224,7 @@ func waitPassWithinAProcessThenToAnother(t *testing.T, lib Library) {
 // next waiter.
 func waitGiveUpWhileRedisIsStopped(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	const ttl = 3 * time.Second
 	g, err := newMutex(t, connect(t, lib, srv), "res", distlock.WithTTL(ttl)).Lock(t.Context())
 	require.NoError(t, err)
@@ -235,7 +238,7 @@ func waitGiveUpWhileRedisIsStopped(t *testing.T, lib Library) {
 	o := await(t, result, promptly, "the cancelled waiter")
 	srv.Resume()
 	require.ErrorIs(t, o.err, context.Canceled)
-	assert.Less(t, o.at.Sub(cancelled), giveUpBound, "Lock took %v to give up", o.at.Sub(cancelled))
+	assertSoon(t, p, cancelled, o.at.Sub(cancelled), giveUpBound, "Lock returning after its ctx was cancelled, Redis stopped")
 
 	// The clean-up reaches Redis once it is back (or the place lapses
 	// within the claim window): the line empties.
@@ -308,6 +311,7 @@ func waitWithoutPubSub(t *testing.T, lib Library) {
 // Lost before Redis can expire the lease.
 func waitPassedLeaseDeadline(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	// Long enough that the grant reaches the waiter before the first
 	// renewal of the lease passed to it is due (a third of the window after
 	// its last call), however the waiter's refreshes fall.
@@ -360,9 +364,9 @@ func waitPassedLeaseDeadline(t *testing.T, lib Library) {
 	}
 	// The Lost event follows the deadline, but for the scheduling delay of
 	// the guard's goroutine (L1).
-	assert.Less(t, ev.Time.Sub(d), slack, "the Lost event came %v after the deadline", ev.Time.Sub(d))
+	assertSoon(t, p, d, ev.Time.Sub(d), slack, "the Lost event after the deadline")
 	if ok {
-		assert.True(t, ev.Time.Before(expiry.Add(slack)), "the Lost event came %v after the earliest expiry", ev.Time.Sub(expiry))
+		assertSoon(t, p, expiry, ev.Time.Sub(expiry), slack, "the Lost event after the earliest expiry")
 	}
 	proxy.Heal()
 	ctx, cancel := context.WithTimeout(t.Context(), eventually)
@@ -376,6 +380,7 @@ func waitPassedLeaseDeadline(t *testing.T, lib Library) {
 // waiter first in line rather than to them.
 func waitTryLockAndPollingDoNotQueueOrBarge(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
+	p := startSchedProbe(t)
 	const claim = 200 * time.Millisecond
 	g, err := newMutex(t, connect(t, lib, srv), "res", distlock.WithTTL(longTTL)).Lock(t.Context())
 	require.NoError(t, err)
@@ -408,7 +413,7 @@ func waitTryLockAndPollingDoNotQueueOrBarge(t *testing.T, lib Library) {
 	cancelWaiter()
 	o := await(t, waiter, promptly, "the cut-off waiter")
 	require.ErrorIs(t, o.err, context.Canceled)
-	assert.Less(t, o.at.Sub(cancelled), giveUpBound, "Lock took %v to give up", o.at.Sub(cancelled))
+	assertSoon(t, p, cancelled, o.at.Sub(cancelled), giveUpBound, "the cut-off waiter's Lock returning after its ctx was cancelled")
 	proxy.Heal()
 	requireNothingLeft(t, lib, srv, g.Key())
 }
