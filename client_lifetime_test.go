@@ -87,7 +87,7 @@ func TestClosedClientsAreNotKept(t *testing.T) {
 			// keeps stays forever, so the bound only needs to end the test.
 			closed := time.Now()
 			var left int
-			if !pollUntil(collectedWithin, func() bool {
+			if !pollEveryUntil(collectedPoll, collectedWithin, func() bool {
 				runtime.GC()
 				left = jobs - int(collected.Load())
 				return left == 0
@@ -96,7 +96,7 @@ func TestClosedClientsAreNotKept(t *testing.T) {
 					left, jobs, time.Since(closed).Round(time.Millisecond), collectedPoll)
 			}
 			var open int
-			if !pollUntil(collectedWithin, func() bool {
+			if !pollEveryUntil(collectedPoll, collectedWithin, func() bool {
 				open = connectedClients(t, srv)
 				return open <= before
 			}) {
@@ -115,19 +115,6 @@ const (
 	collectedWithin = 20 * time.Second
 	collectedPoll   = 50 * time.Millisecond
 )
-
-// pollUntil calls cond every collectedPoll until it is true or within has
-// passed, and reports whether it became true.
-func pollUntil(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(collectedPoll)
-	}
-	return true
-}
 
 // connectedClients returns the server's connected_clients, without the
 // connection that asks.

@@ -139,19 +139,6 @@ func deliverRenewalFirst(t *testing.T, proxy *faultproxy.Proxy, obs *transitions
 	return refused
 }
 
-// pollUntil polls cond until it holds, for at most within, and reports
-// whether it held.
-func pollUntil(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(pollEvery)
-	}
-	return true
-}
-
 // transitions records a guard's moves as its Observer hears them, with the
 // time each was heard, and counts its refused renewals.
 type transitions struct {

@@ -49,3 +49,21 @@ func newMutex(t *testing.T, c rueidis.Client, key string, opts ...distlock.Optio
 	require.NoError(t, err)
 	return m
 }
+
+// pollUntil polls cond every pollEvery until it holds or within has
+// passed, and reports whether it held.
+func pollUntil(within time.Duration, cond func() bool) bool {
+	return pollEveryUntil(pollEvery, within, cond)
+}
+
+// pollEveryUntil is pollUntil with a pause of every between two polls.
+func pollEveryUntil(every, within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(every)
+	}
+	return true
+}
