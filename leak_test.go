@@ -17,10 +17,15 @@ import (
 // One goroutine of rueidis is exempt: when a cluster client's topology
 // refresh drops connections (after a failover or a slot migration, for
 // instance), rueidis closes them from a goroutine that first sleeps five
-// seconds, and nothing can stop or wait for it, not even Close.
+// seconds, and nothing can stop or wait for it, not even Close. The same
+// holds for the goroutine in which a cluster client delays the refresh
+// that a MOVED or a failed call asks for (its singleflight's DelayDo,
+// about a second).
 func TestMain(m *testing.M) {
 	if role := helperproc.Role(); role != "" {
 		os.Exit(runHelper(role))
 	}
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"),
+		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*call).DelayDo.func1"))
 }
