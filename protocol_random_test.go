@@ -278,7 +278,7 @@ func newLockRecord(clients []*client) *lockRecord {
 // leftInLine reports whether c is a call that left its waiter standing in
 // line.
 func leftInLine(c wireCall) bool {
-	return c.kind == acquireCall && c.claim > 0 && c.done && c.err == nil && !c.ok
+	return c.kind == acquireCall && c.claim > 0 && c.done && c.err == nil && !c.ok && !c.outOfLine
 }
 
 func (rec *lockRecord) inLine(name string) []wireCall { return rec.calls[name] }

@@ -687,6 +687,7 @@ type wireCall struct {
 	passed     string
 	passToken  int64 // release or acquire: the waiter the lease was passed to, and the grant's token
 	passHeard  bool  // acquire: the pass is known from the holder its reply named, not from the call
+	outOfLine  bool  // acquire: refused with rank -1, so not in line (a late call refused, or a voided value)
 }
 
 func newWire(c rueidis.Client, rec opSink, tokens *tokenBook) *wire {
@@ -902,6 +903,9 @@ func (w *wire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rue
 				// window is at most the TTL). The token must be new too: a
 				// value an operator wrote holds the lease with the last
 				// token of someone else.
+				if rank, err := arr[3].AsInt64(); err == nil && rank < 0 {
+					c.outOfLine = true
+				}
 				holder, _ := arr[2].ToString()
 				token, _ := arr[5].AsInt64()
 				if _, known := w.tokens.get(holder); holder != "" && holder != c.value && !known &&
