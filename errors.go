@@ -57,14 +57,19 @@ var (
 	// as a [*WrongKindError]; nothing was written, and the holder of the
 	// other kind is not disturbed.
 	ErrWrongKind = lease.ErrWrongKind
-	// ErrNoReply means a call to Redis got no reply before its own
-	// deadline, which distlock sets to the lease deadline counted from the
-	// call's send time (a later reply could not be trusted): a stopped or
-	// overloaded server, or a dead path. It is reported as a
-	// [*NoReplyError] by TryLock; a Lock retries such a call like any
-	// other failed attempt, while its context and its wait allow. It does
-	// not match [context.DeadlineExceeded]: no deadline of the caller's
-	// has passed.
+	// ErrNoReply means that one attempt to acquire got no reply from
+	// Redis in time: a stopped or overloaded server, or a dead path. An
+	// attempt waits for its reply until the first of: the lease deadline
+	// counted from its send time (a later reply could not be trusted),
+	// [MaxReplyWait] after sending, or the client's own timeout
+	// (rueidis's ConnWriteTimeout, 10 s by default; go-redis's
+	// ReadTimeout, 3 s by default, after its retries). The caller's
+	// context ends it sooner: give ctx a deadline to bound an attempt
+	// more tightly. It is reported as a [*NoReplyError] by TryLock (and
+	// by Lock and TryLockFor when their wait ends on it); a waiting call
+	// retries such an attempt like any other failed one, while its
+	// context and its wait allow. It does not match
+	// [context.DeadlineExceeded]: no deadline of the caller's has passed.
 	ErrNoReply = errors.New("distlock: no reply from Redis in time")
 	// ErrNotWriteLock means [Guard.Downgrade] was called on a guard that
 	// does not hold an [RWMutex] for writing: a read guard (or one
@@ -171,20 +176,32 @@ func (e *TimeoutError) Error() string {
 // Is reports whether target is [ErrTimeout].
 func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
 
-// NoReplyError reports a call to Redis that got no reply before the
-// deadline distlock gave it. It matches [ErrNoReply]; the outcome of the
-// call is unknown, and distlock cancels what it may have written.
+// NoReplyError reports a call to Redis that got no reply in time: before
+// the deadline distlock gave it, or before the client's own timeout, which
+// Err then holds. It matches [ErrNoReply]; the outcome of the call is
+// unknown, and distlock cancels what it may have written.
 type NoReplyError struct {
 	Key   string        // the lease key
 	After time.Duration // how long the call waited
+	// Err is the client's error when the client gave up by a timeout of
+	// its own (such as "read tcp ...: i/o timeout"), and nil when
+	// distlock's deadline for the call passed first.
+	Err error
 }
 
 func (e *NoReplyError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("distlock: acquiring %s: no reply from Redis within %v: %v", e.Key, e.After.Round(time.Millisecond), e.Err)
+	}
 	return fmt.Sprintf("distlock: acquiring %s: no reply from Redis within %v", e.Key, e.After.Round(time.Millisecond))
 }
 
 // Is reports whether target is [ErrNoReply].
 func (e *NoReplyError) Is(target error) bool { return target == ErrNoReply }
+
+// Unwrap returns the client's error, if the client's own timeout ended the
+// call.
+func (e *NoReplyError) Unwrap() error { return e.Err }
 
 // NotAcquiredError reports that a single attempt found the lock held. It
 // matches [ErrNotAcquired].
