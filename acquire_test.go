@@ -95,3 +95,70 @@ func TestClientTimeoutAtCallersDeadlineIsCallers(t *testing.T) {
 		Settle(context.Background())
 	})
 }
+
+// A nil *Guard, as a failed Lock returns it, is safe to use: a "defer
+// g.Release(ctx)" written before the error check returns an error that
+// says so instead of panicking, and the other methods report that it holds
+// nothing.
+func TestNilGuard(t *testing.T) {
+	var g *Guard
+	ctx := context.Background()
+	st, err := g.Release(ctx)
+	require.ErrorIs(t, err, ErrInvalidArgument, "Release of a nil guard")
+	var ae *ArgumentError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "guard", ae.Arg)
+	assert.Equal(t, State(0), st)
+	st, err = g.Leave(ctx)
+	require.ErrorIs(t, err, ErrInvalidArgument, "Leave of a nil guard")
+	assert.Equal(t, State(0), st)
+	assert.Equal(t, State(0), g.State())
+	assert.True(t, g.Deadline().IsZero(), "Deadline of a nil guard")
+	assert.Empty(t, g.Key())
+	assert.Zero(t, g.Token())
+	assert.Zero(t, g.Attempt())
+	select {
+	case <-g.Done():
+	default:
+		t.Fatal("Done of a nil guard is not closed")
+	}
+	gctx := g.Context()
+	require.Error(t, gctx.Err(), "Context of a nil guard")
+	assert.ErrorIs(t, context.Cause(gctx), ErrInvalidArgument)
+	var events []Event
+	for ev := range g.Subscribe(ctx) {
+		events = append(events, ev)
+	}
+	require.Len(t, events, 1, "events of a nil guard")
+	assert.ErrorIs(t, events[0].Err, ErrInvalidArgument)
+}
+
+// Subscribe with a nil ctx refuses it as Release does: one event whose Err
+// matches ErrInvalidArgument, then the channel closes; the guard is
+// unchanged.
+func TestSubscribeNilContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g, err := fakeMutex(t, &fakeStore{}).TryLock(context.Background())
+		require.NoError(t, err)
+		var events []Event
+		//lint:ignore SA1012 a nil ctx is what is tested
+		for ev := range g.Subscribe(nil) {
+			events = append(events, ev)
+		}
+		require.Len(t, events, 1, "events of a subscription with a nil ctx")
+		assert.ErrorIs(t, events[0].Err, ErrInvalidArgument)
+		assert.Equal(t, Acquired, events[0].State)
+		assert.Equal(t, Acquired, g.State(), "the guard after the refused subscription")
+		st, err := g.Release(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+		Settle(context.Background())
+	})
+}
+
+// Settle with a nil ctx is refused as Lock refuses it.
+func TestSettleNilContext(t *testing.T) {
+	//lint:ignore SA1012 a nil ctx is what is tested
+	err := Settle(nil)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}

@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -153,6 +154,38 @@ func invalid(field, format string, args ...any) error {
 // "var m distlock.Mutex": it has no client to talk to.
 func zeroValue(typ string) error {
 	return &OptionError{Field: "receiver", Reason: fmt.Sprintf("is a zero %s; make one with New%s", typ, typ)}
+}
+
+// errNilGuard returns the error of a method called on a nil *Guard: what
+// Lock (or any call that returns a guard) returns along with its error,
+// reached by a "defer g.Release(ctx)" written before the error check.
+func errNilGuard() error {
+	return badArgument("guard", "is nil: the call that should have returned it failed; check its error before using the guard")
+}
+
+// refusedSubscription is the error of the one event that Subscribe sends
+// when it refuses: on a nil guard g, or with a nil ctx.
+func refusedSubscription(g *Guard) error {
+	if g == nil {
+		return errNilGuard()
+	}
+	return badArgument("ctx", "is nil")
+}
+
+// closedDone is the Done channel of a nil *Guard: it holds nothing, so
+// there is nothing to wait for.
+var closedDone = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// nilGuardContext returns the Context of a nil *Guard: cancelled, with
+// the nil guard's error as its cause, since no lock protects its work.
+func nilGuardContext() context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errNilGuard())
+	return ctx
 }
 
 // badArgument returns an [*ArgumentError] for arg.
