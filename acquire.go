@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
@@ -220,6 +221,15 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 			return nil, grant, retry, fmt.Errorf("distlock: acquiring %s: %w", e.keys.Lease, err)
 		}
 		if !grant.Acquired {
+			if grant.Holder != "" && grant.HolderTTL < 0 && e.keys.Permits == 0 {
+				// A lock's key without an expiry: distlock never writes
+				// one (someone set it by hand, or made it persist), and it
+				// would never free itself, so a Lock would wait forever.
+				if p != nil {
+					a.dirty = true // the call put us in line
+				}
+				return nil, grant, false, fmt.Errorf("distlock: acquiring %s: %w", e.keys.Lease, noExpiry(e.keys, grant.Holder))
+			}
 			if grant.Holder != "" && e.abandoned.take(grant.Holder) && e.cleanup(a.ctx, grant.Holder, false) {
 				// It was our own orphan, left by an earlier call whose
 				// clean-up failed; now it is gone, so try again at once.
@@ -363,6 +373,16 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 func (e *engine) keepsDeadlines() bool {
 	k, ok := e.store.(lease.DeadlineKeeper)
 	return ok && k.KeepsDeadlines()
+}
+
+// noExpiry returns the error of a lock whose key k.Lease holds value
+// without an expiry.
+func noExpiry(k lease.Keys, value string) error {
+	want := "lock"
+	if k.Mode != 0 {
+		want = "rwmutex"
+	}
+	return &WrongKindError{Key: k.Lease, Want: want, Found: "string without expiry (" + strconv.Quote(value) + ")"}
 }
 
 // errNoted ends a call whose caller was passed the lock meanwhile; the

@@ -87,3 +87,43 @@ func TestTryLockAgainstStoppedRedis(t *testing.T) {
 	defer cancel()
 	require.NoError(t, distlock.Settle(settle))
 }
+
+// A lock's key set by hand without an expiry would never free itself:
+// TryLock and Lock refuse it at once with ErrWrongKind (a
+// *WrongKindError), rather than reporting it held (TryLock) or waiting
+// forever (Lock), and leave it as it is. Set with an expiry, it is a
+// holder like any other, which Lock waits out.
+func TestLockRefusesKeyWithoutExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	m := newMutex(t, c, "manual")
+	srv.MustDo("SET", m.Key(), "an operator")
+
+	_, err := m.TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrWrongKind, "TryLock on a key without expiry")
+	assert.NotErrorIs(t, err, distlock.ErrNotAcquired)
+	var wk *distlock.WrongKindError
+	require.ErrorAs(t, err, &wk)
+	assert.Equal(t, m.Key(), wk.Key)
+	assert.Equal(t, "lock", wk.Want)
+	assert.Contains(t, err.Error(), "without expiry")
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err = m.Lock(ctx)
+	require.ErrorIs(t, err, distlock.ErrWrongKind, "Lock on a key without expiry")
+	assert.NoError(t, ctx.Err(), "Lock waited for its context to end")
+	got, err := srv.MustDo("GET", m.Key()).ToString()
+	require.NoError(t, err)
+	assert.Equal(t, "an operator", got, "the key was changed")
+
+	// With an expiry the same value is an ordinary holder.
+	srv.MustDo("PEXPIRE", m.Key(), "300")
+	_, err = m.TryLock(t.Context())
+	require.ErrorIs(t, err, distlock.ErrNotAcquired, "TryLock on a key with an expiry")
+	g, err := m.Lock(ctx)
+	require.NoError(t, err, "Lock once the key has expired")
+	_, err = g.Release(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, distlock.Settle(ctx))
+}

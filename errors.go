@@ -54,9 +54,14 @@ var (
 	// ErrWrongKind means the name is used by another kind of lease: a
 	// lock (a Mutex, an Election or an RWMutex, which are one lock of a
 	// name) asked for a semaphore's name, or a Semaphore for a lock's, or
-	// the lease key holds something distlock did not write. It is reported
-	// as a [*WrongKindError]; nothing was written, and the holder of the
-	// other kind is not disturbed.
+	// the lease key holds something distlock did not write: a key of
+	// another Redis type, or a lock's key without an expiry (set by hand,
+	// or made to persist), which would never free itself. It is reported
+	// as a [*WrongKindError], by TryLock and Lock alike (Lock does not
+	// wait for such a key); nothing was written, and the key and the
+	// holder of the other kind are not disturbed. A lock's key set by hand
+	// with an expiry is an ordinary holder: TryLock reports
+	// [ErrNotAcquired], and Lock waits until it expires.
 	ErrWrongKind = lease.ErrWrongKind
 	// ErrNoReply means that one attempt to acquire got no reply from
 	// Redis in time: a stopped or overloaded server, or a dead path. An
@@ -82,8 +87,9 @@ var (
 // WrongKindError reports a name used by another kind of lease: Key is the
 // lease key, Want the kind asked for ("lock", "rwmutex" or "semaphore"),
 // Found what the key holds ("semaphore"; "lock" or "rwmutex" for a lock's
-// string or hash; or the Redis type of a key distlock did not write). It
-// matches [ErrWrongKind].
+// string or hash; the Redis type of a key distlock did not write; or
+// "string without expiry" and the value, for a lock's key that never
+// expires). It matches [ErrWrongKind].
 type WrongKindError = lease.WrongKindError
 
 // ReplicaAckError reports that fewer replicas than [WithReplicaAck] asks for
@@ -243,8 +249,9 @@ type NotAcquiredError struct {
 	// Holder is the owner id of the current holder (the whole value if
 	// distlock did not write it).
 	Holder string
-	// Remaining is how long the holder's lease has left, as Redis saw it; it
-	// is negative when the key has no expiry (someone set it by hand).
+	// Remaining is how long the holder's lease has left, as Redis saw it.
+	// (A lock's key without an expiry is refused with [ErrWrongKind]
+	// instead.)
 	Remaining time.Duration
 	// Permits is, for a [Semaphore], its number of permits, all of which
 	// are held: Holder is then the holder whose lease ends first, and
