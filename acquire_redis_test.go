@@ -67,8 +67,16 @@ func TestTryLockAgainstStoppedRedis(t *testing.T) {
 	start := time.Now()
 	_, err := mutexes[0].TryLock(context.Background())
 	again := time.Since(start)
+	// TryLockFor's timeout bounds the attempt in flight, and not the hold.
+	const tryFor = 500 * time.Millisecond
+	start = time.Now()
+	_, forErr := mutexes[2].TryLockFor(context.Background(), tryFor, distlock.DefaultRetryInterval)
+	forTook := time.Since(start)
 	srv.Resume()
 	resumed = true
+	t.Logf("TTL %v, TryLockFor(%v): returned after %v: %v", ttls[2], tryFor, forTook.Round(time.Millisecond), forErr)
+	require.ErrorIs(t, forErr, distlock.ErrTimeout, "TryLockFor against the stopped server")
+	assert.Less(t, forTook, tryFor+noReplySlack, "TryLockFor's timeout did not bound the attempt")
 	t.Logf("TTL %v, again: TryLock returned after %v: %v", ttls[0], again.Round(time.Millisecond), err)
 	require.ErrorIs(t, err, distlock.ErrNoReply, "TTL %v, again", ttls[0])
 	assert.Less(t, again, ttls[0]+noReplySlack, "TTL %v, again: how long one attempt waited", ttls[0])

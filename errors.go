@@ -69,9 +69,11 @@ var (
 	// counted from its send time (a later reply could not be trusted),
 	// [MaxReplyWait] after sending, or the client's own timeout
 	// (rueidis's ConnWriteTimeout, 10 s by default; go-redis's
-	// ReadTimeout, 3 s by default, after its retries). The caller's
-	// context ends it sooner: give ctx a deadline to bound an attempt
-	// more tightly. It is reported as a [*NoReplyError] by TryLock (and
+	// ReadTimeout, 3 s by default, after its retries). To bound an
+	// attempt more tightly, use the timeout of TryLockFor or
+	// [WithMaxWait], which end an attempt in flight too; the caller's
+	// context does as well, but a Lock's context also bounds the hold. It
+	// is reported as a [*NoReplyError] by TryLock (and
 	// by Lock and TryLockFor when their wait ends on it); a waiting call
 	// retries such an attempt like any other failed one, while its
 	// context and its wait allow. It does not match

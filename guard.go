@@ -233,8 +233,11 @@ func (g *Guard) State() State {
 // on. State reports Acquired exactly while the clock is before it, so a
 // step that must finish under the lock fits if time.Until(g.Deadline())
 // exceeds the step's duration (renewals normally keep moving it, but only a
-// renewal that has been confirmed counts). The time carries a monotonic
-// clock reading, so wall-clock changes do not affect time.Until.
+// renewal that has been confirmed counts). A lock passed to a waiting Lock
+// by a release starts with only its claim window ([WithClaimWindow]) until
+// its first renewal, a third of the window in, extends it to the full TTL:
+// check Deadline before each step, not once after Lock. The time carries a
+// monotonic clock reading, so wall-clock changes do not affect time.Until.
 //
 // Deadline returns the zero Time whenever the guard does not vouch for the
 // lease: when it is Lost, and from the moment its end begins (it is
