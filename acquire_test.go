@@ -162,3 +162,24 @@ func TestSettleNilContext(t *testing.T) {
 	err := Settle(nil)
 	require.ErrorIs(t, err, ErrInvalidArgument)
 }
+
+// With a client that does not end a call at its context's deadline (as
+// go-redis waits for its ReadTimeout), TryLock still returns at the call's
+// deadline, with ErrNoReply, and leaves the call to end in the background.
+func TestNoReplyFromClientThatIgnoresDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const clientTimeout = time.Minute // far past the call's deadline
+		f := &fakeStore{ignoresDeadlines: true}
+		f.acquireFn = func(context.Context) error {
+			time.Sleep(clientTimeout)
+			return &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+		}
+		start := time.Now()
+		_, err := fakeMutex(t, f).TryLock(context.Background())
+		require.ErrorIs(t, err, ErrNoReply)
+		assert.NotErrorIs(t, err, context.DeadlineExceeded, "no deadline of the caller's passed")
+		assert.Equal(t, fakeTTL-margin(fakeTTL), time.Since(start), "how long TryLock waited")
+		require.NoError(t, Settle(context.Background()))
+		assert.Equal(t, clientTimeout, time.Since(start), "when the call left behind ended")
+	})
+}
