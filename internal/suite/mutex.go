@@ -388,13 +388,25 @@ func mutexInvalidOption(t *testing.T, lib Library) {
 func mutexOwnerOfAnotherLibraryValue(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	m := newMutex(t, connect(t, lib, srv), "res")
-	// A value distlock did not write, with no expiry: held, never free.
-	srv.MustDo("SET", m.Key(), "manual-maintenance")
+	// A value distlock did not write, with an expiry: an ordinary holder,
+	// named as it is.
+	srv.MustDo("SET", m.Key(), "manual-maintenance", "PX", "60000")
 	_, err := m.TryLock(t.Context())
 	var nae *distlock.NotAcquiredError
 	require.ErrorAs(t, err, &nae)
 	assert.Equal(t, "manual-maintenance", nae.Holder)
-	assert.Negative(t, nae.Remaining)
+	assert.Positive(t, nae.Remaining)
+	// Without an expiry it would never be free: refused as a key that
+	// distlock did not write, and left alone.
+	srv.MustDo("PERSIST", m.Key())
+	_, err = m.TryLock(t.Context())
+	var wke *distlock.WrongKindError
+	require.ErrorAs(t, err, &wke)
+	assert.ErrorIs(t, err, distlock.ErrWrongKind)
+	assert.Contains(t, wke.Found, "manual-maintenance")
+	got, err := srv.MustDo("GET", m.Key()).ToString()
+	require.NoError(t, err)
+	assert.Equal(t, "manual-maintenance", got)
 }
 
 // Once the guard's context is cancelled by a loss, State no longer says
