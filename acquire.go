@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
@@ -166,7 +167,7 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 		sent := time.Now()
 		a.attempts++
 		var stop error
-		dl := leaseDeadline(sent, e.ttl)
+		dl := replyDeadline(sent, e.ttl)
 		grant, err, stop = a.call(dl, p)
 		if stop != nil {
 			a.dirty, a.uncertain = true, true
@@ -186,19 +187,27 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 				return nil, grant, false, e.ctxError(a.ctx)
 			}
 			retry := !replied && !notAcked
-			if retry && errors.Is(err, context.DeadlineExceeded) {
-				if cdl, ok := a.ctx.Deadline(); ok && !cdl.After(dl) {
+			ctxDeadline := errors.Is(err, context.DeadlineExceeded)
+			clientTimeout := lease.IsTimeout(err)
+			if retry && (ctxDeadline || clientTimeout) {
+				if cdl, ok := a.ctx.Deadline(); ok && (ctxDeadline && !cdl.After(dl) || clientTimeout && !time.Now().Before(cdl)) {
 					// The caller's deadline, which the client may report a
 					// moment before ctx does: ctx is done at once.
 					<-a.ctx.Done()
 					return nil, grant, false, e.ctxError(a.ctx)
 				}
-				// The call's own deadline, not the caller's: no reply in
-				// time. A waiting call tries again like after any failed
-				// attempt; TryLock reports it, as what it is.
-				return nil, grant, true, &NoReplyError{Key: e.keys.Lease, After: time.Since(sent)}
+				// The call's own deadline, or the client's own timeout
+				// (rueidis's ConnWriteTimeout, go-redis's ReadTimeout),
+				// not the caller's: no reply in time. A waiting call
+				// tries again like after any failed attempt; TryLock
+				// reports it, as what it is.
+				nr := &NoReplyError{Key: e.keys.Lease, After: time.Since(sent)}
+				if clientTimeout {
+					nr.Err = err
+				}
+				return nil, grant, true, nr
 			}
-			if retry && p != nil && !errors.Is(err, context.DeadlineExceeded) && broken < brokenConnTries {
+			if retry && p != nil && broken < brokenConnTries {
 				// A pooled connection that broke while idle fails the first
 				// call sent on it although Redis is reachable. A waiter
 				// sends its call again at once (it carries the same value,
@@ -212,6 +221,15 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 			return nil, grant, retry, fmt.Errorf("distlock: acquiring %s: %w", e.keys.Lease, err)
 		}
 		if !grant.Acquired {
+			if grant.Holder != "" && grant.HolderTTL < 0 && e.keys.Permits == 0 {
+				// A lock's key without an expiry: distlock never writes
+				// one (someone set it by hand, or made it persist), and it
+				// would never free itself, so a Lock would wait forever.
+				if p != nil {
+					a.dirty = true // the call put us in line
+				}
+				return nil, grant, false, fmt.Errorf("distlock: acquiring %s: %w", e.keys.Lease, noExpiry(e.keys, grant.Holder))
+			}
 			if grant.Holder != "" && e.abandoned.take(grant.Holder) && e.cleanup(a.ctx, grant.Holder, false) {
 				// It was our own orphan, left by an earlier call whose
 				// clean-up failed; now it is gone, so try again at once.
@@ -227,14 +245,27 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 	}
 }
 
+// replyDeadline returns the deadline of an acquire call sent at sent for a
+// lease of ttl: the lease deadline counted from the send time, since a
+// reply after it could not be trusted anyway (see granted), and at most
+// [MaxReplyWait] after sending, so that one attempt on a long TTL does not
+// wait that long for a server that has stopped.
+func replyDeadline(sent time.Time, ttl time.Duration) time.Time {
+	dl := leaseDeadline(sent, ttl)
+	if limit := sent.Add(MaxReplyWait); limit.Before(dl) {
+		return limit
+	}
+	return dl
+}
+
 // call sends one acquire call with deadline dl: Acquire when p is nil,
-// AcquireOrQueue with *p otherwise. dl is the lease deadline counted from
-// the call's send time: a reply after it could not be trusted anyway (see
-// granted), so a call that Redis does not answer (a stopped server, a
-// dead path) ends then, and the caller asks again or fails.
+// AcquireOrQueue with *p otherwise. dl is replyDeadline: a call that Redis
+// does not answer (a stopped server, a dead path) ends then, and the
+// caller asks again or fails.
 //
 // When nothing can end the call early (ctx can never be done, there is no
-// wait limit and the caller does not stand in line yet), call sends it on
+// wait limit, the caller does not stand in line yet, and the client ends
+// the call at dl by itself, as rueidis does), call sends it on
 // the caller's goroutine: that is an uncontended Lock or TryLock with a
 // context such as context.Background(), and it costs no goroutine and no
 // hand-off.
@@ -244,13 +275,18 @@ func (a *acquirer) attempt(p *lease.Place) (g *Guard, grant lease.Grant, retry b
 // those ends first, call returns the error that ends the acquire (stop) at
 // once and leaves the call to finish in the background. rueidis watches
 // ctx while a command waits for its reply, but not while it (re)establishes
-// a connection, which can take its dial timeout. A waiter in line also
+// a connection, which can take its dial timeout. For a client that does
+// not end a call at its context's deadline (go-redis waits for its
+// ReadTimeout), call also waits for dl, and then returns
+// context.DeadlineExceeded as the call's error: no reply in time, which a
+// waiter rides out. A waiter in line also
 // stops waiting for its call when a grant comes: it returns errNoted with
 // the grant in a.noted, and the call (a refresh of its place, perhaps stuck
 // on a dead connection) goes on in the background.
 func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
 	e := a.e
-	if a.ctx.Done() == nil && a.limit.IsZero() && a.waiter == nil {
+	keeps := e.keepsDeadlines()
+	if a.ctx.Done() == nil && a.limit.IsZero() && a.waiter == nil && keeps {
 		ctx, cancel := context.WithDeadline(a.ctx, dl)
 		defer cancel()
 		if p == nil {
@@ -270,9 +306,10 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 	}
 	done := make(chan result, 1)
 	ctx, value := a.ctx, a.value
-	if !a.limit.IsZero() {
+	if !a.limit.IsZero() || !keeps {
 		// The call may be left behind while ctx lives, when the wait limit
-		// ends the acquire call. It must not go on once the acquire call
+		// or the call's own deadline (for a client that does not end the
+		// call then) ends the acquire call. It must not go on once the acquire call
 		// has failed (it could, say, dial a connection of a client that its
 		// owner closes as soon as Lock has returned), so it gets a context
 		// that ends with the acquire call. (A refresh left behind because a
@@ -301,6 +338,12 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		defer t.Stop()
 		limit = t.C
 	}
+	var noReply <-chan time.Time
+	if !keeps {
+		t := time.NewTimer(time.Until(dl))
+		defer t.Stop()
+		noReply = t.C
+	}
 	var noted <-chan grantNote
 	if a.waiter != nil {
 		noted = a.waiter.grant
@@ -308,6 +351,11 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 	select {
 	case r := <-done:
 		return r.grant, r.err, nil
+	case <-noReply:
+		// The call's deadline passed and the client is still waiting (it
+		// ends the call by its own timeouts): no reply in time, as if the
+		// client had said so. The call goes on in the background.
+		return lease.Grant{}, context.DeadlineExceeded, nil
 	case n := <-noted:
 		a.noted = &n
 		return lease.Grant{}, nil, errNoted
@@ -316,6 +364,25 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 	case <-limit:
 		return lease.Grant{}, nil, &TimeoutError{Key: e.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 	}
+}
+
+// keepsDeadlines reports whether e's client ends a call when its
+// context's deadline passes (rueidis does); for one that does not
+// (go-redis waits for its ReadTimeout), call waits for the deadline beside
+// the call.
+func (e *engine) keepsDeadlines() bool {
+	k, ok := e.store.(lease.DeadlineKeeper)
+	return ok && k.KeepsDeadlines()
+}
+
+// noExpiry returns the error of a lock whose key k.Lease holds value
+// without an expiry.
+func noExpiry(k lease.Keys, value string) error {
+	want := "lock"
+	if k.Mode != 0 {
+		want = "rwmutex"
+	}
+	return &WrongKindError{Key: k.Lease, Want: want, Found: "string without expiry (" + strconv.Quote(value) + ")"}
 }
 
 // errNoted ends a call whose caller was passed the lock meanwhile; the

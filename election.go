@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -125,7 +126,8 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Guard, error) {
 		return nil, zeroValue("Election")
 	}
 	if err := lease.CheckOwner(value); err != nil {
-		return nil, badArgument("value", "%v", unwrapName(err))
+		// The check names what it checks an owner id; here it is the value.
+		return nil, badArgument("value", "value %s", strings.TrimPrefix(unwrapName(err), "owner "))
 	}
 	return e.e.acquire(ctx, value, e.e.lockMode(), e.e.maxWait, e.e.retryInterval)
 }

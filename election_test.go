@@ -1,6 +1,7 @@
 package distlock_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -27,7 +28,11 @@ func TestElectionRefusesBadInput(t *testing.T) {
 		require.ErrorAs(t, err, &ae, "value %q", v)
 		assert.Equal(t, "value", ae.Arg)
 		assert.ErrorIs(t, err, distlock.ErrInvalidArgument)
+		assert.True(t, strings.HasPrefix(err.Error(), "distlock: value "), "the error names what the API calls it: %q", err)
+		assert.NotContains(t, err.Error(), "owner", "value %q", v)
 	}
+	_, err = e.Campaign(t.Context(), "")
+	assert.EqualError(t, err, "distlock: value is empty")
 	//lint:ignore SA1012 testing the nil check
 	_, err = e.Campaign(nil, "v")
 	assert.ErrorIs(t, err, distlock.ErrInvalidArgument)

@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -53,18 +54,30 @@ var (
 	// ErrWrongKind means the name is used by another kind of lease: a
 	// lock (a Mutex, an Election or an RWMutex, which are one lock of a
 	// name) asked for a semaphore's name, or a Semaphore for a lock's, or
-	// the lease key holds something distlock did not write. It is reported
-	// as a [*WrongKindError]; nothing was written, and the holder of the
-	// other kind is not disturbed.
+	// the lease key holds something distlock did not write: a key of
+	// another Redis type, or a lock's key without an expiry (set by hand,
+	// or made to persist), which would never free itself. It is reported
+	// as a [*WrongKindError], by TryLock and Lock alike (Lock does not
+	// wait for such a key); nothing was written, and the key and the
+	// holder of the other kind are not disturbed. A lock's key set by hand
+	// with an expiry is an ordinary holder: TryLock reports
+	// [ErrNotAcquired], and Lock waits until it expires.
 	ErrWrongKind = lease.ErrWrongKind
-	// ErrNoReply means a call to Redis got no reply before its own
-	// deadline, which distlock sets to the lease deadline counted from the
-	// call's send time (a later reply could not be trusted): a stopped or
-	// overloaded server, or a dead path. It is reported as a
-	// [*NoReplyError] by TryLock; a Lock retries such a call like any
-	// other failed attempt, while its context and its wait allow. It does
-	// not match [context.DeadlineExceeded]: no deadline of the caller's
-	// has passed.
+	// ErrNoReply means that one attempt to acquire got no reply from
+	// Redis in time: a stopped or overloaded server, or a dead path. An
+	// attempt waits for its reply until the first of: the lease deadline
+	// counted from its send time (a later reply could not be trusted),
+	// [MaxReplyWait] after sending, or the client's own timeout
+	// (rueidis's ConnWriteTimeout, 10 s by default; go-redis's
+	// ReadTimeout, 3 s by default, after its retries). To bound an
+	// attempt more tightly, use the timeout of TryLockFor or
+	// [WithMaxWait], which end an attempt in flight too; the caller's
+	// context does as well, but a Lock's context also bounds the hold. It
+	// is reported as a [*NoReplyError] by TryLock (and
+	// by Lock and TryLockFor when their wait ends on it); a waiting call
+	// retries such an attempt like any other failed one, while its
+	// context and its wait allow. It does not match
+	// [context.DeadlineExceeded]: no deadline of the caller's has passed.
 	ErrNoReply = errors.New("distlock: no reply from Redis in time")
 	// ErrNotWriteLock means [Guard.Downgrade] was called on a guard that
 	// does not hold an [RWMutex] for writing: a read guard (or one
@@ -76,8 +89,9 @@ var (
 // WrongKindError reports a name used by another kind of lease: Key is the
 // lease key, Want the kind asked for ("lock", "rwmutex" or "semaphore"),
 // Found what the key holds ("semaphore"; "lock" or "rwmutex" for a lock's
-// string or hash; or the Redis type of a key distlock did not write). It
-// matches [ErrWrongKind].
+// string or hash; the Redis type of a key distlock did not write; or
+// "string without expiry" and the value, for a lock's key that never
+// expires). It matches [ErrWrongKind].
 type WrongKindError = lease.WrongKindError
 
 // ReplicaAckError reports that fewer replicas than [WithReplicaAck] asks for
@@ -150,6 +164,38 @@ func zeroValue(typ string) error {
 	return &OptionError{Field: "receiver", Reason: fmt.Sprintf("is a zero %s; make one with New%s", typ, typ)}
 }
 
+// errNilGuard returns the error of a method called on a nil *Guard: what
+// Lock (or any call that returns a guard) returns along with its error,
+// reached by a "defer g.Release(ctx)" written before the error check.
+func errNilGuard() error {
+	return badArgument("guard", "is nil: the call that should have returned it failed; check its error before using the guard")
+}
+
+// refusedSubscription is the error of the one event that Subscribe sends
+// when it refuses: on a nil guard g, or with a nil ctx.
+func refusedSubscription(g *Guard) error {
+	if g == nil {
+		return errNilGuard()
+	}
+	return badArgument("ctx", "is nil")
+}
+
+// closedDone is the Done channel of a nil *Guard: it holds nothing, so
+// there is nothing to wait for.
+var closedDone = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// nilGuardContext returns the Context of a nil *Guard: cancelled, with
+// the nil guard's error as its cause, since no lock protects its work.
+func nilGuardContext() context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errNilGuard())
+	return ctx
+}
+
 // badArgument returns an [*ArgumentError] for arg.
 func badArgument(arg, format string, args ...any) error {
 	return &ArgumentError{Arg: arg, Reason: fmt.Sprintf(format, args...)}
@@ -171,20 +217,32 @@ func (e *TimeoutError) Error() string {
 // Is reports whether target is [ErrTimeout].
 func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
 
-// NoReplyError reports a call to Redis that got no reply before the
-// deadline distlock gave it. It matches [ErrNoReply]; the outcome of the
-// call is unknown, and distlock cancels what it may have written.
+// NoReplyError reports a call to Redis that got no reply in time: before
+// the deadline distlock gave it, or before the client's own timeout, which
+// Err then holds. It matches [ErrNoReply]; the outcome of the call is
+// unknown, and distlock cancels what it may have written.
 type NoReplyError struct {
 	Key   string        // the lease key
 	After time.Duration // how long the call waited
+	// Err is the client's error when the client gave up by a timeout of
+	// its own (such as "read tcp ...: i/o timeout"), and nil when
+	// distlock's deadline for the call passed first.
+	Err error
 }
 
 func (e *NoReplyError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("distlock: acquiring %s: no reply from Redis within %v: %v", e.Key, e.After.Round(time.Millisecond), e.Err)
+	}
 	return fmt.Sprintf("distlock: acquiring %s: no reply from Redis within %v", e.Key, e.After.Round(time.Millisecond))
 }
 
 // Is reports whether target is [ErrNoReply].
 func (e *NoReplyError) Is(target error) bool { return target == ErrNoReply }
+
+// Unwrap returns the client's error, if the client's own timeout ended the
+// call.
+func (e *NoReplyError) Unwrap() error { return e.Err }
 
 // NotAcquiredError reports that a single attempt found the lock held. It
 // matches [ErrNotAcquired].
@@ -193,8 +251,9 @@ type NotAcquiredError struct {
 	// Holder is the owner id of the current holder (the whole value if
 	// distlock did not write it).
 	Holder string
-	// Remaining is how long the holder's lease has left, as Redis saw it; it
-	// is negative when the key has no expiry (someone set it by hand).
+	// Remaining is how long the holder's lease has left, as Redis saw it.
+	// (A lock's key without an expiry is refused with [ErrWrongKind]
+	// instead.)
 	Remaining time.Duration
 	// Permits is, for a [Semaphore], its number of permits, all of which
 	// are held: Holder is then the holder whose lease ends first, and

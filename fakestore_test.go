@@ -47,7 +47,15 @@ type fakeStore struct {
 
 	acquireCalls int
 	expires      time.Time // when holder's lease ends; zero: renewed forever
+
+	// ignoresDeadlines makes the fake a client that does not end a call at
+	// its context's deadline (go-redis), and the acquirer waits for the
+	// deadline beside the call; by default it is one that does (rueidis).
+	ignoresDeadlines bool
 }
+
+// KeepsDeadlines implements lease.DeadlineKeeper.
+func (f *fakeStore) KeepsDeadlines() bool { return !f.ignoresDeadlines }
 
 func (f *fakeStore) Acquire(ctx context.Context, k lease.Keys, value string, ttl time.Duration) (lease.Grant, error) {
 	f.mu.Lock()

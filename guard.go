@@ -34,6 +34,14 @@ import (
 //
 // All methods are safe for concurrent use. Only Release, Leave and
 // Downgrade wait; the others answer from the guard's memory at once.
+//
+// A nil *Guard, which every call that returns a guard returns with its
+// error, holds nothing, and its methods do not panic: Release and Leave
+// return the zero State and an [*ArgumentError] matching
+// [ErrInvalidArgument], so a "defer g.Release(ctx)" written before the
+// error check is harmless; State is 0, Deadline zero, Done closed, Context
+// cancelled with that error as its cause, and Subscribe's channel holds
+// one event with that error.
 type Guard struct {
 	e       *engine
 	value   string
@@ -167,7 +175,12 @@ func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, 
 
 // Key returns the Redis key that holds the lease: for a [MultiMutex]'s
 // guard, the key of the first name given.
-func (g *Guard) Key() string { return g.e.keys.Lease }
+func (g *Guard) Key() string {
+	if g == nil {
+		return ""
+	}
+	return g.e.keys.Lease
+}
 
 // Token returns the fencing token of this acquisition: an integer strictly
 // greater than the token of every earlier acquisition of the same lock. Pass
@@ -176,14 +189,24 @@ func (g *Guard) Key() string { return g.e.keys.Lease }
 // holder that was paused past its lease from doing damage. For a
 // [MultiMutex]'s guard it is the token of the first name given; each
 // name's is [Guard.TokenOf].
-func (g *Guard) Token() int64 { return g.token }
+func (g *Guard) Token() int64 {
+	if g == nil {
+		return 0
+	}
+	return g.token
+}
 
 // Attempt returns how many calls to Redis the acquisition made before its
 // last one: 0 if the first try succeeded. For a Lock that waited in line,
 // the calls are the one that put it in line and each refresh of its place;
 // when a release passed it the lock, its last call is the last refresh
 // before the pass.
-func (g *Guard) Attempt() int { return g.attempt }
+func (g *Guard) Attempt() int {
+	if g == nil {
+		return 0
+	}
+	return g.attempt
+}
 
 // State reports the guard's state now. It does not call Redis: it reads the
 // result of the last renewal and checks the lease deadline against the clock,
@@ -194,6 +217,9 @@ func (g *Guard) Attempt() int { return g.attempt }
 // the lock at once, and the guard must not still claim it. After that it
 // never reports Acquired again.
 func (g *Guard) State() State {
+	if g == nil {
+		return 0
+	}
 	s := g.pub.st.Load()
 	if s.state == Acquired && !time.Now().Before(s.deadline) {
 		return Lost
@@ -207,13 +233,19 @@ func (g *Guard) State() State {
 // on. State reports Acquired exactly while the clock is before it, so a
 // step that must finish under the lock fits if time.Until(g.Deadline())
 // exceeds the step's duration (renewals normally keep moving it, but only a
-// renewal that has been confirmed counts). The time carries a monotonic
-// clock reading, so wall-clock changes do not affect time.Until.
+// renewal that has been confirmed counts). A lock passed to a waiting Lock
+// by a release starts with only its claim window ([WithClaimWindow]) until
+// its first renewal, a third of the window in, extends it to the full TTL:
+// check Deadline before each step, not once after Lock. The time carries a
+// monotonic clock reading, so wall-clock changes do not affect time.Until.
 //
 // Deadline returns the zero Time whenever the guard does not vouch for the
 // lease: when it is Lost, and from the moment its end begins (it is
 // Released). It does not call Redis.
 func (g *Guard) Deadline() time.Time {
+	if g == nil {
+		return time.Time{}
+	}
 	s := g.pub.st.Load()
 	if s.state != Acquired || !time.Now().Before(s.deadline) {
 		return time.Time{}
@@ -224,7 +256,12 @@ func (g *Guard) Deadline() time.Time {
 // Done returns a channel that is closed once the guard has ended (released
 // or left), its final delete, if any, has its answer, and its actor, if it
 // had one, has stopped renewing.
-func (g *Guard) Done() <-chan struct{} { return g.done }
+func (g *Guard) Done() <-chan struct{} {
+	if g == nil {
+		return closedDone
+	}
+	return g.done
+}
 
 // Context returns a context for the critical section. It is derived from the
 // context given to Lock, so it carries that context's values, and it is
@@ -235,7 +272,12 @@ func (g *Guard) Done() <-chan struct{} { return g.done }
 // [context.Cause]. It is never un-cancelled: a guard that regains its lease
 // after Lost still reports a cancelled context, because the work that ran in
 // between was not protected.
-func (g *Guard) Context() context.Context { return g.pub.context(g.lockCtx) }
+func (g *Guard) Context() context.Context {
+	if g == nil {
+		return nilGuardContext()
+	}
+	return g.pub.context(g.lockCtx)
+}
 
 // Subscribe returns a channel of the guard's states. The first event is the
 // state at the time of the call; each later event is a transition, or the
@@ -258,10 +300,17 @@ func (g *Guard) Context() context.Context { return g.pub.context(g.lockCtx) }
 // receives only the final Released event, once the release has its answer
 // (at once if it has already ended), and is then closed; a subscription
 // never reports Acquired after Release or Leave was called. Subscribing with
-// a ctx that is already done, or nil, returns a closed channel.
+// a ctx that is already done returns a closed channel. A nil ctx is refused
+// as Release refuses it: the channel holds one event, whose Err is an
+// [*ArgumentError] matching [ErrInvalidArgument], and is closed.
 func (g *Guard) Subscribe(ctx context.Context) <-chan Event {
 	ch := make(chan Event, subscriberBuffer)
-	if ctx == nil || ctx.Err() != nil {
+	if g == nil || ctx == nil {
+		ch <- Event{State: g.State(), Time: time.Now(), Err: refusedSubscription(g)}
+		close(ch)
+		return ch
+	}
+	if ctx.Err() != nil {
 		close(ch)
 		return ch
 	}
@@ -312,6 +361,9 @@ func (g *Guard) Subscribe(ctx context.Context) <-chan Event {
 // refused with an error matching [ErrInvalidArgument] (an
 // [*ArgumentError]), and the guard is left as it was.
 func (g *Guard) Release(ctx context.Context) (State, error) {
+	if g == nil {
+		return 0, errNilGuard()
+	}
 	if ctx == nil {
 		return g.State(), badArgument("ctx", "is nil")
 	}
@@ -347,6 +399,9 @@ func (g *Guard) Release(ctx context.Context) (State, error) {
 // its result. A nil ctx is refused with an error matching
 // [ErrInvalidArgument], and the guard is left as it was.
 func (g *Guard) Leave(ctx context.Context) (State, error) {
+	if g == nil {
+		return 0, errNilGuard()
+	}
 	if ctx == nil {
 		return g.State(), badArgument("ctx", "is nil")
 	}

@@ -97,7 +97,11 @@ func (m *Mutex) Lock(ctx context.Context) (*Guard, error) {
 // TryLock makes a single attempt to acquire the lock. If someone else holds
 // it, TryLock returns an error matching [ErrNotAcquired] (a
 // [*NotAcquiredError] that names the holder). Like [Mutex.Lock], ctx bounds
-// the attempt and the hold.
+// the attempt and the hold. The attempt waits for Redis's reply at most
+// [MaxReplyWait] or a little under the TTL, whichever is shorter, then
+// returns an error matching [ErrNoReply] (see there); to bound it more
+// tightly without bounding the hold, use [Mutex.TryLockFor], whose timeout
+// also ends an attempt in flight.
 func (m *Mutex) TryLock(ctx context.Context) (*Guard, error) {
 	return m.e.try(ctx, "Mutex")
 }

@@ -30,6 +30,14 @@ const (
 	// machine); half a second leaves ten times that, and waiters refresh
 	// their place in line every half window, four commands a second.
 	DefaultClaimWindow = 500 * time.Millisecond
+	// MaxReplyWait bounds how long one attempt to acquire a lease (one
+	// call of Lock, TryLock or TryLockFor to Redis) waits for its reply,
+	// whatever the TTL: an attempt waits until the lease deadline
+	// counted from its send time (a little under the TTL) or
+	// MaxReplyWait, whichever comes first, unless ctx or the client's own
+	// timeout ends it sooner. An attempt without a reply ends in
+	// [ErrNoReply]. It is as long as rueidis's default ConnWriteTimeout.
+	MaxReplyWait = 10 * time.Second
 	// MinClaimWindow is the shortest claim window distlock accepts: the
 	// lease a waiter is handed must outlast the safety margin (1% plus
 	// 30ms) with room for a renewal.

@@ -140,5 +140,11 @@ func (w *workCount) wait(ctx context.Context) error {
 // Release or Leave ended while the guard had no goroutine (keeper.go).
 // Settle is safe for concurrent use and needs no call to have given up: with
 // nothing in the background it returns nil at once. It waits on a signal,
-// not by polling.
-func Settle(ctx context.Context) error { return proc.work.wait(ctx) }
+// not by polling. A nil ctx is refused, as Lock refuses it, with an
+// [*ArgumentError] matching [ErrInvalidArgument].
+func Settle(ctx context.Context) error {
+	if ctx == nil {
+		return badArgument("ctx", "is nil")
+	}
+	return proc.work.wait(ctx)
+}

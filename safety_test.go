@@ -1376,15 +1376,19 @@ func TestSafety14BadInput(t *testing.T) {
 	assert.Zero(t, n, "keys written for bad input")
 
 	// A guard given a nil context: Release still releases (and says the
-	// context was bad), Subscribe returns a closed channel.
+	// context was bad), Subscribe sends one event that says so and closes.
 	h, err := c.lock(t.Context())
 	require.NoError(t, err)
 	//lint:ignore SA1012 a nil context on purpose
 	_, err = h.g.Release(nil)
 	assert.ErrorIs(t, err, distlock.ErrInvalidOption)
 	//lint:ignore SA1012 a nil context on purpose
-	_, open := <-h.g.Subscribe(nil)
-	assert.False(t, open, "Subscribe(nil) returned an open channel")
+	sub := h.g.Subscribe(nil)
+	ev, open := <-sub
+	assert.True(t, open, "Subscribe(nil) sent no event")
+	assert.ErrorIs(t, ev.Err, distlock.ErrInvalidArgument, "Subscribe(nil)'s event")
+	_, open = <-sub
+	assert.False(t, open, "Subscribe(nil) left its channel open after the refusal")
 	h.mustRelease(t, distlock.Released)
 
 	wrong := []struct {

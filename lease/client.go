@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -77,6 +79,42 @@ type Place struct {
 	// stands in line again with its ticket. See doc.go ("A grant is its
 	// acquisition's").
 	Seen int64
+}
+
+// IsTimeout reports whether err says that the client stopped waiting for a
+// reply by a timeout of its own, not of the caller's context: a read or
+// write deadline of the connection passed (rueidis's ConnWriteTimeout,
+// go-redis's ReadTimeout and WriteTimeout), which the client reports as a
+// network error ("i/o timeout") that matches [os.ErrDeadlineExceeded] or
+// says Timeout. Like a context's deadline, it leaves the outcome of the
+// call unknown. An error reply of Redis is never one, nor is a context's
+// error (context.DeadlineExceeded also says Timeout).
+func IsTimeout(err error) bool {
+	if err == nil || IsReply(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// DeadlineKeeper is implemented by a [Redis] that ends a call when the
+// deadline of its context passes, even while the call waits for its reply
+// on a connection (rueidis does). A Redis without it may go on waiting
+// until its own timeouts end the call (go-redis, unless its
+// ContextTimeoutEnabled is set, waits for its ReadTimeout, and retries),
+// so a caller that must return by a deadline waits for it beside the call.
+type DeadlineKeeper interface {
+	KeepsDeadlines() bool
+}
+
+// KeepsDeadlines reports whether c's Redis ends a call at its context's
+// deadline by itself (see [DeadlineKeeper]).
+func (c *Client) KeepsDeadlines() bool {
+	k, ok := c.r.(DeadlineKeeper)
+	return ok && k.KeepsDeadlines()
 }
 
 // ErrBadPlace is returned by [Client.AcquireOrQueue] for a Place it cannot

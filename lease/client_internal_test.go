@@ -1,7 +1,11 @@
 package lease
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net"
+	"os"
 	"testing"
 )
 
@@ -41,5 +45,31 @@ func TestScriptReplyReadsEachKind(t *testing.T) {
 	reply := ArrayReply(arr)
 	if allocs := testing.AllocsPerRun(100, func() { _, _, _ = scriptReply(reply) }); allocs != 0 {
 		t.Errorf("reading an array: got %v allocations, want 0", allocs)
+	}
+}
+
+// TestIsTimeout checks which errors IsTimeout takes for a client's own
+// timeout: a network deadline, as rueidis and go-redis report it, wrapped
+// or not; never a context's error, an error reply, or another failure.
+func TestIsTimeout(t *testing.T) {
+	ioTimeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	cases := []struct {
+		err  error
+		want bool
+	}{
+		{ioTimeout, true},
+		{fmt.Errorf("eval: %w", ioTimeout), true},
+		{os.ErrDeadlineExceeded, true},
+		{nil, false},
+		{context.DeadlineExceeded, false},
+		{fmt.Errorf("call: %w", context.DeadlineExceeded), false},
+		{context.Canceled, false},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, false},
+		{NewReplyError("BUSY Redis is busy running a script", nil), false},
+	}
+	for _, c := range cases {
+		if got := IsTimeout(c.err); got != c.want {
+			t.Errorf("IsTimeout(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }

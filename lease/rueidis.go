@@ -30,6 +30,11 @@ const maxRedirects = 5
 
 func (r rueidisRedis) Identity() any { return r.rc }
 
+// KeepsDeadlines reports true: rueidis ends a command when its context's
+// deadline passes, whether it waits for its reply in a pipeline or on a
+// connection of its own (where it sets the deadline on the connection).
+func (r rueidisRedis) KeepsDeadlines() bool { return true }
+
 func (r rueidisRedis) Eval(ctx context.Context, s *Script, keys, args []string) Reply {
 	return rueidisReply(s.lua.Exec(ctx, r.rc, keys, args))
 }

@@ -3,7 +3,9 @@ package suite
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +34,7 @@ func Mutex(t *testing.T, lib Library) {
 	t.Run("RedisErrorIsReturned", func(t *testing.T) { mutexRedisErrorIsReturned(t, lib) })
 	t.Run("InvalidOptionSendsNothing", func(t *testing.T) { mutexInvalidOption(t, lib) })
 	t.Run("OwnerOfAnotherLibraryValue", func(t *testing.T) { mutexOwnerOfAnotherLibraryValue(t, lib) })
+	t.Run("TryLockAgainstStoppedRedis", func(t *testing.T) { mutexTryLockAgainstStoppedRedis(t, lib) })
 	t.Run("StateIsLostOnceTheContextSaysSo", func(t *testing.T) { mutexStateIsLostOnceTheContextSaysSo(t, lib) })
 	t.Run("ContextIsCancelledOnceTheLostEventComes", func(t *testing.T) { mutexContextIsCancelledOnceTheLostEventComes(t, lib) })
 }
@@ -388,13 +391,114 @@ func mutexInvalidOption(t *testing.T, lib Library) {
 func mutexOwnerOfAnotherLibraryValue(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	m := newMutex(t, connect(t, lib, srv), "res")
-	// A value distlock did not write, with no expiry: held, never free.
-	srv.MustDo("SET", m.Key(), "manual-maintenance")
+	// A value distlock did not write, with an expiry: an ordinary holder,
+	// named as it is.
+	srv.MustDo("SET", m.Key(), "manual-maintenance", "PX", "60000")
 	_, err := m.TryLock(t.Context())
 	var nae *distlock.NotAcquiredError
 	require.ErrorAs(t, err, &nae)
 	assert.Equal(t, "manual-maintenance", nae.Holder)
-	assert.Negative(t, nae.Remaining)
+	assert.Positive(t, nae.Remaining)
+	// Without an expiry it would never be free: refused as a key that
+	// distlock did not write, and left alone.
+	srv.MustDo("PERSIST", m.Key())
+	_, err = m.TryLock(t.Context())
+	var wke *distlock.WrongKindError
+	require.ErrorAs(t, err, &wke)
+	assert.ErrorIs(t, err, distlock.ErrWrongKind)
+	assert.Contains(t, wke.Found, "manual-maintenance")
+	// Nor does Lock wait for it.
+	ctx, cancel := context.WithTimeout(t.Context(), eventually)
+	defer cancel()
+	_, err = m.Lock(ctx)
+	require.ErrorIs(t, err, distlock.ErrWrongKind, "Lock on a key without expiry")
+	assert.NoError(t, ctx.Err(), "Lock waited for its context to end")
+	got, err := srv.MustDo("GET", m.Key()).ToString()
+	require.NoError(t, err)
+	assert.Equal(t, "manual-maintenance", got)
+	require.NoError(t, distlock.Settle(ctx))
+}
+
+// noReplySlack is how much later than its bound an attempt against a
+// stopped server may return on a loaded machine.
+const noReplySlack = time.Second
+
+// mutexTryLockAgainstStoppedRedis stops the server (SIGSTOP: commands are
+// sent and no reply ever comes) and checks that one TryLock, with a
+// context that never ends and the client's default timeouts, returns an
+// error matching ErrNoReply, never the client's raw timeout, within its
+// bound: the lease deadline for a short TTL, and MaxReplyWait for a long
+// one. A second TryLock, which may have to make a connection again, is
+// bounded too, and so is a TryLockFor by its timeout.
+func mutexTryLockAgainstStoppedRedis(t *testing.T, lib Library) {
+	srv := redistest.Start(t)
+	ttls := []time.Duration{2 * time.Second, 10 * time.Second, 30 * time.Second}
+	mutexes := make([]*distlock.Mutex, len(ttls))
+	for i, ttl := range ttls {
+		// A client each, connected before the server stops, so that one's
+		// broken connection does not end another's call.
+		mutexes[i] = newMutex(t, connect(t, lib, srv), fmt.Sprintf("stopped:%v", ttl), distlock.WithTTL(ttl))
+		g, err := mutexes[i].TryLock(t.Context())
+		require.NoError(t, err, "TryLock before the server stops")
+		release(t, g)
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	type result struct {
+		took time.Duration
+		err  error
+	}
+	results := make([]result, len(ttls))
+	var wg sync.WaitGroup
+	for i := range ttls {
+		wg.Go(func() {
+			start := time.Now()
+			g, err := mutexes[i].TryLock(context.Background())
+			results[i] = result{time.Since(start), err}
+			if g != nil {
+				_, _ = g.Release(context.Background())
+			}
+		})
+	}
+	wg.Wait()
+	start := time.Now()
+	_, againErr := mutexes[0].TryLock(context.Background())
+	again := time.Since(start)
+	const tryFor = 500 * time.Millisecond
+	start = time.Now()
+	_, forErr := mutexes[2].TryLockFor(context.Background(), tryFor, distlock.DefaultRetryInterval)
+	forTook := time.Since(start)
+	srv.Resume()
+	resumed = true
+
+	for i, ttl := range ttls {
+		r := results[i]
+		t.Logf("%s, TTL %v: TryLock returned after %v: %v", lib.Name, ttl, r.took.Round(time.Millisecond), r.err)
+		require.ErrorIs(t, r.err, distlock.ErrNoReply, "TTL %v", ttl)
+		assert.NotErrorIs(t, r.err, context.DeadlineExceeded, "TTL %v: no deadline of the caller's passed", ttl)
+		bound := min(ttl, distlock.MaxReplyWait)
+		assert.Less(t, r.took, bound+noReplySlack, "TTL %v: how long one attempt waited", ttl)
+		// The client may give up before the bound (rueidis ends a
+		// connection whose PING goes unanswered, 5 to 10 s in), not at once.
+		assert.Greater(t, r.took, noReplySlack/2, "TTL %v: the attempt returned before waiting for a reply", ttl)
+	}
+	t.Logf("%s, TTL %v, again: TryLock returned after %v: %v", lib.Name, ttls[0], again.Round(time.Millisecond), againErr)
+	require.ErrorIs(t, againErr, distlock.ErrNoReply, "TTL %v, again", ttls[0])
+	assert.Less(t, again, ttls[0]+noReplySlack, "TTL %v, again: how long one attempt waited", ttls[0])
+	t.Logf("%s, TTL %v: TryLockFor(%v) returned after %v: %v", lib.Name, ttls[2], tryFor, forTook.Round(time.Millisecond), forErr)
+	require.ErrorIs(t, forErr, distlock.ErrTimeout, "TryLockFor against the stopped server")
+	assert.Less(t, forTook, tryFor+noReplySlack, "TryLockFor's timeout did not bound the attempt in flight")
+
+	// What the attempts may have written is cancelled in the background
+	// once the server answers again.
+	settle, cancel := context.WithTimeout(t.Context(), 2*distlock.MaxReplyWait)
+	defer cancel()
+	require.NoError(t, distlock.Settle(settle))
 }
 
 // Once the guard's context is cancelled by a loss, State no longer says
