@@ -319,6 +319,27 @@ func TestBatcherFailedBatchFailsEveryMember(t *testing.T) {
 	})
 }
 
+// renew asks b for one renewal as a guard's actor does, and waits for its
+// answer, as the actor's loop would, or for ended's end: then it drops the
+// ask, as an ending actor does, and returns ended's error with asked as
+// the send time, unless the answer had come.
+func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
+	reply := make(chan renewAnswer, 1)
+	a := b.ask(dl, k, value, ttl, latest, asked, reply)
+	select {
+	case ans := <-reply:
+		return ans.sent, ans.r, ans.err
+	case <-ended.Done():
+	}
+	b.drop(a)
+	select {
+	case ans := <-reply:
+		return ans.sent, ans.r, ans.err
+	default:
+	}
+	return asked, lease.Renewal{}, ended.Err()
+}
+
 // batcherOf returns a batcher of s, left when the test's bubble ends.
 func batcherOf(t *testing.T, s *batchStore) *batcher {
 	t.Helper()

@@ -125,10 +125,9 @@ func TestReleaseWithCancellableContextWaitsOnAnotherGoroutine(t *testing.T) {
 	assert.NotEqual(t, goid(), s.releases[0])
 }
 
-// The actor starts when the first renewal is due, not before, and exits
-// once Redis has confirmed it: a guard that lives on renews every TTL/3,
-// each time from a goroutine that its renewal timer starts, and has none
-// in between.
+// The actor starts when the first renewal is due, not before, and stays:
+// a guard that lives on renews every TTL/3 from the same actor, which
+// exits when the guard ends.
 func TestActorStartsAtTheFirstRenewal(t *testing.T) {
 	quietProcess(t)
 	synctest.Test(t, func(t *testing.T) {
@@ -137,29 +136,35 @@ func TestActorStartsAtTheFirstRenewal(t *testing.T) {
 		require.NoError(t, err)
 		time.Sleep(fakeTTL/3 - time.Nanosecond)
 		synctest.Wait()
-		assert.Zero(t, actorGoroutines(), "just before the first renewal")
+		assert.Zero(t, actorsRunning(), "just before the first renewal")
+		assert.False(t, g.hasActor(), "just before the first renewal")
 		assert.Empty(t, f.renewCalls())
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		first := g.owner.Load()
 		for n := 1; n <= 3; n++ {
-			time.Sleep(time.Nanosecond)
-			synctest.Wait()
 			assert.Len(t, f.renewCalls(), n, "renewals at %v", time.Duration(n)*fakeTTL/3)
-			assert.False(t, g.hasActor(), "after renewal %d was confirmed", n)
-			assert.Zero(t, actorGoroutines(), "after renewal %d was confirmed", n)
+			assert.True(t, g.hasActor(), "after renewal %d was confirmed", n)
+			assert.Same(t, first, g.owner.Load(), "the same actor after renewal %d", n)
+			assert.Equal(t, int64(1), actorsRunning(), "after renewal %d was confirmed", n)
 			assert.Equal(t, Acquired, g.State())
 			time.Sleep(fakeTTL/3 - time.Nanosecond)
 			synctest.Wait()
 			assert.Len(t, f.renewCalls(), n, "before renewal %d", n+1)
+			time.Sleep(time.Nanosecond)
+			synctest.Wait()
 		}
 		_, err = g.Release(t.Context())
 		require.NoError(t, err)
 		synctest.Wait()
+		assert.Zero(t, actorsRunning(), "after Release")
 	})
 }
 
-// A dormant guard still turns Lost when the renewal that its timer starts
-// gets no answer: the deadline timer is the actor's, armed when it starts,
-// so that the guard is Lost at D, not later, with no goroutine before.
-func TestDormantGuardIsLostAtItsDeadline(t *testing.T) {
+// A guard past its first renewal turns Lost at its deadline when a
+// renewal gets no answer: its actor's deadline timer says so at D, not
+// later.
+func TestActorGuardIsLostAtItsDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
@@ -168,7 +173,7 @@ func TestDormantGuardIsLostAtItsDeadline(t *testing.T) {
 		time.Sleep(fakeTTL / 3)
 		synctest.Wait()
 		require.Len(t, f.renewCalls(), 1)
-		require.False(t, g.hasActor(), "dormant after the first renewal")
+		require.True(t, g.hasActor(), "an actor from the first renewal on")
 		f.set(renewHang)
 		sent := f.renewCalls()[0].sent
 		deadline := leaseDeadline(sent, fakeTTL)
@@ -185,9 +190,8 @@ func TestDormantGuardIsLostAtItsDeadline(t *testing.T) {
 }
 
 // The client's keeper has every guard it watches renew at once, whether
-// the guard is dormant (its timer is fired) or has its actor, including a
-// guard that is going dormant at that moment.
-func TestKeeperPokeRenewsADormantGuardAtOnce(t *testing.T) {
+// its actor waits for its next renewal or retries a failed one.
+func TestKeeperPokeRenewsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
@@ -195,27 +199,22 @@ func TestKeeperPokeRenewsADormantGuardAtOnce(t *testing.T) {
 		time.Sleep(fakeTTL / 3)
 		synctest.Wait()
 		require.Len(t, f.renewCalls(), 1)
-		require.False(t, g.hasActor())
 		require.NotNil(t, g.keeper, "watched from the first renewal on")
 		time.Sleep(fakeTTL / 9)
 		g.keeper.renewAll()
 		synctest.Wait()
-		assert.Len(t, f.renewCalls(), 2, "a poked dormant guard renews at once")
-		assert.False(t, g.hasActor(), "and is dormant again")
+		assert.Len(t, f.renewCalls(), 2, "a poked guard renews at once")
 
-		// A poke while the guard has its actor, with a renewal scheduled
-		// (a Downgrade-free way to have one: a renewal that failed and
-		// waits for its retry).
+		// A poke while a renewal that failed waits for its retry.
 		f.set(renewFail)
 		time.Sleep(fakeTTL / 3)
 		synctest.Wait()
 		require.Len(t, f.renewCalls(), 3)
-		require.True(t, g.hasActor(), "retrying")
 		f.set(renewOK)
 		g.keeper.renewAll()
 		synctest.Wait()
-		assert.Len(t, f.renewCalls(), 4, "a poked actor renews at once")
-		assert.False(t, g.hasActor(), "dormant once confirmed")
+		assert.Len(t, f.renewCalls(), 4, "a poked guard renews at once while it retries")
+		assert.True(t, g.hasActor(), "the actor stays")
 
 		_, err = g.Release(t.Context())
 		require.NoError(t, err)
@@ -417,6 +416,6 @@ func TestEndRacesTheFirstRenewal(t *testing.T) {
 			assert.Equal(t, 1, deletes, "guard %d: deletes", i)
 		}
 	}
-	assert.Eventually(t, func() bool { return actorGoroutines() == 0 }, 5*time.Second, 10*time.Millisecond,
+	assert.Eventually(t, func() bool { return actorsRunning() == 0 }, 5*time.Second, 10*time.Millisecond,
 		"actors left after every guard ended")
 }

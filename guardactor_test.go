@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -522,48 +521,80 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 	})
 }
 
-// actorGoroutines counts the goroutines that run a guard's actor loop.
-func actorGoroutines() int { return goroutinesIn("distlock.(*guardActor).loop(") }
+// actorsRunning is how many guards' actors run, as the process counts
+// them.
+func actorsRunning() int64 { return proc.actors.Load() }
+
+// keepersRunning is how many clients' keepers the process has.
+func keepersRunning() int {
+	proc.keepers.mu.Lock()
+	defer proc.keepers.mu.Unlock()
+	return len(proc.keepers.m)
+}
 
 // quietProcess waits until no guard's actor and no keeper of an earlier
-// test runs any more (a guard that ended may still be sending its last
-// delete when its test returns), so that a test that counts them counts
-// its own.
+// test runs any more, and until the background work is done (a guard that
+// ended may still be sending its last delete when its test returns, and a
+// keeper or batcher may be stopping), so that a test that counts
+// goroutines counts its own.
 func quietProcess(t *testing.T) {
 	t.Helper()
-	require.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, 10*time.Second,
-		5*time.Millisecond, "actors (%d) or keepers (%d) of earlier tests still run", actorGoroutines(), keeperGoroutines())
+	require.Eventually(t, func() bool { return actorsRunning() == 0 && keepersRunning() == 0 }, 10*time.Second,
+		5*time.Millisecond, "actors (%d) or keepers (%d) of earlier tests still run", actorsRunning(), keepersRunning())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, Settle(ctx), "background work of earlier tests")
 }
 
-// keeperGoroutines counts the goroutines of the clients' keepers.
-func keeperGoroutines() int { return goroutinesIn("distlock.(*keeper).run(") }
-
-// goroutinesIn counts the goroutines whose stack has fn.
-func goroutinesIn(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
+// steadyGoroutines returns the number of goroutines once it has not
+// changed for a tenth of a second (goroutines of earlier tests, such as a
+// timer's run that is ending, leave first).
+func steadyGoroutines(t *testing.T) int {
+	t.Helper()
+	n, since := runtime.NumGoroutine(), time.Now()
+	for end := since.Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if m := runtime.NumGoroutine(); m != n {
+			n, since = m, time.Now()
+		} else if time.Since(since) >= 100*time.Millisecond {
+			return n
 		}
-		buf = make([]byte, 2*len(buf))
 	}
-	return strings.Count(string(buf), fn)
+	t.Fatalf("the number of goroutines never settled (%d)", n)
+	return n
 }
 
-// Goroutines: a held guard has no goroutine while it is idle, before its
-// first renewal and between two renewals (a renewal adds its actor and a
-// child for its duration), keeps renewing from its timer, and has none
+// counted waits, up to within, until the process runs actors actors and
+// extra() goroutines more than at the test's start, and fails with the
+// last counts if it never does.
+func counted(t *testing.T, within time.Duration, when string, actors int64, goroutines int, extra func() int) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for {
+		a, n := actorsRunning(), extra()
+		if a == actors && n == goroutines {
+			return
+		}
+		if time.Now().After(end) {
+			t.Errorf("%s: %d actors and %d goroutines more than at the start, want %d and %d", when, a, n, actors, goroutines)
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Goroutines: a held guard has none before its first renewal, one of its
+// own from then on (its actor, which renews from its own timer), and none
 // once it is released or its loss is final. The guards of one client
-// share one keeper from their first renewal on.
-func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
+// share one keeper from their first renewal on. The goroutines are
+// counted by the runtime, the actors by the process.
+func TestHeldGuardsHaveOneGoroutineEach(t *testing.T) {
 	quietProcess(t)
 	// Real time, not a synctest bubble: the race detector has crashed in
 	// its stack depot tearing down a bubble of this many goroutines.
 	const guards = 300
-	const ttl = 600 * time.Millisecond // renewals every 200 ms
+	const ttl = 900 * time.Millisecond // renewals every 300 ms
 	const within = 5 * time.Second     // for timers on a loaded machine
+	base := steadyGoroutines(t)
 	// A fake store holds one lease: each guard has one of its own, all on
 	// one client, as a process's locks usually are (so they share one
 	// keeper: one goroutine more in all).
@@ -596,24 +627,24 @@ func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
 		}
 		return true
 	}
+	extra := func() int { return runtime.NumGoroutine() - base }
+	start := time.Now()
 	gs := lockAll(renewOK)
+	if time.Since(start) < renewAfter(ttl)/2 {
+		assert.Equal(t, 0, extra(), "goroutines of young guards")
+		assert.Zero(t, actorsRunning(), "actors of young guards")
+	}
 	require.Eventually(t, func() bool { return renewedAll(1) }, within, time.Millisecond, "every guard renewed once")
-	assert.Equal(t, 1, keeperGoroutines(), "one keeper for the client")
-	// The renewals of one round are done within a few milliseconds of
-	// each other; between two rounds no guard has a goroutine.
-	require.Eventually(t, func() bool { return actorGoroutines() == 0 }, within, time.Millisecond,
-		"between two renewals: no actor (%d)", actorGoroutines())
-	require.Eventually(t, func() bool { return renewedAll(3) }, within, time.Millisecond,
-		"dormant guards go on renewing")
-	require.Eventually(t, func() bool { return actorGoroutines() == 0 }, within, time.Millisecond,
-		"between two later renewals: no actor (%d)", actorGoroutines())
+	assert.Equal(t, 1, keepersRunning(), "one keeper for the client")
+	counted(t, within, "past the first renewal", guards, guards+1, extra)
+	require.Eventually(t, func() bool { return renewedAll(3) }, within, time.Millisecond, "the actors go on renewing")
+	assert.Equal(t, int64(guards), actorsRunning(), "actors after three renewals")
 	for _, g := range gs {
 		require.Equal(t, Acquired, g.State())
 		_, err := g.Release(context.Background())
 		require.NoError(t, err)
 	}
-	assert.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, within, time.Millisecond,
-		"after Release: %d actors, %d keepers", actorGoroutines(), keeperGoroutines())
+	counted(t, within, "after Release", 0, 0, extra)
 	sent := renewals()
 	time.Sleep(ttl)
 	assert.Equal(t, sent, renewals(), "renewals sent by released guards")
@@ -622,8 +653,7 @@ func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
 	gs = lockAll(renewRefuse)
 	require.Eventually(t, func() bool { return renewals() == guards }, within, time.Millisecond,
 		"one refused renewal per guard (%d)", renewals())
-	assert.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, within, time.Millisecond,
-		"after a final loss: %d actors, %d keepers", actorGoroutines(), keeperGoroutines())
+	counted(t, within, "after a final loss", 0, 0, extra)
 	for _, g := range gs {
 		require.Equal(t, Lost, g.State())
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 // process is the state that this process keeps for all of its locks, in
@@ -33,6 +34,9 @@ type process struct {
 	seed  maphash.Seed
 
 	work workCount
+
+	// actors counts the guards' actors that run (guardactor.go).
+	actors atomic.Int64
 
 	// keepers watch the clients' connections for the guards that have an
 	// actor (keeper.go).
