@@ -25,7 +25,7 @@ func batcherBubble(t *testing.T, f func(t *testing.T)) {
 	if raceEnabled {
 		t.Skip("crashes the race runtime in a synctest bubble; scripts/test runs it without -race")
 	}
-	synctest.Test(t, f)
+	bubble(t, f)
 }
 
 // The batcher's tests run in synctest bubbles against batchStore, a fake

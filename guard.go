@@ -60,9 +60,10 @@ type Guard struct {
 	lastSent time.Time
 	leaseTTL time.Duration
 	// renewal activates the actor when the first renewal is due (see "Who
-	// owns a guard"). newGuard sets it before anyone else can see the
-	// guard; the timer's own run does not read it. unwatch stops the watch
-	// on the Lock context while no actor runs.
+	// owns a guard"). The keeper's watch sets it, with g.keeper, under the
+	// keeper's lock, before anyone else can see the guard; the timer's own
+	// run does not read it. unwatch stops the watch on the Lock context
+	// while no actor runs.
 	renewal *time.Timer
 	unwatch func() bool
 	// keeper is the client's keeper, which watches the guard from its
@@ -127,8 +128,8 @@ const ReleaseTimeout = 2 * time.Second
 // still reach Redis, and must not find value welcome.
 //
 // The guard starts without a goroutine: a timer activates its actor when
-// the first renewal is due, and the Lock context is watched with
-// context.AfterFunc.
+// the first renewal is due, the Lock context is watched with
+// context.AfterFunc, and the client's keeper watches for a restart.
 func (e *engine) newGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool) *Guard {
 	return e.newGuardOf(lockCtx, value, token, attempt, sent, ttl, void, nil)
 }
@@ -146,7 +147,7 @@ func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, 
 	}
 	// The watch is set before the timer, which may fire at once and whose
 	// actor stops it; neither the watch nor the timer's own activation
-	// reads g.renewal, which is set only once the timer runs.
+	// reads g.renewal.
 	if lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
 	}
@@ -154,7 +155,10 @@ func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, 
 	if set != nil {
 		slack = 0 // a set's renewals are its own batches
 	}
-	g.renewal = time.AfterFunc(sent.Add(renewAfter(ttl)-slack).Sub(now), g.activate)
+	// The client's keeper watches the guard from now on, so that a
+	// restart of an empty server is noticed before the first renewal too
+	// (keeper.go); it arms the timer.
+	proc.keepers.watch(g, sent.Add(renewAfter(ttl)-slack).Sub(now))
 	return g
 }
 
@@ -419,12 +423,7 @@ func (g *Guard) endClaimed(how endHow, ctx context.Context, bound time.Time, byW
 			g.unwatch()
 		}
 	}
-	if k := g.leaveKeeper(); k != nil {
-		// The last of the keeper's guards ended: the keeper's stop may
-		// wait for the server, and the caller must not (Settle waits for
-		// it).
-		stopInBackground(k.stop)
-	}
+	g.leaveKeeper()
 	g.begin(how)
 	if byWatch {
 		g.warnLockDeadline()

@@ -130,7 +130,7 @@ func TestReleaseWithCancellableContextWaitsOnAnotherGoroutine(t *testing.T) {
 // exits when the guard ends.
 func TestActorStartsAtTheFirstRenewal(t *testing.T) {
 	quietProcess(t)
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -165,7 +165,7 @@ func TestActorStartsAtTheFirstRenewal(t *testing.T) {
 // renewal gets no answer: its actor's deadline timer says so at D, not
 // later.
 func TestActorGuardIsLostAtItsDeadline(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -189,31 +189,41 @@ func TestActorGuardIsLostAtItsDeadline(t *testing.T) {
 	})
 }
 
-// The client's keeper has every guard it watches renew at once, whether
-// its actor waits for its next renewal or retries a failed one.
+// The client's keeper has every guard it watches renew at once: a young
+// guard (its first renewal comes forward, from its new actor), and an
+// actor that waits for its next renewal or retries a failed one.
 func TestKeeperPokeRenewsAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
-		time.Sleep(fakeTTL / 3)
+		require.NotNil(t, g.keeper, "watched from the acquisition on")
+		time.Sleep(fakeTTL / 9)
+		require.False(t, g.hasActor(), "young")
+		g.keeper.renewAll()
 		synctest.Wait()
-		require.Len(t, f.renewCalls(), 1)
-		require.NotNil(t, g.keeper, "watched from the first renewal on")
+		require.Len(t, f.renewCalls(), 1, "a poked young guard renews at once")
+		assert.True(t, g.hasActor(), "from its actor")
+		time.Sleep(fakeTTL/3 - time.Nanosecond)
+		synctest.Wait()
+		require.Len(t, f.renewCalls(), 1, "the next renewal a third of a TTL after the first")
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		require.Len(t, f.renewCalls(), 2)
 		time.Sleep(fakeTTL / 9)
 		g.keeper.renewAll()
 		synctest.Wait()
-		assert.Len(t, f.renewCalls(), 2, "a poked guard renews at once")
+		assert.Len(t, f.renewCalls(), 3, "a poked guard renews at once")
 
 		// A poke while a renewal that failed waits for its retry.
 		f.set(renewFail)
 		time.Sleep(fakeTTL / 3)
 		synctest.Wait()
-		require.Len(t, f.renewCalls(), 3)
+		require.Len(t, f.renewCalls(), 4)
 		f.set(renewOK)
 		g.keeper.renewAll()
 		synctest.Wait()
-		assert.Len(t, f.renewCalls(), 4, "a poked guard renews at once while it retries")
+		assert.Len(t, f.renewCalls(), 5, "a poked guard renews at once while it retries")
 		assert.True(t, g.hasActor(), "the actor stays")
 
 		_, err = g.Release(t.Context())
@@ -225,7 +235,7 @@ func TestKeeperPokeRenewsAtOnce(t *testing.T) {
 // The Lock context's end releases a guard that has no actor yet, from the
 // watch's own goroutine.
 func TestLockContextEndReleasesAnIdleGuard(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		ctx, cancel := context.WithCancelCause(t.Context())
 		g, err := fakeMutex(t, f).Lock(ctx)
@@ -323,7 +333,7 @@ func (r *records) at(level slog.Level, message string) []slog.Record {
 // as other libraries take it) releases the lock, and says so at Warn, with
 // how long the lock was held; a cancellation does not.
 func TestLockContextDeadlineIsLoggedAtWarn(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		log := &records{}
 		m := fakeMutex(t, f, WithLogger(slog.New(log)))

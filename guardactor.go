@@ -88,9 +88,6 @@ type guardActor struct {
 	retired  bool // it retired: the guard is no longer its own
 	byTimer  bool // the renewal timer activated it
 	exit     bool // the loop returns
-	// stopKeeper is the keeper that retire left last, to be stopped on
-	// the way out.
-	stopKeeper *keeper
 }
 
 // ending and retired are the owners of a guard that are not an actor (see
@@ -186,19 +183,12 @@ func (g *Guard) renewSoon() {
 }
 
 // leaveKeeper takes the guard out of its keeper's watch, at its end or
-// its final loss, and returns the keeper if the guard was the last one
-// there: the caller must stop it (keeper.stop). It is called by the
-// guard's owner.
-func (g *Guard) leaveKeeper() *keeper {
-	k := g.keeper
-	if k == nil {
-		return nil
+// its final loss. It never waits. It is called by the guard's owner.
+func (g *Guard) leaveKeeper() {
+	if k := g.keeper; k != nil {
+		g.keeper = nil
+		k.detach(g)
 	}
-	g.keeper = nil
-	if k.detach(g) {
-		return k
-	}
-	return nil
 }
 
 // loop is the actor's loop: renew when due (and retry within the rules of
@@ -229,7 +219,13 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		defer l.renewT.Stop()
 		l.answers = make(chan renewAnswer, 1)
 		g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
-		l.renewIn(time.Until(g.lastSent.Add(renewAfter(g.leaseTTL))))
+		due := time.Until(g.lastSent.Add(renewAfter(g.leaseTTL)))
+		if l.byTimer && due > g.e.renewSlack(renewAfter(g.e.ttl)) {
+			// The timer fired before its time: the keeper fired it (see
+			// renewSoon), and the first renewal is brought forward.
+			due = 0
+		}
+		l.renewIn(due)
 		l.armDeadline()
 	}
 	for !l.exit {
@@ -269,15 +265,12 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 
 // exited is the actor's last step: the keeper's watch ends with the
 // guard, or with its final loss (retire left it already), and the actor
-// leaves its batcher. Neither waits: a stop that may wait for the server
-// runs in the background, where Settle waits for it.
+// leaves its batcher. Neither waits: what stops a keeper or a batcher
+// that may wait for the server runs in the background, where Settle waits
+// for it.
 func (l *guardActor) exited() {
-	k := l.stopKeeper
 	if !l.retired {
-		k = l.g.leaveKeeper()
-	}
-	if k != nil {
-		stopInBackground(k.stop)
+		l.g.leaveKeeper()
 	}
 	if l.batcher != nil {
 		l.batcher.leave()
@@ -333,11 +326,6 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 	if final {
 		l.retire()
 		return
-	}
-	if g.keeper == nil {
-		// From its first renewal on, the client's keeper watches for the
-		// guard.
-		g.keeper = proc.keepers.watch(g)
 	}
 	l.renewIn(next)
 	l.armDeadline()
@@ -496,9 +484,8 @@ func (l *guardActor) retire() {
 	if g.e.debug() {
 		g.logger().Debug("distlock: the loss is final; the guard's actor exits")
 	}
-	// The keeper's watch ends here, while the guard is still the actor's;
-	// the keeper, if this was its last guard, is stopped on the way out.
-	l.stopKeeper = g.leaveKeeper()
+	// The keeper's watch ends here, while the guard is still the actor's.
+	g.leaveKeeper()
 	if g.set != nil {
 		// A set lost one name: the others are held for nothing, and go
 		// back to their lines now rather than at the end of their leases.
