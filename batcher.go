@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,7 +37,11 @@ import (
 // without the batcher; many guards' renewals that fall due within the
 // slack of each other share a script. Their answers date their leases
 // from the batch's send time, so renewing together keeps them together:
-// after one batch, its members are due together again.
+// after one batch, its members are due together again. When more
+// renewals of a group are due than one script takes, they go earliest
+// deadline first: the first script carries the leases that lapse first,
+// so a process that falls behind loses, if any, only the guards whose
+// deadlines truly pass.
 //
 // # Deadlines (L1)
 //
@@ -410,6 +415,10 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 				asks = append(asks, a)
 			}
 		}
+		// Earliest deadline first: when more are due than one script
+		// takes, the first script (and its call, started first) carries
+		// the leases that lapse first.
+		slices.SortFunc(asks, byDeadline)
 		for len(asks) > 0 {
 			n := min(len(asks), lease.MaxRenewBatch)
 			out = append(out, b.newBatch(asks[:n:n]))
@@ -422,6 +431,19 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 		b.armed = b.due[0].latest
 	}
 	return out
+}
+
+// byDeadline orders asks by their deadline, those without one last.
+func byDeadline(a, b *renewAsk) int {
+	switch {
+	case a.deadline.Equal(b.deadline):
+		return 0
+	case a.deadline.IsZero():
+		return 1
+	case b.deadline.IsZero():
+		return -1
+	}
+	return a.deadline.Compare(b.deadline)
 }
 
 // newBatch makes a batch of asks, whose call ends at the latest of their
