@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,7 +42,10 @@ type Guard struct {
 	void     bool            // release with Cancel: a lost call with value may still reach Redis
 	lockCtx  context.Context // the context given to Lock
 	acquired time.Time
-	done     chan struct{} // closed by finish
+	// done is Done's channel, made when first asked for; finish closes it,
+	// or stores closedChan when nobody has asked (see ended). Under doneMu.
+	doneMu sync.Mutex
+	done   chan struct{}
 
 	// owner is who owns the guard's state (the fields from how to final):
 	// nil while nobody does (before the first renewal is due), the guard's
@@ -139,7 +143,7 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool, set *setHold) *Guard {
 	now := time.Now()
 	g := &Guard{e: e, value: value, token: token, attempt: attempt, void: void, lockCtx: lockCtx, acquired: now,
-		done: make(chan struct{}), lastSent: sent, leaseTTL: ttl, set: set}
+		lastSent: sent, leaseTTL: ttl, set: set}
 	g.pub.first = status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)}
 	g.pub.st.Store(&g.pub.first)
 	if e.debug() {
@@ -221,7 +225,36 @@ func (g *Guard) Deadline() time.Time {
 // Done returns a channel that is closed once the guard has ended (released
 // or left), its final delete, if any, has its answer, and its actor, if it
 // had one, has stopped renewing.
-func (g *Guard) Done() <-chan struct{} { return g.done }
+func (g *Guard) Done() <-chan struct{} {
+	g.doneMu.Lock()
+	defer g.doneMu.Unlock()
+	if g.done == nil {
+		g.done = make(chan struct{})
+	}
+	return g.done
+}
+
+// closedChan is the Done channel of every guard that ended before anyone
+// asked for it: a Release that ends a guard on its own goroutine makes
+// none.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// ended closes the guard's Done channel, or, if nobody has asked for it
+// yet, has Done return closedChan from now on. It is called once, by
+// finish.
+func (g *Guard) ended() {
+	g.doneMu.Lock()
+	defer g.doneMu.Unlock()
+	if g.done == nil {
+		g.done = closedChan
+		return
+	}
+	close(g.done)
+}
 
 // Context returns a context for the critical section. It is derived from the
 // context given to Lock, so it carries that context's values, and it is
@@ -487,15 +520,16 @@ var errReleaseTimeout = fmt.Errorf("not done within distlock.ReleaseTimeout (%v)
 // done or bound has passed, and returns how the guard ended. verb says what
 // it was doing, for the error.
 func (g *Guard) wait(ctx context.Context, bound time.Time, verb string) (State, error) {
+	done := g.Done()
 	select {
-	case <-g.done:
+	case <-done:
 		return g.final.state, g.final.err
 	default:
 	}
 	var err, cause error
 	if _, ok := ctx.Deadline(); ok {
 		select {
-		case <-g.done:
+		case <-done:
 			return g.final.state, g.final.err
 		case <-ctx.Done():
 			err, cause = ctx.Err(), context.Cause(ctx)
@@ -504,7 +538,7 @@ func (g *Guard) wait(ctx context.Context, bound time.Time, verb string) (State, 
 		t := time.NewTimer(time.Until(bound))
 		defer t.Stop()
 		select {
-		case <-g.done:
+		case <-done:
 			return g.final.state, g.final.err
 		case <-ctx.Done():
 			err, cause = ctx.Err(), context.Cause(ctx)

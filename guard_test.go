@@ -286,8 +286,10 @@ func TestUncontendedPairAllocations(t *testing.T) {
 	t.Logf("%.1f allocations per pair", allocs)
 	// A Mutex (with its options and keys), a value, the acquire's and the
 	// release's deadlines (a context and a timer each), a guard with its
-	// done channel and first-renewal timer: 18.
-	assert.LessOrEqual(t, allocs, 18.0)
+	// first-renewal timer (its Done channel is made only when someone
+	// waits for it, and a Release that ends a young guard itself does
+	// not): 17.
+	assert.LessOrEqual(t, allocs, 17.0)
 
 	// With a cancellable context, the acquire call runs in a goroutine of
 	// the process's background work (its closure, its result channel, the
@@ -297,7 +299,7 @@ func TestUncontendedPairAllocations(t *testing.T) {
 	defer cancel()
 	allocs = testing.AllocsPerRun(200, pair(ctx))
 	t.Logf("%.1f allocations per pair with a cancellable context", allocs)
-	assert.LessOrEqual(t, allocs, 25.0)
+	assert.LessOrEqual(t, allocs, 24.0)
 }
 
 // records is a slog handler that keeps the records it is given.

@@ -682,7 +682,7 @@ func (g *Guard) finish(r releaseResult) {
 	// Whoever owned the guard, its end owns it from now on: an actor
 	// that made the end is about to return.
 	g.owner.Store(ending)
-	close(g.done)
+	g.ended()
 }
 
 // confirm records a write of ttl, sent at sent, that Redis confirmed: the
