@@ -38,6 +38,7 @@ type batchStore struct {
 	refuse  map[string]bool // lease keys whose renewals are refused (held by "other#1")
 	fail    error           // when set, RenewBatch fails with it
 	gate    chan struct{}   // when set, RenewBatch waits for it to close, or for its context
+	stuck   chan struct{}   // when set, RenewBatch waits for it to close, whatever its context says
 	batches []batchCall
 	lone    int // Renew calls
 }
@@ -86,8 +87,11 @@ func (s *batchStore) RenewBatch(ctx context.Context, items []lease.RenewItem, ou
 	}
 	i := len(s.batches)
 	s.batches = append(s.batches, c)
-	gate, fail := s.gate, s.fail
+	gate, fail, stuck := s.gate, s.fail, s.stuck
 	s.mu.Unlock()
+	if stuck != nil {
+		<-stuck
+	}
 	if gate != nil {
 		select {
 		case <-gate:
@@ -167,6 +171,39 @@ func releaseAll(t *testing.T, gs []*Guard) {
 		_, err := g.Release(t.Context())
 		require.NoError(t, err)
 	}
+}
+
+// TestActorExitDoesNotWaitForTheBatcher checks that a guard whose batched
+// renewal is stuck in a call that ignores its context (as go-redis's does
+// until its ReadTimeout) is released at once, its actor exits at once,
+// and only the batcher's wind-down, which Settle waits for, waits for the
+// call.
+func TestActorExitDoesNotWaitForTheBatcher(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		s := newBatchStore()
+		stuck := make(chan struct{})
+		s.set(func(s *batchStore) { s.stuck = stuck })
+		g, err := batchMutexes(t, s, 1)[0].Lock(t.Context())
+		require.NoError(t, err)
+		time.Sleep(fakeTTL / 3)
+		synctest.Wait()
+		require.Len(t, s.calls(), 1, "the first renewal, stuck")
+		require.True(t, g.hasActor())
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		st, err := g.Release(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+		assert.Zero(t, time.Since(start), "Release waited")
+		synctest.Wait()
+		assert.Zero(t, actorsRunning(), "the actor waits for the batcher's call")
+		sctx, scancel := context.WithTimeout(t.Context(), time.Second)
+		defer scancel()
+		assert.ErrorIs(t, Settle(sctx), context.DeadlineExceeded, "Settle while the batcher's call is stuck")
+		close(stuck)
+		require.NoError(t, Settle(t.Context()))
+	})
 }
 
 // TestBatcherLoneRenewalOnTime checks that a guard alone on its client
