@@ -149,19 +149,14 @@ func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, 
 	if e.debug() {
 		g.logger().Debug("distlock: acquired", "attempt", attempt)
 	}
-	// The watch is set before the timer, which may fire at once and whose
-	// actor stops it; neither the watch nor the timer's own activation
-	// reads g.renewal.
-	if lockCtx.Done() != nil {
-		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
-	}
 	slack := e.renewSlack(renewAfter(ttl))
 	if set != nil {
 		slack = 0 // a set's renewals are its own batches
 	}
 	// The client's keeper watches the guard from now on, so that a
 	// restart of an empty server is noticed before the first renewal too
-	// (keeper.go); it arms the timer.
+	// (keeper.go); it sets the watch on the Lock context and arms the
+	// timer.
 	proc.keepers.watch(g, sent.Add(renewAfter(ttl)-slack).Sub(now))
 	return g
 }

@@ -85,10 +85,14 @@ type keeper struct {
 const keeperSettle = time.Second
 
 // watch adds a new guard to its client's keeper, starting one if there
-// is none, and arms the guard's renewal timer to fire due from now; the
-// guard leaves the keeper at its end or its final loss. The timer is
-// armed under the keeper's lock, after g.keeper is set: the timer's run
-// may read g.keeper, and the keeper's restart poke fires the timer.
+// is none, sets the watch on its Lock context and arms its renewal timer
+// to fire due from now; the guard leaves the keeper at its end or its
+// final loss. The order matters, and all of it is done under the keeper's
+// lock: g.keeper first, since the watch's run and the timer's may read
+// it as soon as they are set; the watch before the timer, since the
+// actor that the timer starts stops the watch; and the timer before the
+// keeper's restart poke, which fires it, can see the guard (neither the
+// watch's run nor the timer's reads g.renewal).
 func (s *keeperSet) watch(g *Guard, due time.Duration) {
 	e := g.e
 	s.mu.Lock()
@@ -113,6 +117,9 @@ func (s *keeperSet) watch(g *Guard, due time.Duration) {
 	k.guards[g] = struct{}{}
 	k.lingering = false
 	g.keeper = k
+	if g.lockCtx.Done() != nil {
+		g.unwatch = context.AfterFunc(g.lockCtx, g.lockCtxEnded)
+	}
 	g.renewal = time.AfterFunc(due, g.activate)
 }
 
