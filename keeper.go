@@ -23,7 +23,7 @@ import (
 // guard whose lease the server forgot is refused, and Lost.
 //
 // A guard is watched from its acquisition until its end or its final
-// loss: an actor is told on its mailbox, and a young guard (no goroutine
+// loss: an actor is told on its renewNow slot, and a young guard (no goroutine
 // yet) has its renewal timer fired at once, which brings its first
 // renewal forward. On a Redis Cluster the subscription lives on one node,
 // the one of the lock that started the keeper: a restart of another node
