@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,16 +18,18 @@ import (
 // # A transport, not a window
 //
 // The batcher changes how a renewal travels, not when it is due or what
-// its answer means. Each guard stays its own actor: its renewal child asks
-// the batcher, with the guard's own deadline (the lease deadline D, as for
-// a renewal sent alone) and the context that the guard's end cancels, and
-// gets its own answer, which renewed reads exactly as the answer of
-// lease.Client.Renew.
+// its answer means. Each guard stays its own actor: when its renewal is
+// due it asks the batcher, with the guard's own deadline (the lease
+// deadline D, as for a renewal sent alone), and goes on with its loop;
+// its own answer comes back on the actor's one-slot answer channel, and
+// renewed reads it exactly as the answer of lease.Client.Renew. No
+// goroutine waits for an answer: the batcher's call answers every member
+// without blocking. An actor whose guard ends drops its ask.
 //
 // A renewal has slack: a lease renewed a little before it is due is just
-// as safe (it is only renewed more often). So the actor starts the child
-// renewSlack before the renewal is due, and the child asks with latest =
-// the due time. The batcher sends a group's pending renewals when the
+// as safe (it is only renewed more often). So the actor wakes
+// renewSlack before the renewal is due, and asks with latest = the due
+// time. The batcher sends a group's pending renewals when the
 // earliest latest among them arrives, or at once when a renewal is asked
 // for with latest already past (a retry, the keeper's restart poke),
 // taking every renewal of the group pending then, MaxRenewBatch to a
@@ -34,7 +37,11 @@ import (
 // without the batcher; many guards' renewals that fall due within the
 // slack of each other share a script. Their answers date their leases
 // from the batch's send time, so renewing together keeps them together:
-// after one batch, its members are due together again.
+// after one batch, its members are due together again. When more
+// renewals of a group are due than one script takes, they go earliest
+// deadline first: the first script carries the leases that lapse first,
+// so a process that falls behind loses, if any, only the guards whose
+// deadlines truly pass.
 //
 // # Deadlines (L1)
 //
@@ -74,9 +81,10 @@ import (
 // The batchers belong to the process (proc.batchers), one per client
 // identity while any guard of that client has an actor that renews
 // through it: an actor joins at its first renewal and leaves when it
-// exits; the last one out stops the batcher's goroutine and waits for it,
-// and the goroutine waits for its calls in flight (cancelled by then: no
-// member is left to want them).
+// exits; the last one out stops the batcher without waiting, and the
+// batcher's goroutine ends once its calls in flight (cancelled by then: no
+// member is left to want them) have returned, as background work that
+// Settle waits for.
 
 // batchRenewer is what a store offers to renew in batches
 // (*lease.Client does).
@@ -207,8 +215,10 @@ func (s *batcherSet) join(e *engine) *batcher {
 	return b
 }
 
-// leave counts an actor out; the last one out stops the batcher and waits
-// for its goroutine (which waits for its calls in flight, cancelled).
+// leave counts an actor out; the last one out stops the batcher. It does
+// not wait: the batcher's goroutine ends once its calls in flight
+// (cancelled) have returned, as the process's background work, which
+// Settle waits for.
 func (b *batcher) leave() {
 	s := b.set
 	s.mu.Lock()
@@ -222,8 +232,8 @@ func (b *batcher) leave() {
 	}
 	s.mu.Unlock()
 	if last {
+		proc.work.add(1) // given back by run
 		b.stop()
-		<-b.done
 	}
 }
 
@@ -234,42 +244,28 @@ func (s *batcherSet) get(client any) *batcher {
 	return s.m[client]
 }
 
-// renew asks for one renewal of value's lease, to be sent by latest, and
-// waits for its answer, for its deadline dl (zero: none) or for ended's
-// end, whichever comes first. At dl it returns context.DeadlineExceeded,
-// and when ended ends ended's error, with asked as the send time (for the
-// latency), as a renewal sent alone returns its context's error. Otherwise
-// it returns the batch's send time, from which the lease is dated when
-// confirmed.
-func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
-	switch {
-	case ended.Err() != nil:
-		return asked, lease.Renewal{}, ended.Err()
-	case !dl.IsZero() && !asked.Before(dl):
-		return asked, lease.Renewal{}, context.DeadlineExceeded
+// ask asks for one renewal of value's lease, to be sent by latest, and
+// returns it. It never blocks: the one answer comes on reply (whose one
+// slot must be empty, so the batcher never waits on it), unless the asker
+// drops the ask first. The answer carries the batch's send time, from
+// which the lease is dated when confirmed; at the member's deadline dl
+// (zero: none) it is context.DeadlineExceeded with asked as the send time
+// (for the latency), as a renewal sent alone returns when its context's
+// deadline passes.
+func (b *batcher) ask(dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time, reply chan renewAnswer) *renewAsk {
+	a := &renewAsk{item: lease.RenewItem{Keys: k, Value: value, TTL: ttl}, group: b.store.BatchGroup(k),
+		latest: latest, deadline: dl, asked: asked, reply: reply}
+	if !dl.IsZero() && !asked.Before(dl) {
+		a.answer(a.expired()) // not in the batcher yet: no lock needed
+		return a
 	}
 	if !dl.IsZero() && dl.Before(latest) {
 		// Sent by its deadline at the latest, where take answers it
 		// instead: a pending member also learns its deadline on time.
-		latest = dl
+		a.latest = dl
 	}
-	a := &renewAsk{item: lease.RenewItem{Keys: k, Value: value, TTL: ttl}, group: b.store.BatchGroup(k),
-		latest: latest, deadline: dl, asked: asked, reply: make(chan renewAnswer, 1)}
 	b.add(a)
-	select {
-	case ans := <-a.reply:
-		return ans.sent, ans.r, ans.err
-	case <-ended.Done():
-	}
-	b.drop(a)
-	select {
-	case ans := <-a.reply:
-		// Answered as the guard ended: the answer counts (and the actor,
-		// ending, reads none).
-		return ans.sent, ans.r, ans.err
-	default:
-	}
-	return asked, lease.Renewal{}, ended.Err()
+	return a
 }
 
 // answer gives a its one answer, unless it has one; the caller holds b.mu.
@@ -361,6 +357,7 @@ func (b *batcher) flushAll() {
 // latest arrives, until the batcher stops; then it answers whatever is
 // still pending and waits for its calls in flight.
 func (b *batcher) run() {
+	defer proc.work.done() // taken by leave, which alone stops it
 	defer close(b.done)
 	t := newStoppedTimer()
 	defer t.Stop()
@@ -418,6 +415,10 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 				asks = append(asks, a)
 			}
 		}
+		// Earliest deadline first: when more are due than one script
+		// takes, the first script (and its call, started first) carries
+		// the leases that lapse first.
+		slices.SortFunc(asks, byDeadline)
 		for len(asks) > 0 {
 			n := min(len(asks), lease.MaxRenewBatch)
 			out = append(out, b.newBatch(asks[:n:n]))
@@ -430,6 +431,19 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 		b.armed = b.due[0].latest
 	}
 	return out
+}
+
+// byDeadline orders asks by their deadline, those without one last.
+func byDeadline(a, b *renewAsk) int {
+	switch {
+	case a.deadline.Equal(b.deadline):
+		return 0
+	case a.deadline.IsZero():
+		return 1
+	case b.deadline.IsZero():
+		return -1
+	}
+	return a.deadline.Compare(b.deadline)
 }
 
 // newBatch makes a batch of asks, whose call ends at the latest of their

@@ -146,8 +146,7 @@ func TestBatchRenewalRestartNoticed(t *testing.T) {
 		guards[i], err = m.Lock(t.Context())
 		require.NoError(t, err)
 	}
-	// Past the first renewal, the keeper watches every guard (dormant
-	// again until its next renewal).
+	// Past the first renewal: every guard has its actor.
 	time.Sleep(ttl/3 + 100*time.Millisecond)
 	defer func() { // on every way out: they are all Lost by then, or the test failed
 		for _, g := range guards {

@@ -15,20 +15,9 @@ import (
 	"github.com/distkit-go/distlock/lease"
 )
 
-// batcherBubble runs f in a synctest bubble, except under the race
-// detector: there the teardown of these bubbles crashes Go 1.26's race
-// runtime now and then (SIGSEGV in __sanitizer::StackDepotBase::Put, in
-// about a third of the runs of these tests alone, at 5fe274d as well), so
-// scripts/test runs them once more without -race instead.
-func batcherBubble(t *testing.T, f func(t *testing.T)) {
-	t.Helper()
-	if raceEnabled {
-		t.Skip("crashes the race runtime in a synctest bubble; scripts/test runs it without -race")
-	}
-	synctest.Test(t, f)
-}
-
-// The batcher's tests run in synctest bubbles against batchStore, a fake
+// The batcher's tests run in synctest bubbles (under the race detector
+// too: it crashed now and then tearing them down while every renewal had
+// a goroutine of its own, and has not since) against batchStore, a fake
 // lease store of many keys that renews in batches, so that when each
 // batch is sent, and with what, can be checked to the nanosecond.
 
@@ -49,6 +38,7 @@ type batchStore struct {
 	refuse  map[string]bool // lease keys whose renewals are refused (held by "other#1")
 	fail    error           // when set, RenewBatch fails with it
 	gate    chan struct{}   // when set, RenewBatch waits for it to close, or for its context
+	stuck   chan struct{}   // when set, RenewBatch waits for it to close, whatever its context says
 	batches []batchCall
 	lone    int // Renew calls
 }
@@ -97,8 +87,11 @@ func (s *batchStore) RenewBatch(ctx context.Context, items []lease.RenewItem, ou
 	}
 	i := len(s.batches)
 	s.batches = append(s.batches, c)
-	gate, fail := s.gate, s.fail
+	gate, fail, stuck := s.gate, s.fail, s.stuck
 	s.mu.Unlock()
+	if stuck != nil {
+		<-stuck
+	}
 	if gate != nil {
 		select {
 		case <-gate:
@@ -180,12 +173,45 @@ func releaseAll(t *testing.T, gs []*Guard) {
 	}
 }
 
+// TestActorExitDoesNotWaitForTheBatcher checks that a guard whose batched
+// renewal is stuck in a call that ignores its context (as go-redis's does
+// until its ReadTimeout) is released at once, its actor exits at once,
+// and only the batcher's wind-down, which Settle waits for, waits for the
+// call.
+func TestActorExitDoesNotWaitForTheBatcher(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		s := newBatchStore()
+		stuck := make(chan struct{})
+		s.set(func(s *batchStore) { s.stuck = stuck })
+		g, err := batchMutexes(t, s, 1)[0].Lock(t.Context())
+		require.NoError(t, err)
+		time.Sleep(fakeTTL / 3)
+		synctest.Wait()
+		require.Len(t, s.calls(), 1, "the first renewal, stuck")
+		require.True(t, g.hasActor())
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		st, err := g.Release(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+		assert.Zero(t, time.Since(start), "Release waited")
+		synctest.Wait()
+		assert.Zero(t, actorsRunning(), "the actor waits for the batcher's call")
+		sctx, scancel := context.WithTimeout(t.Context(), time.Second)
+		defer scancel()
+		assert.ErrorIs(t, Settle(sctx), context.DeadlineExceeded, "Settle while the batcher's call is stuck")
+		close(stuck)
+		require.NoError(t, Settle(t.Context()))
+	})
+}
+
 // TestBatcherLoneRenewalOnTime checks that a guard alone on its client
 // renews through the batcher exactly when due, every third of the TTL, as
 // without it: the slack lets a renewal wait for company, never longer than
 // it is due. Each call's deadline is the guard's lease deadline (L1).
 func TestBatcherLoneRenewalOnTime(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		g, err := batchMutexes(t, s, 1)[0].Lock(t.Context())
 		require.NoError(t, err)
@@ -211,7 +237,7 @@ func TestBatcherLoneRenewalOnTime(t *testing.T) {
 // together, two scripts a round (MaxRenewBatch in the first), at the time
 // the first of them is due, and stay together round after round.
 func TestBatcherManyGuardsOneCommand(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		n := lease.MaxRenewBatch + 100
 		start := time.Now()
@@ -241,11 +267,51 @@ func TestBatcherManyGuardsOneCommand(t *testing.T) {
 	})
 }
 
+// TestBatcherEarliestDeadlineFirst checks that when more renewals of a
+// group are due than one script takes, the script of MaxRenewBatch
+// carries those whose deadlines come first, whatever the order in which
+// they were asked for.
+func TestBatcherEarliestDeadlineFirst(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		s := newBatchStore()
+		b := batcherOf(t, s)
+		n := lease.MaxRenewBatch + 50
+		start := time.Now()
+		due := start.Add(time.Millisecond)
+		replies := make([]chan renewAnswer, n)
+		for i := range n {
+			// Asked latest deadline first: ask i lapses at n-i seconds.
+			replies[i] = make(chan renewAnswer, 1)
+			k := lease.Keys{Lease: strconv.Itoa(i)}
+			b.ask(start.Add(time.Duration(n-i)*time.Second), k, strconv.Itoa(i), fakeTTL, due, start, replies[i])
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		calls := s.calls()
+		require.Len(t, calls, 2)
+		first, second := calls[0], calls[1]
+		if len(first.values) != lease.MaxRenewBatch {
+			first, second = second, first
+		}
+		require.Len(t, first.values, lease.MaxRenewBatch)
+		var want []string
+		for i := n - lease.MaxRenewBatch; i < n; i++ { // the earliest deadlines
+			want = append(want, strconv.Itoa(i))
+		}
+		assert.ElementsMatch(t, want, first.values, "the full script carries the earliest deadlines")
+		assert.Len(t, second.values, n-lease.MaxRenewBatch)
+		for _, r := range replies {
+			ans := <-r
+			require.NoError(t, ans.err)
+		}
+	})
+}
+
 // TestBatcherRefusedMemberAlone checks L4 in a batch: the member whose
 // renewal Redis refused turns Lost for good (its actor retires and renews
 // no more), and the others of its batch are confirmed.
 func TestBatcherRefusedMemberAlone(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		ms := batchMutexes(t, s, 3)
 		gs := make([]*Guard, len(ms))
@@ -277,7 +343,7 @@ func TestBatcherRefusedMemberAlone(t *testing.T) {
 // Acquired with its deadline unmoved (never a false confirmation), and
 // retries; the retries, due at about the same time, share a batch again.
 func TestBatcherFailedBatchFailsEveryMember(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		ms := batchMutexes(t, s, 3)
 		gs := make([]*Guard, len(ms))
@@ -319,6 +385,27 @@ func TestBatcherFailedBatchFailsEveryMember(t *testing.T) {
 	})
 }
 
+// renew asks b for one renewal as a guard's actor does, and waits for its
+// answer, as the actor's loop would, or for ended's end: then it drops the
+// ask, as an ending actor does, and returns ended's error with asked as
+// the send time, unless the answer had come.
+func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
+	reply := make(chan renewAnswer, 1)
+	a := b.ask(dl, k, value, ttl, latest, asked, reply)
+	select {
+	case ans := <-reply:
+		return ans.sent, ans.r, ans.err
+	case <-ended.Done():
+	}
+	b.drop(a)
+	select {
+	case ans := <-reply:
+		return ans.sent, ans.r, ans.err
+	default:
+	}
+	return asked, lease.Renewal{}, ended.Err()
+}
+
 // batcherOf returns a batcher of s, left when the test's bubble ends.
 func batcherOf(t *testing.T, s *batchStore) *batcher {
 	t.Helper()
@@ -333,7 +420,7 @@ func batcherOf(t *testing.T, s *batchStore) *batcher {
 // member whose deadline is later gets the batch's answer; the batch's call
 // is bounded by the latest of its members' deadlines.
 func TestBatcherMemberDeadline(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		gate := make(chan struct{})
 		s.set(func(s *batchStore) { s.gate = gate; s.holders["a"], s.holders["b"] = "va", "vb" })
@@ -378,7 +465,7 @@ func TestBatcherMemberDeadline(t *testing.T) {
 // deadline (so the call has none) still answers a member that has one at
 // its own deadline.
 func TestBatcherMemberDeadlineBesideNone(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		gate := make(chan struct{})
 		s.set(func(s *batchStore) { s.gate = gate; s.holders["a"], s.holders["b"] = "va", "vb" })
@@ -410,7 +497,7 @@ func TestBatcherMemberDeadlineBesideNone(t *testing.T) {
 // not sent; the other renewal pending then goes out at that moment, as
 // with any group that falls due.
 func TestBatcherPendingPastDeadline(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		b := batcherOf(t, s)
 		start := time.Now()
@@ -438,7 +525,7 @@ func TestBatcherPendingPastDeadline(t *testing.T) {
 // its batch is sent is left out of it, and that a batch in flight whose
 // every member gave up is cancelled.
 func TestBatcherDropsMembersThatLeft(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		gate := make(chan struct{})
 		s.set(func(s *batchStore) { s.gate = gate })
@@ -477,7 +564,7 @@ func TestBatcherDropsMembersThatLeft(t *testing.T) {
 // and that flushAll (the keeper's restart poke) sends every pending
 // renewal at once.
 func TestBatcherDueAtOnceAndFlush(t *testing.T) {
-	batcherBubble(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
 		b := batcherOf(t, s)
 		start := time.Now()

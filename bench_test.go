@@ -363,9 +363,9 @@ func BenchmarkManyKeys(b *testing.B) {
 // change those: issue 24's target is 100,000, 6 s, 12 s; TestHeld100k
 // checks it), taken by goroutines that call Lock(context.Background()).
 // It reports the memory (heap and goroutine stacks) and goroutines per
-// held lock at the end of the hold (most guards dormant then, with no
-// goroutine; DISTLOCK_BENCH_HEAPPROFILE names a file for the heap profile
-// at that moment); the commands the client sent and the renewals answered
+// held lock at the end of the hold (one goroutine per guard, its actor;
+// DISTLOCK_BENCH_HEAPPROFILE names a file for the heap profile at that
+// moment); the commands the client sent and the renewals answered
 // per second during the hold, and how many renewals shared a command (the
 // renewal batcher);
 // the server's CPU (INFO cpu) over the hold, in % of a core; the Lost

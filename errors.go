@@ -180,14 +180,6 @@ func refusedSubscription(g *Guard) error {
 	return badArgument("ctx", "is nil")
 }
 
-// closedDone is the Done channel of a nil *Guard: it holds nothing, so
-// there is nothing to wait for.
-var closedDone = func() chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return ch
-}()
-
 // nilGuardContext returns the Context of a nil *Guard: cancelled, with
 // the nil guard's error as its cause, since no lock protects its work.
 func nilGuardContext() context.Context {

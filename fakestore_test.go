@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -189,6 +190,17 @@ func (f *fakeStore) renewCalls() []renewCall {
 }
 
 const fakeTTL = 3 * time.Second
+
+// bubble runs f in a synctest bubble whose last clean-up lets the
+// keepers that its guards started go: time stops in a bubble once f has
+// returned, so the keepers' linger must pass before.
+func bubble(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		t.Cleanup(func() { time.Sleep(keeperLinger) })
+		f(t)
+	})
+}
 
 func fakeMutex(t *testing.T, f *fakeStore, opts ...Option) *Mutex {
 	t.Helper()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,16 +21,15 @@ import (
 // It stays valid until it is released.
 //
 // A guard renews the lease every TTL/3, watches the lease deadline and
-// publishes what it learns, from a goroutine of its own, its actor, that
-// runs only while it has work: from the moment a renewal is due until
-// Redis has confirmed it. In between, and before the first renewal (a
-// third of the TTL after the acquisition), the guard has no goroutine at
-// all, only a timer, so a short hold costs none and a long one costs one
-// only while it renews. The renewals stop when the guard is released, by
-// [Guard.Release], by [Guard.Leave] or by the cancellation of the context
-// given to Lock, and when Redis refuses a renewal (the lease is someone
-// else's or gone, so there is nothing left to renew). Until then they go
-// on, so a guard that is neither released nor cancelled holds the lock
+// publishes what it learns, from a goroutine of its own, its actor, which
+// starts when the first renewal is due (a third of the TTL after the
+// acquisition) and runs until the guard ends. Before then the guard has no
+// goroutine at all, only a timer, so a short hold costs none. The
+// renewals stop when the guard is released, by [Guard.Release], by
+// [Guard.Leave] or by the cancellation of the context given to Lock, and
+// when Redis refuses a renewal (the lease is someone else's or gone, so
+// there is nothing left to renew); the actor then exits. Until then they
+// go on, so a guard that is neither released nor cancelled holds the lock
 // for as long as the process lives.
 //
 // All methods are safe for concurrent use. Only Release, Leave and
@@ -43,21 +43,21 @@ import (
 // cancelled with that error as its cause, and Subscribe's channel holds
 // one event with that error.
 type Guard struct {
-	e       *engine
-	value   string
-	token   int64
-	attempt int
-	void    bool // release with Cancel: a lost call with value may still reach Redis
-	// poked says the keeper asked for a renewal that no owner has made
-	// yet (see renewSoon). It sits beside void, where the struct had room.
-	poked    atomic.Bool
+	e        *engine
+	value    string
+	token    int64
+	attempt  int
+	void     bool            // release with Cancel: a lost call with value may still reach Redis
 	lockCtx  context.Context // the context given to Lock
 	acquired time.Time
-	done     chan struct{} // closed by finish
+	// done is Done's channel, made when first asked for; finish closes it,
+	// or stores closedChan when nobody has asked (see ended). Under doneMu.
+	doneMu sync.Mutex
+	done   chan struct{}
 
 	// owner is who owns the guard's state (the fields from how to final):
 	// nil while nobody does (before the first renewal is due), the guard's
-	// actor once it runs, or one of the marks ending and retired. It
+	// actor from then on, or one of the marks ending and retired. It
 	// changes only by a compare-and-swap, so that exactly one goroutine
 	// owns the guard at any time (see "Who owns a guard" in guardactor.go).
 	owner atomic.Pointer[guardActor]
@@ -71,13 +71,12 @@ type Guard struct {
 	// renewal).
 	lastSent time.Time
 	leaseTTL time.Duration
-	// renewal activates the actor when a renewal is due while the guard
-	// has none: the first renewal, and each one after a renewal that left
-	// the actor nothing to do (see "Who owns a guard"). It is set once, by
-	// newGuard, whose first activation may run before the pointer is
-	// stored (see renewalTimer). unwatch stops the watch on the Lock
-	// context while no actor runs.
-	renewal atomic.Pointer[time.Timer]
+	// renewal activates the actor when the first renewal is due (see "Who
+	// owns a guard"). The keeper's watch sets it, with g.keeper, under the
+	// keeper's lock, before anyone else can see the guard; the timer's own
+	// run does not read it. unwatch stops the watch on the Lock context
+	// while no actor runs.
+	renewal *time.Timer
 	unwatch func() bool
 	// keeper is the client's keeper, which watches the guard from its
 	// first confirmed renewal until its end or its final loss (keeper.go).
@@ -141,8 +140,8 @@ const ReleaseTimeout = 2 * time.Second
 // still reach Redis, and must not find value welcome.
 //
 // The guard starts without a goroutine: a timer activates its actor when
-// the first renewal is due, and the Lock context is watched with
-// context.AfterFunc.
+// the first renewal is due, the Lock context is watched with
+// context.AfterFunc, and the client's keeper watches for a restart.
 func (e *engine) newGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool) *Guard {
 	return e.newGuardOf(lockCtx, value, token, attempt, sent, ttl, void, nil)
 }
@@ -152,24 +151,21 @@ func (e *engine) newGuard(lockCtx context.Context, value string, token int64, at
 func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool, set *setHold) *Guard {
 	now := time.Now()
 	g := &Guard{e: e, value: value, token: token, attempt: attempt, void: void, lockCtx: lockCtx, acquired: now,
-		done: make(chan struct{}), lastSent: sent, leaseTTL: ttl, set: set}
+		lastSent: sent, leaseTTL: ttl, set: set}
 	g.pub.first = status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)}
 	g.pub.st.Store(&g.pub.first)
 	if e.debug() {
 		g.logger().Debug("distlock: acquired", "attempt", attempt)
 	}
-	// The watch is set before the timer, which may fire at once and whose
-	// actor stops it; neither the watch nor the timer's own activation
-	// needs the timer's pointer, which may not be stored yet when they
-	// run.
-	if lockCtx.Done() != nil {
-		g.unwatch = context.AfterFunc(lockCtx, g.lockCtxEnded)
-	}
 	slack := e.renewSlack(renewAfter(ttl))
 	if set != nil {
 		slack = 0 // a set's renewals are its own batches
 	}
-	g.renewal.Store(time.AfterFunc(sent.Add(renewAfter(ttl)-slack).Sub(now), g.activate))
+	// The client's keeper watches the guard from now on, so that a
+	// restart of an empty server is noticed before the first renewal too
+	// (keeper.go); it sets the watch on the Lock context and arms the
+	// timer.
+	proc.keepers.watch(g, sent.Add(renewAfter(ttl)-slack).Sub(now))
 	return g
 }
 
@@ -258,9 +254,36 @@ func (g *Guard) Deadline() time.Time {
 // had one, has stopped renewing.
 func (g *Guard) Done() <-chan struct{} {
 	if g == nil {
-		return closedDone
+		return closedChan
+	}
+	g.doneMu.Lock()
+	defer g.doneMu.Unlock()
+	if g.done == nil {
+		g.done = make(chan struct{})
 	}
 	return g.done
+}
+
+// closedChan is the Done channel of every guard that ended before anyone
+// asked for it (a Release that ends a guard on its own goroutine makes
+// none), and of a nil *Guard, which holds nothing to wait for.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// ended closes the guard's Done channel, or, if nobody has asked for it
+// yet, has Done return closedChan from now on. It is called once, by
+// finish.
+func (g *Guard) ended() {
+	g.doneMu.Lock()
+	defer g.doneMu.Unlock()
+	if g.done == nil {
+		g.done = closedChan
+		return
+	}
+	close(g.done)
 }
 
 // Context returns a context for the critical section. It is derived from the
@@ -430,68 +453,73 @@ func (g *Guard) warnLockDeadline() {
 
 // end begins the guard's end as how says, unless it has begun already,
 // and sees that the rest of it is done. Whoever owns the guard makes the
-// end: its actor, when it has one (end asks it on its mailbox); otherwise
-// the caller, which claims the guard first, in one compare-and-swap, so
-// that a timer that would activate the actor finds it taken.
+// end: its actor, when it has one (end asks it on its mailbox, and the
+// actor answers at once: its loop never waits); otherwise the caller,
+// which claims the guard first, in one compare-and-swap, so that a timer
+// that would activate the actor finds it taken.
+//
+// The owner moves one way only (nil → actor → retired → ending, with
+// steps skipped), so end reads it at most three times and never loops: a
+// claim that fails finds the actor that took the guard, and an actor that
+// stopped before it took the message stored its successor first.
 //
 // A caller that claims the guard takes the end's last step itself, on its
-// own goroutine: nothing to send for Leave, or for a guard whose renewal
-// was refused, and otherwise the final delete, tried until bound (zero: the
-// end of the lease). A Release whose ctx can end must not wait on the
-// delete past it, so it hands the delete to a new actor (handOver), which
-// sends nothing else. byWatch says the caller is the watch on the Lock
-// context.
+// own goroutine (endClaimed). byWatch says the caller is the watch on the
+// Lock context.
 func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bool) {
-	for {
-		switch a := g.owner.Load(); a {
-		case nil, retired:
-			if !g.owner.CompareAndSwap(a, ending) {
-				continue
-			}
-			if !byWatch {
-				// (The watch leaves the timer be: it may run before
-				// newGuard has set it. The timer then finds the guard
-				// taken.)
-				g.renewalTimer().Stop()
-				if g.unwatch != nil {
-					g.unwatch()
-				}
-			}
-			if k := g.leaveKeeper(); k != nil {
-				// The last of the keeper's guards ended while dormant: the
-				// keeper's stop may wait for the server, and the caller
-				// must not (Settle waits for it).
-				stopInBackground(k.stop)
-			}
-			g.begin(how)
-			if byWatch {
-				g.warnLockDeadline()
-			}
-			if how == endLeave || a == retired {
-				g.finish(releaseResult{})
-				return
-			}
-			if ctx.Done() != nil {
-				// The delete must be able to outlast ctx: an actor sends
-				// it, and only it (the end has begun: no renewal).
-				g.handOver()
-				return
-			}
-			g.deleteLease(ctx, bound)
+	a := g.owner.Load()
+	if a == nil {
+		if g.owner.CompareAndSwap(nil, ending) {
+			g.endClaimed(how, ctx, bound, byWatch, false)
 			return
-		case ending:
+		}
+		a = g.owner.Load() // the timer made it an actor, or another end claimed it
+	}
+	if a != ending && a != retired {
+		_, err := actor.Call(context.Background(), a.a, func(r actor.Reply[struct{}]) guardMsg {
+			return endMsg{how: how, reply: r}
+		})
+		if err == nil {
 			return
-		default:
-			_, err := actor.Call(context.Background(), a.a, func(r actor.Reply[struct{}]) guardMsg {
-				return endMsg{how: how, reply: r}
-			})
-			if err == nil {
-				return
-			}
-			// actor.ErrStopped: it retired, or went dormant, meanwhile:
-			// claim the guard as it is now.
+		}
+		a = g.owner.Load() // it stopped (actor.ErrStopped): ending, or retired
+	}
+	if a == retired && g.owner.CompareAndSwap(retired, ending) {
+		g.endClaimed(how, ctx, bound, byWatch, true)
+	}
+}
+
+// endClaimed makes the end of a guard that the caller has claimed (owner
+// ending), from a young guard or a retired one: nothing to send for
+// Leave, or for a guard whose renewal was refused, and otherwise the final
+// delete, tried until bound (zero: the end of the lease). A Release whose
+// ctx can end must not wait on the delete past it, so it hands the delete
+// to a new actor (handOver), which sends nothing else.
+func (g *Guard) endClaimed(how endHow, ctx context.Context, bound time.Time, byWatch, wasRetired bool) {
+	if !byWatch {
+		// (The watch leaves the timer be: the timer then finds the guard
+		// taken.)
+		g.renewal.Stop()
+		if g.unwatch != nil {
+			g.unwatch()
 		}
 	}
+	g.leaveKeeper()
+	g.begin(how)
+	if byWatch {
+		g.warnLockDeadline()
+	}
+	if how == endLeave || wasRetired {
+		g.finish(releaseResult{})
+		return
+	}
+	if ctx.Done() != nil {
+		// The delete must be able to outlast ctx: an actor sends it, and
+		// only it (the end has begun: no renewal).
+		g.handOver()
+		return
+	}
+	g.deleteLease(ctx, bound)
 }
 
 // deleteLease sends the final delete from the goroutine that owns the
@@ -520,7 +548,7 @@ func (g *Guard) deleteLease(ctx context.Context, bound time.Time) {
 func (g *Guard) handOver() {
 	act := newGuardActor(g)
 	g.owner.Store(act)
-	go act.a.Run(act.loop)
+	go act.run()
 }
 
 // waitBound returns until when Release or Leave waits: ctx's deadline, or
@@ -540,15 +568,16 @@ var errReleaseTimeout = fmt.Errorf("not done within distlock.ReleaseTimeout (%v)
 // done or bound has passed, and returns how the guard ended. verb says what
 // it was doing, for the error.
 func (g *Guard) wait(ctx context.Context, bound time.Time, verb string) (State, error) {
+	done := g.Done()
 	select {
-	case <-g.done:
+	case <-done:
 		return g.final.state, g.final.err
 	default:
 	}
 	var err, cause error
 	if _, ok := ctx.Deadline(); ok {
 		select {
-		case <-g.done:
+		case <-done:
 			return g.final.state, g.final.err
 		case <-ctx.Done():
 			err, cause = ctx.Err(), context.Cause(ctx)
@@ -557,7 +586,7 @@ func (g *Guard) wait(ctx context.Context, bound time.Time, verb string) (State, 
 		t := time.NewTimer(time.Until(bound))
 		defer t.Stop()
 		select {
-		case <-g.done:
+		case <-done:
 			return g.final.state, g.final.err
 		case <-ctx.Done():
 			err, cause = ctx.Err(), context.Cause(ctx)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/distkit-go/distlock/actor"
@@ -15,40 +14,38 @@ import (
 //
 // # Who owns a guard
 //
-// A guard is a virtual actor: it exists from the acquisition, but a
-// goroutine runs it only when it has work. Exactly one party owns its
-// state at any time, named by Guard.owner and changed only by a
-// compare-and-swap:
+// A guard is a virtual actor until its first renewal, and a goroutine of
+// its own from then until its end. Exactly one party owns its state at
+// any time, named by Guard.owner and changed only by a compare-and-swap:
 //
-//   - nil: nobody, while the guard is dormant: from the acquisition until
-//     the first renewal is due, and between two renewals. A lock held for
-//     less than a third of its TTL never has a goroutine, and a lock held
-//     longer has one only while it renews. The call that ends the guard
-//     (Release, Leave, the watch on the Lock context) claims it (nil →
-//     ending) and makes the end on its own goroutine.
-//   - an actor: while a renewal is due (the renewal timer's goroutine
-//     claims the guard, nil → actor, and becomes its actor), or when a
-//     Downgrade, or a Release whose context can end, needs one. The actor
-//     owns the renewals, the lease deadline and the Lock context; every
-//     command reaches it on its mailbox (endMsg, downgradeMsg) with a
-//     one-slot reply, and every Redis call it makes is a child whose
-//     answer comes back as a message, so its loop never waits on Redis
-//     and answers a command at once. Once a renewal is confirmed with
-//     nothing else in flight or waiting, the actor deactivates (actor →
-//     nil): it arms the renewal timer for the next renewal, sets the watch
-//     on the Lock context and exits, and the guard is dormant again. A
-//     goroutine costs a held lock about 2.5 KiB at least (its stack and
-//     its descriptor), more than the rest of the guard; a dormant one
-//     costs a timer. The deadline needs no timer of its own while the
-//     guard is dormant: the renewal is due two thirds of a TTL before it,
-//     and the actor it starts arms one.
+//   - nil: nobody, while the guard is young: from the acquisition until
+//     its first renewal is due (a third of the TTL, less the batcher's
+//     slack). The guard then has no goroutine, only its renewal timer and
+//     a watch on the Lock context; a lock held for less than that never
+//     has one. The call that ends it (Release, Leave, the watch on the
+//     Lock context) claims it (nil → ending) and makes the end on its own
+//     goroutine.
+//   - an actor: from the first renewal on. The renewal timer's goroutine
+//     claims the guard (nil → actor) and becomes its actor, and stays it
+//     until the guard ends or its loss is final: it owns the renewal
+//     timer, the lease deadline and the Lock context, and takes every
+//     command on its mailbox (endMsg, downgradeMsg) with a one-slot reply.
+//     Its loop never waits on Redis: a renewal through the client's
+//     batcher is an ask whose answer comes back on the actor's answer
+//     slot, and every other Redis call (a lone renewal, a Downgrade, the
+//     final delete) is a child whose answer comes back on the mailbox. A
+//     Downgrade of a young guard starts its actor early.
 //   - ending: the end's owner, for good. A caller that claimed the end may
 //     hand the tries of the final delete over to a new actor when its own
-//     wait is over (ending → actor).
+//     wait is over (ending → actor); that actor sends nothing else.
 //   - retired: nobody, after a final loss. An actor whose renewal Redis
 //     refused (the lease is gone or someone else's: it can never come
 //     back) has nothing left to do: it exits, and the guard stays Lost
 //     until its end, which sends nothing (retired → ending).
+//
+// An actor stores its successor (ending or retired) before its loop
+// returns, so a caller whose message finds the actor stopped reads who
+// owns the guard now, once, and never waits for a new actor.
 //
 // Whoever owns the guard changes its state through one function, apply,
 // which makes every transition and emits every event.
@@ -58,11 +55,17 @@ type guardActor struct {
 	g *Guard
 	a *actor.Actor[guardMsg]
 
-	// The next renewal, a child that the runtime starts when it is due
-	// (actor.GoAfter): stopRenewal keeps it from starting; nil while none
-	// is scheduled or in flight. Every renewal runs under ended, which the
-	// end of the guard cancels (endRenewals).
-	stopRenewal func() bool
+	// The next renewal: renewT fires when it is due (renewC is its
+	// channel while armed, nil otherwise); through the batcher it asks
+	// for the renewal to be sent by latest. While a renewal is in flight,
+	// ask is the batcher's (its answer comes on answers) or lone says a
+	// child sends it alone, under ended, which the guard's end cancels.
+	renewT      *time.Timer
+	renewC      <-chan time.Time
+	latest      time.Time
+	ask         *renewAsk
+	answers     chan renewAnswer
+	lone        bool
 	ended       context.Context
 	endRenewals context.CancelFunc
 	deadAt      *time.Timer      // the lease deadline D, while Acquired
@@ -72,25 +75,19 @@ type guardActor struct {
 	downgrades      []downgradeMsg
 	cancelDowngrade context.CancelFunc
 	deleting        bool // the final delete is in flight
-	// renewNow is where the client's keeper (Guard.renewSoon) tells a
-	// running actor, without blocking, that the connection came back after
-	// it dropped: the server may have forgotten the lease (see keeper.go).
-	// It is made with the actor, since the keeper may read it as soon as
-	// the actor owns the guard.
+	// renewNow is where the client's keeper (Guard.renewSoon) tells the
+	// actor, without blocking, that the connection came back after it
+	// dropped: the server may have forgotten the lease (see keeper.go).
 	renewNow chan struct{}
 	// batcher sends the renewals of the client's guards in batches
 	// (batcher.go), from the actor's first renewal on; nil when its
 	// renewals go alone (with WithReplicaAck, or a store that cannot
-	// batch).
+	// batch, or a set's).
 	batcher  *batcher
 	retiring bool // a renewal was refused: exit once nothing is in flight
 	retired  bool // it retired: the guard is no longer its own
 	byTimer  bool // the renewal timer activated it
-	dormant  bool // it deactivated: the guard is no longer its own
 	exit     bool // the loop returns
-	// stopKeeper is the keeper that retire left last, to be stopped on
-	// the way out.
-	stopKeeper *keeper
 }
 
 // ending and retired are the owners of a guard that are not an actor (see
@@ -115,7 +112,7 @@ type downgradeMsg struct {
 	reply actor.Reply[error]
 }
 
-// renewedMsg is the answer to a renewal sent at sent.
+// renewedMsg is the answer to a renewal sent alone at sent.
 type renewedMsg struct {
 	sent time.Time
 	r    lease.Renewal
@@ -145,53 +142,37 @@ func newGuardActor(g *Guard) *guardActor {
 	return &guardActor{g: g, a: actor.New[guardMsg](), renewNow: make(chan struct{}, 1)}
 }
 
-// takeOver makes a new actor the owner of g, if from owns it now, and
-// returns it for the caller to run; it returns nil if from does not own g.
-func (g *Guard) takeOver(from *guardActor) *guardActor {
-	act := newGuardActor(g)
-	if !g.owner.CompareAndSwap(from, act) {
-		return nil
-	}
-	return act
+// run runs the actor's loop on the calling goroutine, counted in
+// proc.actors while it runs.
+func (l *guardActor) run() {
+	proc.actors.Add(1)
+	defer proc.actors.Add(-1)
+	l.a.Run(l.loop)
 }
 
 // activate is the function of the renewal timer: unless the guard has an
-// owner already, the timer's goroutine becomes its actor. A timer that
-// fires late for an owner that has gone (one that ended the guard, or an
-// actor that a command started meanwhile) finds the guard taken and does
-// nothing.
+// owner already, the timer's goroutine becomes its actor, for the rest of
+// the guard's life. A timer that fires late for an owner that has gone
+// (one that ended the guard, or an actor that a Downgrade started) finds
+// the guard taken and does nothing.
 func (g *Guard) activate() {
-	if act := g.takeOver(nil); act != nil {
+	act := newGuardActor(g)
+	if g.owner.CompareAndSwap(nil, act) {
 		act.byTimer = true
-		act.a.Run(act.loop)
-	}
-}
-
-// renewalTimer returns the renewal timer. Only newGuard's first
-// activation can run before newGuard has stored it, and then only an
-// actor that has already had a renewal answered asks for it, a round trip
-// at least after the store: the wait is for a pathological scheduler.
-func (g *Guard) renewalTimer() *time.Timer {
-	for {
-		if t := g.renewal.Load(); t != nil {
-			return t
-		}
-		runtime.Gosched()
+		act.run()
 	}
 }
 
 // renewSoon has the guard renew at once; the client's keeper calls it when
-// the connection came back after it dropped. It never blocks. poked is set
-// first and its owner clears it when it schedules a renewal, so that a
-// guard going dormant at this very moment cannot miss it: either the
-// keeper sees it dormant and fires its timer, or the actor that leaves it
-// sees poked (see deactivate). A renewal already in flight answers for
-// the poke.
+// the connection came back after it dropped. It never blocks. A young
+// guard's renewal timer is fired now (if the guard has just become an
+// actor, that actor renews at once anyway, and the timer's second run
+// finds the guard taken); an actor is told on its renewNow slot. A
+// renewal already in flight answers for the poke.
 func (g *Guard) renewSoon() {
-	g.poked.Store(true)
 	switch a := g.owner.Load(); a {
 	case nil:
-		g.renewalTimer().Reset(0)
+		g.renewal.Reset(0)
 	case ending, retired:
 	default:
 		select {
@@ -202,33 +183,26 @@ func (g *Guard) renewSoon() {
 }
 
 // leaveKeeper takes the guard out of its keeper's watch, at its end or
-// its final loss, and returns the keeper if the guard was the last one
-// there: the caller must stop it (keeper.stop). It is called by the
-// guard's owner.
-func (g *Guard) leaveKeeper() *keeper {
-	k := g.keeper
-	if k == nil {
-		return nil
+// its final loss. It never waits. It is called by the guard's owner.
+func (g *Guard) leaveKeeper() {
+	if k := g.keeper; k != nil {
+		g.keeper = nil
+		k.detach(g)
 	}
-	g.keeper = nil
-	if k.detach(g) {
-		return k
-	}
-	return nil
 }
 
 // loop is the actor's loop: renew when due (and retry within the rules of
 // L1b and L4), turn the guard Lost at D, answer commands, and end the
 // guard when told to or when the Lock context ends. It returns when the
-// guard has ended, when its loss is final (it retires), and when a
-// renewal was confirmed with nothing else to do (it deactivates).
+// guard has ended and when its loss is final (it retires), at no other
+// time.
 func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 	g := l.g
 	// The actor owns the renewals and the Lock context from now on: the
 	// renewal timer has done its part (a timer that activated the actor
-	// has fired, and at the first renewal may not be stored yet).
+	// has fired).
 	if !l.byTimer {
-		g.renewalTimer().Stop()
+		g.renewal.Stop()
 	}
 	if g.unwatch != nil {
 		g.unwatch()
@@ -236,36 +210,24 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 	}
 	l.deadAt = newStoppedTimer()
 	defer l.deadAt.Stop()
-	l.ended, l.endRenewals = context.WithCancel(context.Background())
-	defer l.endRenewals()
+	defer l.exited()
 	if g.how != 0 {
 		// Handed over by the owner of the end, to finish the final delete.
 		l.afterBegin()
 	} else {
+		l.renewT = newStoppedTimer()
+		defer l.renewT.Stop()
+		l.answers = make(chan renewAnswer, 1)
 		g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
 		due := time.Until(g.lastSent.Add(renewAfter(g.leaseTTL)))
-		if g.poked.Swap(false) {
-			due = 0 // the keeper asked while the guard was dormant
+		if l.byTimer && due > g.e.renewSlack(renewAfter(g.e.ttl)) {
+			// The timer fired before its time: the keeper fired it (see
+			// renewSoon), and the first renewal is brought forward.
+			due = 0
 		}
 		l.renewIn(due)
 		l.armDeadline()
 	}
-	defer func() {
-		// The keeper's watch ends with the guard, or with its final loss
-		// (retire left it already); a dormant guard stays watched.
-		k := l.stopKeeper
-		if !l.dormant && !l.retired {
-			k = g.leaveKeeper()
-		}
-		if k != nil {
-			// Its stop may wait for the server: not in the actor's exit,
-			// where a caller's Call could wait for it (Settle does).
-			stopInBackground(k.stop)
-		}
-		if l.batcher != nil {
-			l.batcher.leave()
-		}
-	}()
 	for !l.exit {
 		var lockDone <-chan struct{}
 		if g.how == 0 {
@@ -274,17 +236,47 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		select {
 		case m := <-inbox:
 			l.handle(m)
+		case ans := <-l.answers:
+			if l.ask != nil { // (an answer to an ask it dropped is stale)
+				l.ask = nil
+				l.renewed(ans.sent, ans.r, ans.err)
+			}
+		case <-l.renewC:
+			l.renewC = nil
+			l.renew()
 		case <-l.deadC:
 			l.deadC = nil
 			g.checkDeadline()
 		case <-l.renewNow:
-			if g.poked.Swap(false) && g.how == 0 && !l.retiring && l.unschedule() {
-				l.renewIn(0)
+			if g.how == 0 && !l.retiring && l.renewC != nil {
+				// Scheduled, not in flight: now, and through the batcher
+				// with no slack left (the keeper flushes the batcher).
+				l.renewT.Stop()
+				l.renewC = nil
+				l.latest = time.Now()
+				l.renew()
 			}
 		case <-lockDone:
 			l.begin(endRelease)
 			g.warnLockDeadline()
 		}
+	}
+}
+
+// exited is the actor's last step: the keeper's watch ends with the
+// guard, or with its final loss (retire left it already), and the actor
+// leaves its batcher. Neither waits: what stops a keeper or a batcher
+// that may wait for the server runs in the background, where Settle waits
+// for it.
+func (l *guardActor) exited() {
+	if !l.retired {
+		l.g.leaveKeeper()
+	}
+	if l.batcher != nil {
+		l.batcher.leave()
+	}
+	if l.endRenewals != nil {
+		l.endRenewals()
 	}
 }
 
@@ -303,35 +295,8 @@ func (l *guardActor) handle(m guardMsg) {
 			l.downgrade()
 		}
 	case renewedMsg:
-		l.stopRenewal = nil
-		if g.how != 0 {
-			l.afterBegin()
-			return
-		}
-		if l.retiring {
-			// The loss became final while this renewal was in flight (a
-			// refused Downgrade): its answer, from a script that ran
-			// before the refusal, must not make the guard Acquired again
-			// (L4). It is dropped.
-			l.retire()
-			return
-		}
-		next, final := g.renewed(m.sent, m.r, m.err)
-		if final {
-			l.retire()
-			return
-		}
-		if g.keeper == nil {
-			// From its first renewal on, the client's keeper watches for
-			// the guard (an actor that only ends a young guard needs none).
-			g.keeper = proc.keepers.watch(g)
-		}
-		if l.idle(next) {
-			l.deactivate(next)
-			return
-		}
-		l.renewIn(next)
-		l.armDeadline()
+		l.lone = false
+		l.renewed(m.sent, m.r, m.err)
 	case downgradedMsg:
 		l.downgraded(m)
 	case deletedMsg:
@@ -341,85 +306,112 @@ func (l *guardActor) handle(m guardMsg) {
 	}
 }
 
-// idle reports whether the actor has nothing to do until the next
-// renewal, next from now: the last one was confirmed (no retry is due, the
-// guard is Acquired), and no Downgrade is in flight or waiting.
-func (l *guardActor) idle(next time.Duration) bool {
+// renewed acts on the answer to a renewal sent at sent, alone or in a
+// batch: the next renewal is scheduled, or the loss is final.
+func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 	g := l.g
-	return next > 0 && g.renewErr == nil && g.pub.st.Load().state == Acquired &&
-		l.cancelDowngrade == nil && len(l.downgrades) == 0
-}
-
-// deactivate makes the guard dormant until its next renewal, next from
-// now, and ends the actor: the guard is nobody's again (owner nil), with
-// the watch on the Lock context set and the renewal timer armed, whose
-// goroutine becomes the guard's actor when the renewal is due, as at the
-// first renewal. Nothing is in flight (see idle), so the actor's return
-// waits for nothing.
-//
-// The order matters, for whoever comes meanwhile. The watch is set while
-// the actor still owns the guard: if the Lock context ends at once, the
-// watch's end finds the actor, whose mailbox reports it stopped once the
-// loop returns, and then claims the dormant guard. The timer is armed
-// only after the guard is released to nobody, since a timer that fired
-// while the actor still owned it would find it taken and activate
-// nothing; a caller that claims the guard in between stops the timer,
-// which this Reset may arm again: its activation then finds the guard
-// taken. A keeper's poke that came while the actor was leaving it is
-// caught by poked (see renewSoon).
-func (l *guardActor) deactivate(next time.Duration) {
-	g := l.g
-	l.deadAt.Stop()
-	l.deadC = nil
-	if g.lockCtx.Done() != nil {
-		g.unwatch = context.AfterFunc(g.lockCtx, g.lockCtxEnded)
+	if g.how != 0 {
+		l.afterBegin()
+		return
 	}
-	l.dormant, l.exit = true, true
-	t := g.renewalTimer()
-	// Through the batcher, the renewal starts within its slack, as the
-	// first one does (see renewIn): the timer takes the slack.
-	next -= min(next, g.e.renewSlack(renewAfter(g.e.ttl)))
-	g.owner.Store(nil)
-	// The guard is not this actor's any more: only the timer, which is
-	// safe for concurrent use, is touched from here on.
-	t.Reset(next)
-	if g.poked.Load() {
-		t.Reset(0)
+	if l.retiring {
+		// The loss became final while this renewal was in flight (a
+		// refused Downgrade): its answer, from a script that ran before
+		// the refusal, must not make the guard Acquired again (L4). It is
+		// dropped.
+		l.retire()
+		return
 	}
+	next, final := g.renewed(sent, r, err)
+	if final {
+		l.retire()
+		return
+	}
+	l.renewIn(next)
+	l.armDeadline()
 }
 
 // renewIn schedules the next renewal d from now. Through the batcher, the
-// child starts a little earlier (the slack of the renewal period, or
-// at once when less than that is left: a retry, the first renewal, whose
+// timer fires a little earlier (the slack of the renewal period, or at
+// once when less than that is left: a retry, the first renewal, whose
 // timer took the slack already) and asks for the renewal to be sent by d
 // from now: it goes then, or earlier with the renewals of other guards
-// that are due within their own slack.
+// that are due within their own slack. A renewal due now is asked for at
+// once, without a timer's round trip.
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
 	if l.batcher == nil && l.g.set == nil {
 		// (A set's renewals go as batches of their own, one per group.)
 		l.batcher = proc.batchers.join(e)
 	}
-	if l.batcher == nil {
-		l.stopRenewal = l.a.GoAfter(d, l.renew)
+	if l.batcher != nil {
+		l.latest = time.Now().Add(d)
+		d -= min(max(d, 0), renewSlack(renewAfter(e.ttl)))
+	}
+	if d <= 0 {
+		l.renew()
 		return
 	}
-	latest := time.Now().Add(d)
-	slack := min(max(d, 0), renewSlack(renewAfter(e.ttl)))
-	l.stopRenewal = l.a.GoAfter(d-slack, func(actx context.Context) { l.renewBy(actx, latest) })
+	l.renewT.Reset(d)
+	l.renewC = l.renewT.C
 }
 
-// unschedule stops a renewal that is scheduled and has not started, and
-// reports whether none is in flight now.
-func (l *guardActor) unschedule() bool {
-	if l.stopRenewal == nil {
-		return true
+// renew sends one renewal: through the batcher, as an ask whose answer
+// comes on the actor's answer slot; otherwise in a child, whose answer
+// comes on the mailbox. The call's deadline is the lease deadline while
+// the lease is held (L1: no call for a held lock outlives D; the batcher
+// keeps it itself, see batcher.go, "Deadlines"), and one renewal period
+// when it is Lost. A lease whose deadline has passed before the deadline
+// timer said so gets a call that fails at once, and the answer makes the
+// guard Lost, as the timer would.
+func (l *guardActor) renew() {
+	g := l.g
+	e := g.e
+	s := g.pub.st.Load()
+	sent := time.Now()
+	dl := sent.Add(renewAfter(e.ttl))
+	if s.state == Acquired {
+		dl = s.deadline
 	}
-	if !l.stopRenewal() {
-		return false // it runs: its answer will come
+	if l.batcher != nil {
+		l.ask = l.batcher.ask(dl, e.keys, g.value, e.ttl, l.latest, sent, l.answers)
+		return
 	}
-	l.stopRenewal = nil
-	return true
+	if l.ended == nil {
+		l.ended, l.endRenewals = context.WithCancel(context.Background())
+	}
+	l.lone = true
+	ended := l.ended
+	l.a.Go(func(actx context.Context) {
+		ctx, cancel := context.WithDeadline(ended, dl)
+		var r lease.Renewal
+		var err error
+		if g.set != nil {
+			r, err = g.set.renewAll(ctx, g.value, e.ttl)
+		} else {
+			r, err = e.store.Renew(ctx, e.keys, g.value, e.ttl)
+		}
+		cancel()
+		_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
+	})
+}
+
+// stopRenewing stops the renewals for good, at the guard's end or its
+// final loss: the timer, an ask pending in the batcher (dropped: its
+// answer, if one comes, is stale), and a lone renewal in flight
+// (cancelled: its answer still comes, and lone stays set until then).
+func (l *guardActor) stopRenewing() {
+	if l.renewT != nil {
+		l.renewT.Stop()
+		l.renewC = nil
+	}
+	if l.ask != nil {
+		l.batcher.drop(l.ask)
+		l.ask = nil
+	}
+	if l.lone {
+		l.endRenewals()
+	}
 }
 
 // armDeadline arms the deadline timer at D while the guard is Acquired, so
@@ -436,47 +428,6 @@ func (l *guardActor) armDeadline() {
 	l.deadC = nil
 }
 
-// renew sends one renewal; it runs as the actor's child when the renewal
-// is due, and sends the answer to the loop. The call's deadline is the
-// lease deadline while the lease is held (L1: no call for a held lock
-// outlives D), and one renewal period when it is Lost; the end of the
-// guard (l.ended) ends it too. A lease whose deadline has passed
-// before the deadline timer said so gets a call that fails at once, and
-// the answer makes the guard Lost, as the timer would.
-func (l *guardActor) renew(actx context.Context) { l.renewBy(actx, time.Time{}) }
-
-// renewBy is renew through the batcher, when the actor has one, which
-// sends the renewal by latest. Its answer means what a lone renewal's
-// does; the send time is the batch's (no later than the script's start,
-// so the lease deadline counts from it as from a lone renewal's), or the
-// time of the ask when none was sent before the call's context ended.
-func (l *guardActor) renewBy(actx context.Context, latest time.Time) {
-	g := l.g
-	e := g.e
-	s := g.pub.st.Load()
-	sent := time.Now()
-	dl := sent.Add(renewAfter(e.ttl))
-	if s.state == Acquired {
-		dl = s.deadline
-	}
-	var r lease.Renewal
-	var err error
-	switch {
-	case l.batcher != nil:
-		// The batcher keeps dl itself (see batcher.go, "Deadlines").
-		sent, r, err = l.batcher.renew(l.ended, dl, e.keys, g.value, e.ttl, latest, sent)
-	case g.set != nil:
-		ctx, cancel := context.WithDeadline(l.ended, dl)
-		r, err = g.set.renewAll(ctx, g.value, e.ttl)
-		cancel()
-	default:
-		ctx, cancel := context.WithDeadline(l.ended, dl)
-		r, err = e.store.Renew(ctx, e.keys, g.value, e.ttl)
-		cancel()
-	}
-	_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
-}
-
 // begin begins the guard's end: State reports Released, the context is
 // cancelled, and whatever is in flight is cancelled; the end's last step
 // comes once it has answered (afterBegin).
@@ -484,9 +435,7 @@ func (l *guardActor) begin(how endHow) {
 	l.g.begin(how)
 	l.deadAt.Stop()
 	l.deadC = nil
-	if !l.unschedule() {
-		l.endRenewals() // the one in flight
-	}
+	l.stopRenewing()
 	if l.cancelDowngrade != nil {
 		l.cancelDowngrade()
 	}
@@ -499,7 +448,7 @@ func (l *guardActor) begin(how endHow) {
 // otherwise.
 func (l *guardActor) afterBegin() {
 	g := l.g
-	if l.stopRenewal != nil || l.cancelDowngrade != nil || l.deleting {
+	if l.lone || l.cancelDowngrade != nil || l.deleting {
 		return
 	}
 	if g.how == endLeave {
@@ -520,7 +469,8 @@ func (l *guardActor) afterBegin() {
 // owns a guard"), and the Lock context is watched again without one.
 func (l *guardActor) retire() {
 	l.retiring = true
-	if !l.unschedule() {
+	l.stopRenewing()
+	if l.lone {
 		return // retire when the renewal has answered
 	}
 	if l.cancelDowngrade != nil {
@@ -534,9 +484,8 @@ func (l *guardActor) retire() {
 	if g.e.debug() {
 		g.logger().Debug("distlock: the loss is final; the guard's actor exits")
 	}
-	// The keeper's watch ends here, while the guard is still the actor's;
-	// the keeper, if this was its last guard, is stopped on the way out.
-	l.stopKeeper = g.leaveKeeper()
+	// The keeper's watch ends here, while the guard is still the actor's.
+	g.leaveKeeper()
 	if g.set != nil {
 		// A set lost one name: the others are held for nothing, and go
 		// back to their lines now rather than at the end of their leases.
@@ -733,7 +682,7 @@ func (g *Guard) finish(r releaseResult) {
 	// Whoever owned the guard, its end owns it from now on: an actor
 	// that made the end is about to return.
 	g.owner.Store(ending)
-	close(g.done)
+	g.ended()
 }
 
 // confirm records a write of ttl, sent at sent, that Redis confirmed: the

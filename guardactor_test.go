@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,7 +20,7 @@ import (
 )
 
 func TestRenewsEveryThirdOfTTL(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -58,7 +57,7 @@ func heldAndWatched(t *testing.T, f *fakeStore, opts ...Option) (*Guard, time.Ti
 }
 
 func TestLostExactlyAtDeadlineWhileRenewalHangs(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewHang}
 		g, start, events := heldAndWatched(t, f)
 
@@ -87,7 +86,7 @@ func TestLostExactlyAtDeadlineWhileRenewalHangs(t *testing.T) {
 // Lost at D all the same, its event and context with it, and not when the
 // renewal finally returns.
 func TestLostAtDeadlineWhileRenewalIgnoresItsDeadline(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewDeaf}
 		g, start, events := heldAndWatched(t, f)
 
@@ -115,7 +114,7 @@ func TestLostAtDeadlineWhileRenewalIgnoresItsDeadline(t *testing.T) {
 // reported and retried; the guard stays Acquired, and its context alive,
 // while its deadline holds.
 func TestFailedRenewalIsRetriedWhileTheLeaseHolds(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		obs := &recorder{}
 		g, start, events := heldAndWatched(t, f, WithObserver(obs))
@@ -171,7 +170,7 @@ func TestFailedRenewalIsRetriedWhileTheLeaseHolds(t *testing.T) {
 // last failure as the reason; a renewal that later proves the key still
 // holds this acquisition's value regains it.
 func TestFailingRenewalsLoseAtTheDeadlineThenRegain(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, start, events := heldAndWatched(t, f)
 
@@ -220,7 +219,7 @@ func TestFailingRenewalsLoseAtTheDeadlineThenRegain(t *testing.T) {
 // exits and sends nothing more, and Release then returns Lost at once
 // without sending anything.
 func TestRefusedRenewal(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewRefuse}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -246,7 +245,7 @@ func TestRefusedRenewal(t *testing.T) {
 }
 
 func TestReleaseWaitsForRenewalAndThenGoesQuiet(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewHang}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -268,7 +267,7 @@ func TestReleaseWaitsForRenewalAndThenGoesQuiet(t *testing.T) {
 }
 
 func TestLockContextCancelReleases(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		ctx, cancel := context.WithCancel(t.Context())
 		g, err := fakeMutex(t, f).Lock(ctx)
@@ -282,7 +281,7 @@ func TestLockContextCancelReleases(t *testing.T) {
 }
 
 func TestSlowSubscriberSeesNewestState(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -313,7 +312,7 @@ func TestSlowSubscriberSeesNewestState(t *testing.T) {
 }
 
 func TestLockRetriesAndTimesOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{holder: "someone#1"}
 		m := fakeMutex(t, f, WithRetryInterval(100*time.Millisecond), WithMaxWait(time.Second))
 		start := time.Now()
@@ -339,7 +338,7 @@ func TestLockRetriesAndTimesOut(t *testing.T) {
 }
 
 func TestLostReplyIsCleanedUp(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		// The script runs but its reply never arrives: Acquire writes the
 		// lease, then reports the connection dropped.
 		f := &fakeStore{}
@@ -413,7 +412,7 @@ func (r *recorder) ObserveTransition(i TransitionInfo) {
 }
 
 func TestObserver(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{holder: "other#1"}
 		rec := &recorder{}
 		m := fakeMutex(t, f, WithObserver(rec), WithRetryInterval(100*time.Millisecond))
@@ -471,7 +470,7 @@ func (o *stateAtRelease) ObserveTransition(i TransitionInfo) {
 }
 
 func TestStateStaysReleasedWhenReleaseFindsLeaseGone(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		// The lease was taken over while the guard still believed it held
 		// it; the release finds that out. From the moment Release began,
 		// State must say Released, never Lost in between.
@@ -492,7 +491,7 @@ func TestStateStaysReleasedWhenReleaseFindsLeaseGone(t *testing.T) {
 }
 
 func TestLockClearsItsOwnOrphan(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		// An attempt is applied but its reply is lost, and the clean-up
 		// fails too: the lease is left holding the abandoned value.
 		f := &fakeStore{cancelErr: errors.New("connection reset")}
@@ -522,48 +521,81 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 	})
 }
 
-// actorGoroutines counts the goroutines that run a guard's actor loop.
-func actorGoroutines() int { return goroutinesIn("distlock.(*guardActor).loop(") }
+// actorsRunning is how many guards' actors run, as the process counts
+// them.
+func actorsRunning() int64 { return proc.actors.Load() }
+
+// keepersRunning is how many clients' keepers the process has.
+func keepersRunning() int {
+	proc.keepers.mu.Lock()
+	defer proc.keepers.mu.Unlock()
+	return len(proc.keepers.m)
+}
 
 // quietProcess waits until no guard's actor and no keeper of an earlier
-// test runs any more (a guard that ended may still be sending its last
-// delete when its test returns), so that a test that counts them counts
-// its own.
+// test runs any more, and until the background work is done (a guard that
+// ended may still be sending its last delete when its test returns, and a
+// keeper or batcher may be stopping), so that a test that counts
+// goroutines counts its own.
 func quietProcess(t *testing.T) {
 	t.Helper()
-	require.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, 10*time.Second,
-		5*time.Millisecond, "actors (%d) or keepers (%d) of earlier tests still run", actorGoroutines(), keeperGoroutines())
+	require.Eventually(t, func() bool { return actorsRunning() == 0 && keepersRunning() == 0 }, 10*time.Second,
+		5*time.Millisecond, "actors (%d) or keepers (%d) of earlier tests still run", actorsRunning(), keepersRunning())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, Settle(ctx), "background work of earlier tests")
 }
 
-// keeperGoroutines counts the goroutines of the clients' keepers.
-func keeperGoroutines() int { return goroutinesIn("distlock.(*keeper).run(") }
-
-// goroutinesIn counts the goroutines whose stack has fn.
-func goroutinesIn(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
+// steadyGoroutines returns the number of goroutines once it has not
+// changed for a tenth of a second (goroutines of earlier tests, such as a
+// timer's run that is ending, leave first).
+func steadyGoroutines(t *testing.T) int {
+	t.Helper()
+	n, since := runtime.NumGoroutine(), time.Now()
+	for end := since.Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if m := runtime.NumGoroutine(); m != n {
+			n, since = m, time.Now()
+		} else if time.Since(since) >= 100*time.Millisecond {
+			return n
 		}
-		buf = make([]byte, 2*len(buf))
 	}
-	return strings.Count(string(buf), fn)
+	t.Fatalf("the number of goroutines never settled (%d)", n)
+	return n
 }
 
-// Goroutines: a held guard has no goroutine while it is idle, before its
-// first renewal and between two renewals (a renewal adds its actor and a
-// child for its duration), keeps renewing from its timer, and has none
+// counted waits, up to within, until the process runs actors actors and
+// extra() goroutines more than at the test's start, and fails with the
+// last counts if it never does.
+func counted(t *testing.T, within time.Duration, when string, actors int64, goroutines int, extra func() int) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for {
+		a, n := actorsRunning(), extra()
+		if a == actors && n == goroutines {
+			return
+		}
+		if time.Now().After(end) {
+			t.Errorf("%s: %d actors and %d goroutines more than at the start, want %d and %d", when, a, n, actors, goroutines)
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Goroutines: a held guard has none before its first renewal, one of its
+// own from then on (its actor, which renews from its own timer), and none
 // once it is released or its loss is final. The guards of one client
-// share one keeper from their first renewal on.
-func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
+// share one keeper, from their acquisition on, which lingers briefly after
+// the last one. The goroutines are
+// counted by the runtime, the actors by the process.
+func TestHeldGuardsHaveOneGoroutineEach(t *testing.T) {
 	quietProcess(t)
 	// Real time, not a synctest bubble: the race detector has crashed in
 	// its stack depot tearing down a bubble of this many goroutines.
 	const guards = 300
-	const ttl = 600 * time.Millisecond // renewals every 200 ms
+	const ttl = 900 * time.Millisecond // renewals every 300 ms
 	const within = 5 * time.Second     // for timers on a loaded machine
+	base := steadyGoroutines(t)
 	// A fake store holds one lease: each guard has one of its own, all on
 	// one client, as a process's locks usually are (so they share one
 	// keeper: one goroutine more in all).
@@ -596,24 +628,24 @@ func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
 		}
 		return true
 	}
+	extra := func() int { return runtime.NumGoroutine() - base }
+	start := time.Now()
 	gs := lockAll(renewOK)
+	if time.Since(start) < renewAfter(ttl)/2 {
+		assert.Equal(t, 1, extra(), "goroutines of young guards (the client's keeper)")
+		assert.Zero(t, actorsRunning(), "actors of young guards")
+	}
 	require.Eventually(t, func() bool { return renewedAll(1) }, within, time.Millisecond, "every guard renewed once")
-	assert.Equal(t, 1, keeperGoroutines(), "one keeper for the client")
-	// The renewals of one round are done within a few milliseconds of
-	// each other; between two rounds no guard has a goroutine.
-	require.Eventually(t, func() bool { return actorGoroutines() == 0 }, within, time.Millisecond,
-		"between two renewals: no actor (%d)", actorGoroutines())
-	require.Eventually(t, func() bool { return renewedAll(3) }, within, time.Millisecond,
-		"dormant guards go on renewing")
-	require.Eventually(t, func() bool { return actorGoroutines() == 0 }, within, time.Millisecond,
-		"between two later renewals: no actor (%d)", actorGoroutines())
+	assert.Equal(t, 1, keepersRunning(), "one keeper for the client")
+	counted(t, within, "past the first renewal", guards, guards+1, extra)
+	require.Eventually(t, func() bool { return renewedAll(3) }, within, time.Millisecond, "the actors go on renewing")
+	assert.Equal(t, int64(guards), actorsRunning(), "actors after three renewals")
 	for _, g := range gs {
 		require.Equal(t, Acquired, g.State())
 		_, err := g.Release(context.Background())
 		require.NoError(t, err)
 	}
-	assert.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, within, time.Millisecond,
-		"after Release: %d actors, %d keepers", actorGoroutines(), keeperGoroutines())
+	counted(t, within, "after Release", 0, 0, extra)
 	sent := renewals()
 	time.Sleep(ttl)
 	assert.Equal(t, sent, renewals(), "renewals sent by released guards")
@@ -622,8 +654,7 @@ func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
 	gs = lockAll(renewRefuse)
 	require.Eventually(t, func() bool { return renewals() == guards }, within, time.Millisecond,
 		"one refused renewal per guard (%d)", renewals())
-	assert.Eventually(t, func() bool { return actorGoroutines() == 0 && keeperGoroutines() == 0 }, within, time.Millisecond,
-		"after a final loss: %d actors, %d keepers", actorGoroutines(), keeperGoroutines())
+	counted(t, within, "after a final loss", 0, 0, extra)
 	for _, g := range gs {
 		require.Equal(t, Lost, g.State())
 	}
@@ -641,7 +672,7 @@ func TestHeldGuardsHaveNoGoroutineWhileIdle(t *testing.T) {
 // answers), while TryLock reports it as ErrNoReply, never as the caller's
 // context.DeadlineExceeded.
 func TestNoReplyIsAFailedAttempt(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		hangs := 2 // the first two calls hang until their deadline
 		f.acquireFn = func(ctx context.Context) error {

@@ -22,20 +22,20 @@ import (
 // answers again, and every guard the keeper watches renews at once. A
 // guard whose lease the server forgot is refused, and Lost.
 //
-// A guard is watched from its first confirmed renewal until its end or
-// its final loss, whether or not it has a goroutine at that moment: a
-// dormant guard is woken by its renewal timer, set to fire at once (a
-// guard younger than its first renewal is not watched, and learns at that
-// renewal, a third of the TTL in at most). On a Redis Cluster the
-// subscription lives on one node, the one of the lock that started the
-// keeper: a restart of another node is noticed at each guard's next
-// renewal, as before.
+// A guard is watched from its acquisition until its end or its final
+// loss: an actor is told on its renewNow slot, and a young guard (no goroutine
+// yet) has its renewal timer fired at once, which brings its first
+// renewal forward. On a Redis Cluster the subscription lives on one node,
+// the one of the lock that started the keeper: a restart of another node
+// is noticed at each guard's next renewal, as before.
 //
 // The keepers belong to the process (proc.keepers): one per client while
-// any of its guards is watched. The last guard to leave a keeper ends its
-// subscription and waits for its goroutine (a guard lives for a third of
-// its TTL at least before it is watched, so subscribing again for the next
-// one costs little).
+// any of its guards is watched, and for keeperLinger after the last one
+// left, so that a client that takes and releases locks one after the
+// other keeps one subscription rather than making one per lock. The
+// linger's timer then ends the subscription and waits for its goroutine,
+// as background work that Settle waits for; nothing a guard does waits
+// for a keeper.
 
 // Bounds of the keeper's pause between two tries to subscribe again: short,
 // so that a server that is back is noticed soon, and one try a tenth of a
@@ -44,6 +44,10 @@ const (
 	keeperFirstRetry = 10 * time.Millisecond
 	keeperMaxRetry   = 100 * time.Millisecond
 )
+
+// keeperLinger is how long a keeper stays after its last guard left: as
+// long as a waiting room lingers (roomLinger), for the same reason.
+const keeperLinger = roomLinger
 
 // keeperSet is the process's keepers, by client.
 type keeperSet struct {
@@ -60,7 +64,13 @@ type keeper struct {
 
 	mu     sync.Mutex
 	guards map[*Guard]struct{}
-	cancel context.CancelFunc
+	// linger stops the keeper keeperLinger after its last guard left
+	// (lingering), unless one came meanwhile; made the first time, then
+	// reused. stopped: it has left the process's set.
+	linger    *time.Timer
+	lingering bool
+	stopped   bool
+	cancel    context.CancelFunc
 	// asking is closed when the server confirms the subscription that run
 	// is asking for, or when that call returns; nil while run is not
 	// asking (it is confirmed, or pausing before it asks again).
@@ -68,16 +78,22 @@ type keeper struct {
 	done   chan struct{} // closed when the subscription goroutine has ended
 }
 
-// keeperSettle bounds how long the last guard to leave a keeper waits for
-// its subscription's first confirmation before ending it: a subscription
+// keeperSettle bounds how long a keeper's stop waits for its
+// subscription's first confirmation before ending it: a subscription
 // ended while the server has yet to confirm it may be confirmed after its
 // end, and stay on the connection.
 const keeperSettle = time.Second
 
-// watch adds a guard to its client's keeper, starting one if there is
-// none, and returns the keeper; the guard leaves it at its end or its
-// final loss.
-func (s *keeperSet) watch(g *Guard) *keeper {
+// watch adds a new guard to its client's keeper, starting one if there
+// is none, sets the watch on its Lock context and arms its renewal timer
+// to fire due from now; the guard leaves the keeper at its end or its
+// final loss. The order matters, and all of it is done under the keeper's
+// lock: g.keeper first, since the watch's run and the timer's may read
+// it as soon as they are set; the watch before the timer, since the
+// actor that the timer starts stops the watch; and the timer before the
+// keeper's restart poke, which fires it, can see the guard (neither the
+// watch's run nor the timer's reads g.renewal).
+func (s *keeperSet) watch(g *Guard, due time.Duration) {
 	e := g.e
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -87,7 +103,11 @@ func (s *keeperSet) watch(g *Guard) *keeper {
 			s.m = make(map[any]*keeper)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		k = &keeper{set: s, client: e.client, store: e.store, keys: e.keys,
+		// Its channel, "<lock>:keeper:<process>", shares the lock's hash
+		// tag (and so its node) but is none of the lock's wake channels.
+		keys := e.keys
+		keys.Wake = e.keys.Lease + ":keeper"
+		k = &keeper{set: s, client: e.client, store: e.store, keys: keys,
 			guards: make(map[*Guard]struct{}), cancel: cancel, done: make(chan struct{})}
 		s.m[e.client] = k
 		go k.run(ctx)
@@ -95,30 +115,55 @@ func (s *keeperSet) watch(g *Guard) *keeper {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.guards[g] = struct{}{}
-	return k
+	k.lingering = false
+	g.keeper = k
+	if g.lockCtx.Done() != nil {
+		g.unwatch = context.AfterFunc(g.lockCtx, g.lockCtxEnded)
+	}
+	g.renewal = time.AfterFunc(due, g.activate)
 }
 
-// detach removes a guard and reports whether it was the last: then the
-// keeper is no longer in the process's set, and whoever detached it must
-// stop it. It never waits, so a caller that ends a dormant guard can call
-// it on its own goroutine and leave the stop to the background.
-func (k *keeper) detach(g *Guard) (last bool) {
-	k.set.mu.Lock()
-	defer k.set.mu.Unlock()
+// detach removes a guard; the last one out has the keeper linger. It
+// never waits.
+func (k *keeper) detach(g *Guard) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.guards, g)
-	last = len(k.guards) == 0
-	if last {
-		delete(k.set.m, k.client)
-		if len(k.set.m) == 0 {
-			k.set.m = nil
+	if len(k.guards) == 0 && !k.lingering {
+		k.lingering = true
+		if k.linger == nil {
+			k.linger = time.AfterFunc(keeperLinger, k.lingered)
+		} else {
+			k.linger.Reset(keeperLinger)
 		}
 	}
-	return last
 }
 
-// stop ends the subscription of a keeper that its last guard has left
+// lingered is the linger's timer: a keeper that no guard came back to
+// leaves the process's set and is stopped, on the timer's goroutine,
+// counted as background work.
+func (k *keeper) lingered() {
+	s := k.set
+	s.mu.Lock()
+	k.mu.Lock()
+	idle := k.lingering && len(k.guards) == 0 && !k.stopped
+	if idle {
+		k.stopped = true
+		delete(s.m, k.client)
+		if len(s.m) == 0 {
+			s.m = nil
+		}
+		proc.work.add(1)
+	}
+	k.mu.Unlock()
+	s.mu.Unlock()
+	if idle {
+		defer proc.work.done()
+		k.stop()
+	}
+}
+
+// stop ends the subscription of a keeper that has left the process's set
 // (if a subscription is being asked for, once the server has answered it,
 // or after keeperSettle) and waits for its goroutine to end (the
 // unsubscribe is bounded by the lease package's unsubscribe timeout).
@@ -175,7 +220,7 @@ func (k *keeper) run(ctx context.Context) {
 	resubscribe(ctx, &pause, func() error {
 		answered := k.ask()
 		defer answered()
-		return k.store.Subscribe(ctx, k.keys, "keeper:"+proc.roomID, func() {
+		return k.store.Subscribe(ctx, k.keys, proc.roomID, func() {
 			answered()
 			pause.reset()
 			if confirmed {

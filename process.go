@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 // process is the state that this process keeps for all of its locks, in
@@ -17,10 +18,18 @@ import (
 //     goes a short linger after its last waiter leaves;
 //   - the work that acquire calls left to run in the background (a call in
 //     flight whose caller gave up, the clean-up of a call that gave up),
-//     counted so that [Settle] can wait for it.
+//     and the end of a keeper or a batcher that is stopping, counted so
+//     that [Settle] can wait for it;
+//   - the count of the guards' actors that run (one per guard past its
+//     first renewal, until its end or its final loss);
+//   - the keepers (keeper.go: one per client while it has a live guard,
+//     and a short linger after) and the batchers (batcher.go: one per
+//     client while a guard of it has an actor that renews through it).
 //
-// Nothing in it refers to a client once the last room of that client has
-// gone and the background work that used it has ended.
+// Nothing in it refers to a client once the last room, guard and actor of
+// that client have gone, the keeper's linger has passed and the background
+// work that used it has ended. Nothing a guard does waits for a keeper or
+// a batcher to stop.
 type process struct {
 	// roomID names this process's waiting rooms in Redis: a waiter in line
 	// is told of its grant on the channel "<lock>:wake:<roomID>". It is
@@ -34,8 +43,11 @@ type process struct {
 
 	work workCount
 
-	// keepers watch the clients' connections for the guards that have an
-	// actor (keeper.go).
+	// actors counts the guards' actors that run (guardactor.go).
+	actors atomic.Int64
+
+	// keepers watch the clients' connections for their live guards
+	// (keeper.go).
 	keepers keeperSet
 
 	// batchers send the renewals of each client's guards in batches
@@ -70,16 +82,6 @@ func (p *process) roomsFor(k roomKey) *roomSet {
 func (p *process) goWork(f func()) {
 	p.work.add(1)
 	go f()
-}
-
-// stopInBackground runs stop, the end of something the process owns that
-// may wait for the server (a keeper's unsubscribe, a batcher's calls in
-// flight), as background work, which Settle waits for.
-func stopInBackground(stop func()) {
-	proc.goWork(func() {
-		defer proc.work.done()
-		stop()
-	})
 }
 
 // workCount counts goroutines and tells whoever waits when none is left.
@@ -136,8 +138,9 @@ func (w *workCount) wait(ctx context.Context) error {
 // Redis then forgets the place, and the lock passed to it, on its own within
 // the claim window (see [WithClaimWindow]). Calling Settle before exiting,
 // with a short timeout, lets the next waiter have the lock at once instead.
-// It also waits for the end of a client's keeper whose last guard a
-// Release or Leave ended while the guard had no goroutine (keeper.go).
+// It also waits for the end of a client's keeper or renewal batcher that
+// is stopping (keeper.go, batcher.go): neither is waited for by the
+// Release or the final loss that left it without guards.
 // Settle is safe for concurrent use and needs no call to have given up: with
 // nothing in the background it returns nil at once. It waits on a signal,
 // not by polling. A nil ctx is refused, as Lock refuses it, with an

@@ -47,7 +47,7 @@ func hangingMutex(t *testing.T, ttl time.Duration) (*Mutex, *hangingStore) {
 }
 
 func TestReleaseWithCancelledContextNeverReportsAcquired(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		m := fakeMutex(t, f)
 		done, cancel := context.WithCancel(t.Context())
@@ -79,7 +79,7 @@ func TestReleaseWithCancelledContextNeverReportsAcquired(t *testing.T) {
 }
 
 func TestSubscribeAndStateDuringAHangingRelease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		m, s := hangingMutex(t, fakeTTL)
 		g, err := m.Lock(t.Context())
 		require.NoError(t, err)
@@ -119,7 +119,7 @@ func TestSubscribeAndStateDuringAHangingRelease(t *testing.T) {
 }
 
 func TestReleaseWithoutDeadlineIsBounded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		const ttl = 30 * time.Second // the default, and far above the ReleaseTimeout
 		m, _ := hangingMutex(t, ttl)
 		g, err := m.Lock(t.Context())
@@ -149,7 +149,7 @@ func TestReleaseWithoutDeadlineIsBounded(t *testing.T) {
 }
 
 func TestDeadlineIsTheLocalLeaseDeadline(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -187,7 +187,7 @@ func TestDeadlineIsTheLocalLeaseDeadline(t *testing.T) {
 }
 
 func TestLeaveSendsNothing(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewHang}
 		rec := &recorder{}
 		g, err := fakeMutex(t, f, WithObserver(rec)).Lock(t.Context())
@@ -231,7 +231,7 @@ func TestLeaveSendsNothing(t *testing.T) {
 }
 
 func TestLeaveAfterLossReportsLost(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{mode: renewRefuse}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -246,7 +246,7 @@ func TestLeaveAfterLossReportsLost(t *testing.T) {
 }
 
 func TestReleaseThenLeaveWaitsForTheRelease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		m, s := hangingMutex(t, fakeTTL)
 		g, err := m.Lock(t.Context())
 		require.NoError(t, err)
@@ -270,7 +270,7 @@ func TestReleaseThenLeaveWaitsForTheRelease(t *testing.T) {
 }
 
 func TestNilContextIsAnArgument(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		g, err := fakeMutex(t, f).Lock(t.Context())
 		require.NoError(t, err)
@@ -294,7 +294,7 @@ func TestNilContextIsAnArgument(t *testing.T) {
 }
 
 func TestReleaseAfterTheDeadlineKeepsTheLossAsCause(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		// The lease lapses at D; Release is called at that very instant,
 		// whether or not the actor's timer has been handled yet. The loss
 		// came first, and the guard's context says so.

@@ -186,7 +186,7 @@ type downgrader interface {
 // the guard becomes Lost and the error matches [ErrLost].
 //
 // The guard's actor sends the script (Downgrade starts the actor if the
-// guard has none yet) and Downgrade waits for its answer: one round trip.
+// guard has none yet, and it then runs until the guard ends) and Downgrade waits for its answer: one round trip.
 // When ctx ends first, Downgrade returns ctx's error and the script, if it
 // was sent, is cancelled. It is safe for concurrent use: Downgrades of one
 // guard run one after the other, and a Release that comes meanwhile
@@ -202,26 +202,28 @@ func (g *Guard) Downgrade(ctx context.Context) error {
 	if g.mode() != lease.Write {
 		return fmt.Errorf("%w: the guard of %s holds it for reading", ErrNotWriteLock, e.keys.Lease)
 	}
-	for {
-		switch a := g.owner.Load(); a {
-		case nil:
-			if act := g.takeOver(nil); act != nil {
-				go act.a.Run(act.loop)
-			}
-			continue
-		case ending:
-			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, ErrReleased)
-		case retired:
-			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, g.pub.st.Load().err)
-		default:
-			err, cerr := actor.Call(ctx, a.a, func(r actor.Reply[error]) guardMsg { return downgradeMsg{ctx: ctx, reply: r} })
-			switch {
-			case errors.Is(cerr, actor.ErrStopped):
-				continue // it retired or ended meanwhile
-			case cerr != nil:
-				return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, cerr)
-			}
-			return err
+	// The owner moves one way only (see Guard.end): read it at most
+	// three times.
+	a := g.owner.Load()
+	if a == nil {
+		act := newGuardActor(g)
+		if g.owner.CompareAndSwap(nil, act) {
+			go act.run()
 		}
+		a = g.owner.Load()
 	}
+	if a != ending && a != retired {
+		err, cerr := actor.Call(ctx, a.a, func(r actor.Reply[error]) guardMsg { return downgradeMsg{ctx: ctx, reply: r} })
+		switch {
+		case cerr == nil:
+			return err
+		case !errors.Is(cerr, actor.ErrStopped):
+			return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, cerr)
+		}
+		a = g.owner.Load() // it stopped: ending, or retired
+	}
+	if a == retired {
+		return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, g.pub.st.Load().err)
+	}
+	return fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, ErrReleased)
 }

@@ -16,7 +16,7 @@ import (
 // last leave when waiters came and went during the linger, or stayed
 // while its timer ran, and then it closes.
 func TestRoomLingersFromItsLastLeave(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		e := &fakeMutex(t, &fakeStore{}).e
 		const slack = 10 * time.Millisecond
 		enter := func() (*room, *waiter) {

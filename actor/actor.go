@@ -1,7 +1,9 @@
 // Package actor is distlock's small actor runtime: a goroutine that owns
-// its state alone and is driven by messages. Every held distlock lock that
-// lives past its first renewal runs on it (one actor per guard), and so
-// does the watcher that serves an election's observers.
+// its state alone and is driven by messages. Every held distlock lock runs
+// on it from its first renewal to its end (one actor, one goroutine, per
+// held guard, which the renewal timer's goroutine becomes through
+// [Actor.Run]), and so does the watcher that serves an election's
+// observers.
 //
 // An [Actor] has four parts:
 //
@@ -28,7 +30,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 )
 
 // ErrStopped is returned by [Actor.Send] and [Call] when the actor's loop has
@@ -128,28 +129,6 @@ func (a *Actor[M]) Wait(ctx context.Context) error {
 // child.
 func (a *Actor[M]) Go(f func(ctx context.Context)) {
 	a.children.Go(func() { f(a.ctx) })
-}
-
-// GoAfter runs f in a child goroutine of the actor once d has passed,
-// unless the returned stop is called first; stop reports whether it kept f
-// from running. Until then no goroutine waits: the child is a timer, and
-// the timer's own goroutine runs f, so a child that is due wakes once,
-// not the loop and then the child. Like Go, GoAfter must only be called
-// from the loop goroutine or from a child; the loop must stop what it
-// scheduled before it returns, since Run waits for it.
-func (a *Actor[M]) GoAfter(d time.Duration, f func(ctx context.Context)) (stop func() bool) {
-	a.children.Add(1)
-	t := time.AfterFunc(d, func() {
-		defer a.children.Done()
-		f(a.ctx)
-	})
-	return func() bool {
-		if !t.Stop() {
-			return false
-		}
-		a.children.Done()
-		return true
-	}
 }
 
 // StopChildren cancels the children's context and waits until every child

@@ -790,26 +790,3 @@ func TestErrStoppedMessage(t *testing.T) {
 	got := fmt.Sprint(actor.ErrStopped)
 	assert.Equal(t, "actor: stopped", got)
 }
-
-// GoAfter runs its child once the time has come, on the timer's goroutine,
-// unless it is stopped first; Done waits for a child that runs.
-func TestGoAfter(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const after = time.Second
-		ran := make(chan time.Time, 2)
-		stopped := make(chan bool, 1)
-		start := time.Now()
-		a := actor.Start(func(a *actor.Actor[request], inbox <-chan request) {
-			a.GoAfter(after, func(context.Context) { ran <- time.Now() })
-			stop := a.GoAfter(after, func(context.Context) { ran <- time.Now() })
-			stopped <- stop()
-			<-inbox // returns on the first message
-		})
-		require.True(t, <-stopped, "stop before the time keeps the child from running")
-		at := <-ran
-		assert.Equal(t, after, at.Sub(start), "the child runs when it is due")
-		require.NoError(t, a.Send(t.Context(), request{}))
-		require.NoError(t, a.Wait(t.Context()))
-		assert.Empty(t, ran, "the stopped child ran")
-	})
-}
