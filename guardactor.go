@@ -490,6 +490,16 @@ func (l *guardActor) retire() {
 		// A set lost one name: the others are held for nothing, and go
 		// back to their lines now rather than at the end of their leases.
 		g.set.giveUp(g.value, g.void, g.leaseEnd())
+	} else if g.void {
+		// A call of the acquisition whose outcome it never saw may still
+		// reach Redis and grant the value anew: cancel the value now (a
+		// void marker that refuses it, and the delete of a grant it has
+		// made already), in the background, as a Lock that gives up does.
+		e, value := g.e, g.value
+		proc.goWork(func() {
+			defer proc.work.done()
+			e.cleanup(context.Background(), value, true)
+		})
 	}
 	g.owner.Store(retired)
 	l.retired, l.exit = true, true
@@ -789,6 +799,17 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 			g.logger().Debug("distlock: renewal refused", "holder", r.Holder)
 		}
 		g.lose(info.Err.(*LostError))
+		return 0, true
+	case s.state == Lost && g.void:
+		// The key holds this acquisition's value again, but a call of
+		// the acquisition whose outcome it never saw may have reached
+		// Redis late and granted the value anew after another holder
+		// (lease/doc.go, "A grant is its acquisition's"): the value no
+		// longer proves that nobody held the lock in between (L4). The
+		// loss is final, and retire cancels the value.
+		if e.debug() {
+			g.logger().Debug("distlock: a renewal found the value again, but the acquisition has a call whose outcome it never saw; the loss is final")
+		}
 		return 0, true
 	case !now.Before(leaseDeadline(sent, ttl)):
 		// Confirmed, but too late to count: the lease may already be gone

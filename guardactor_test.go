@@ -706,3 +706,52 @@ func TestNoReplyIsAFailedAttempt(t *testing.T) {
 		Settle(context.Background())
 	})
 }
+
+// L4 with a call left behind: an acquisition whose first call got no reply
+// (it may still reach Redis, late, and grant the value anew after another
+// holder) cannot prove a regain by finding its value. Its loss is final,
+// and the value is cancelled (voided, and deleted if a late call granted
+// it), so that no such call can grant it later.
+func TestUncertainGuardDoesNotRegain(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		f := &fakeStore{}
+		var failed atomic.Bool
+		f.acquireFn = func(context.Context) error {
+			if failed.CompareAndSwap(false, true) {
+				return errors.New("read: connection reset") // no reply: the call's outcome is unknown
+			}
+			return nil
+		}
+		m := fakeMutex(t, f)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		g, err := m.Lock(ctx)
+		require.NoError(t, err)
+		require.True(t, g.void, "the guard of an acquisition with a call whose outcome it never saw")
+		start := time.Now()
+
+		f.set(renewFail)
+		time.Sleep(time.Until(start.Add(fakeTTL - margin(fakeTTL))))
+		synctest.Wait()
+		require.Equal(t, Lost, g.State(), "at D")
+
+		// The key holds the value again (a late call may have granted it):
+		// the next try finds it, and the guard stays Lost.
+		f.set(renewOK)
+		time.Sleep(fakeTTL / 9)
+		synctest.Wait()
+		assert.Equal(t, Lost, g.State(), "a renewal that found the value of an uncertain acquisition")
+		f.mu.Lock()
+		voided, holder := f.voided[g.value], f.holder
+		f.mu.Unlock()
+		assert.True(t, voided, "the value was not cancelled after the final loss")
+		assert.Empty(t, holder, "the value's lease was left")
+		renews := len(f.renewCalls())
+		time.Sleep(fakeTTL)
+		synctest.Wait()
+		assert.Equal(t, renews, len(f.renewCalls()), "renewals after the final loss")
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Lost, st)
+	})
+}

@@ -183,10 +183,11 @@
 // token (its first call, or a repeat of that call after it got no reply)
 // brings none. Such a call can only be late behind a call of the same
 // acquisition sent on another connection; the acquisition then knows it
-// has a call whose outcome it did not see, and its guard voids its value
-// when it ends ([Client.Cancel]), which deletes a lease that call granted
-// or refuses the call if it comes later (for the void marker's life, one
-// TTL).
+// has a call whose outcome it did not see. Its guard never regains the
+// lock after a loss (finding its value proves nothing then: the loss is
+// final), and it voids its value when it ends or its loss is final
+// ([Client.Cancel]), which deletes a lease that call granted or refuses
+// the call if it comes later (for the void marker's life, one TTL).
 //
 // # Semaphores
 //
