@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -16,7 +15,7 @@ import (
 // long the TTL: TryLock on an hour's lease against a store that never
 // answers returns ErrNoReply after MaxReplyWait, not after the hour.
 func TestTryLockWaitsAtMostMaxReplyWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		f := &fakeStore{}
 		f.acquireFn = func(ctx context.Context) error {
 			<-ctx.Done()
@@ -41,7 +40,7 @@ func TestTryLockWaitsAtMostMaxReplyWait(t *testing.T) {
 // TryLock reports ErrNoReply, which unwraps to the client's error, and a
 // Lock asks again.
 func TestClientTimeoutIsNoReply(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		const clientTimeout = time.Second
 		f := &fakeStore{}
 		timeouts := 1
@@ -80,7 +79,7 @@ func TestClientTimeoutIsNoReply(t *testing.T) {
 // A client's timeout that comes once the caller's deadline has passed is
 // the caller's: Lock reports ctx's error, not ErrNoReply.
 func TestClientTimeoutAtCallersDeadlineIsCallers(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		const callerWait = time.Second
 		f := &fakeStore{}
 		f.acquireFn = func(ctx context.Context) error {
@@ -137,7 +136,7 @@ func TestNilGuard(t *testing.T) {
 // matches ErrInvalidArgument, then the channel closes; the guard is
 // unchanged.
 func TestSubscribeNilContext(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		g, err := fakeMutex(t, &fakeStore{}).TryLock(context.Background())
 		require.NoError(t, err)
 		var events []Event
@@ -167,7 +166,7 @@ func TestSettleNilContext(t *testing.T) {
 // go-redis waits for its ReadTimeout), TryLock still returns at the call's
 // deadline, with ErrNoReply, and leaves the call to end in the background.
 func TestNoReplyFromClientThatIgnoresDeadlines(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	bubble(t, func(t *testing.T) {
 		const clientTimeout = time.Minute // far past the call's deadline
 		f := &fakeStore{ignoresDeadlines: true}
 		f.acquireFn = func(context.Context) error {
