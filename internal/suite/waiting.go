@@ -182,7 +182,11 @@ func waitQuiet(t *testing.T, lib Library) {
 	require.Positive(t, killed)
 	require.Eventually(t, func() bool { return len(wakeChannels(t, srv, holder.Key())) == 1 }, eventually, pollEvery,
 		"the room never subscribed again")
-	requireQuiet(t, srv, "waiting after the subscription was cut")
+	// CLIENT KILL TYPE pubsub cut the holder's keeper too: it subscribes
+	// again, and, since a restart may have gone unheard meanwhile, has
+	// the holder's guard renew at once. Two commands of the holder's, not
+	// the waiter's.
+	requireQuietBut(t, srv, "waiting after the subscription was cut", 2)
 
 	released := time.Now()
 	release(t, g)
