@@ -116,6 +116,8 @@ func TestNilGuard(t *testing.T) {
 	assert.Empty(t, g.Key())
 	assert.Zero(t, g.Token())
 	assert.Zero(t, g.Attempt())
+	assert.Zero(t, g.TokenOf("job"))
+	require.ErrorIs(t, g.Downgrade(ctx), ErrInvalidArgument, "Downgrade of a nil guard")
 	select {
 	case <-g.Done():
 	default:

@@ -363,7 +363,7 @@ func (s *lockSet) deliver(at int, rs []lease.Release, sent time.Time) {
 }
 
 // call sends AcquireAll for group gi (p nil: a single attempt) with the
-// lease deadline of its TTL, as acquirer.call sends a lock's: on the
+// reply deadline of its TTL (replyDeadline), as acquirer.call sends a lock's: on the
 // caller's goroutine when nothing can end the call early, and otherwise
 // in the background while the caller waits for it, ctx and the limit.
 func (a *setAcquirer) call(gi int, p *lease.Place) (sg lease.SetGrant, err, stop error) {
@@ -371,7 +371,7 @@ func (a *setAcquirer) call(gi int, p *lease.Place) (sg lease.SetGrant, err, stop
 	// holds to the claim window (see keep).
 	s, ttl := a.s, a.e.ttl
 	ks := s.group(gi)
-	dl := leaseDeadline(time.Now(), ttl)
+	dl := replyDeadline(time.Now(), ttl)
 	a.attempts++
 	if a.ctx.Done() == nil && a.limit.IsZero() {
 		ctx, cancel := context.WithDeadline(a.ctx, dl)
@@ -447,8 +447,14 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 			return sg, false, false, a.e.ctxError(a.ctx)
 		}
 		var ackErr *lease.AckError
-		if errors.Is(err, context.DeadlineExceeded) && !replied {
-			return sg, false, true, &NoReplyError{Key: a.s.keys[a.s.groups[gi]].Lease, After: time.Since(sent)}
+		if timeout := lease.IsTimeout(err); (errors.Is(err, context.DeadlineExceeded) || timeout) && !replied {
+			// The call's own deadline, or the client's own timeout: no
+			// reply in time, as for a lock (acquirer.attempt).
+			nr := &NoReplyError{Key: a.s.keys[a.s.groups[gi]].Lease, After: time.Since(sent)}
+			if timeout {
+				nr.Err = err
+			}
+			return sg, false, true, nr
 		}
 		// A TRYAGAIN that outlasted the call (a slot still migrating at
 		// its deadline) did not run the script: a waiter asks again, as
@@ -956,6 +962,9 @@ func (h *setHold) giveUp(value string, void bool, end time.Time) {
 // the guard of a single lock it returns [Guard.Token] for that lock's name.
 // For a name the guard does not hold it returns 0.
 func (g *Guard) TokenOf(name string) int64 {
+	if g == nil {
+		return 0
+	}
 	if g.set == nil {
 		if name == g.e.name {
 			return g.token

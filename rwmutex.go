@@ -192,6 +192,9 @@ type downgrader interface {
 // guard run one after the other, and a Release that comes meanwhile
 // cancels the one in flight.
 func (g *Guard) Downgrade(ctx context.Context) error {
+	if g == nil {
+		return errNilGuard()
+	}
 	e := g.e
 	if ctx == nil {
 		return badArgument("ctx", "is nil")
