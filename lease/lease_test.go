@@ -303,18 +303,18 @@ func TestTokenTextIsTheToken(t *testing.T) {
 	e := newEnv(t)
 	k := keys(t)
 	const (
-		// Each try waits for the end of a second of the server's clock, so
-		// a try lands in the first 10 ms of the next one unless the machine
-		// holds it up for that long; a few seconds allow for a busy one.
+		// Each try waits for a millisecond past the start of the next
+		// second of the server's clock, so it lands in the first 10 ms of
+		// that second unless the machine holds it up for 9 ms more; ten
+		// seconds of tries allow for a busy one.
 		within   = 10 * time.Second
 		shortest = 10_000 // µs: four digits
 	)
 	short, tries := 0, 0
 	for start := time.Now(); short == 0; tries++ {
 		require.Less(t, time.Since(start), within, "no grant in the first %d µs of a second in %d tries, each aimed at one", shortest, tries)
-		if us := serverMicros(t, e.srv); us < 995_000 {
-			time.Sleep(time.Duration(995_000-us) * time.Microsecond)
-		}
+		us := serverMicros(t, e.srv)
+		time.Sleep(time.Duration(1_001_000-us) * time.Microsecond)
 		value := lease.NewValue("me")
 		token := e.mustAcquire(t, k, value)
 		fence, _ := e.get(t, k.Fence)
