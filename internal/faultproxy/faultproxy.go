@@ -157,16 +157,20 @@ func (p *Proxy) Held(d Direction) int {
 // WaitHeld blocks until at least n bytes of direction d are held (see
 // [Proxy.Held]) or the timeout passes, and reports whether they were.
 func (p *Proxy) WaitHeld(d Direction, n int, timeout time.Duration) bool {
+	// The timer says it has fired under the lock, so the waiter cannot
+	// miss it: a deadline read from the clock instead could still lie
+	// ahead when the timer's one broadcast came.
+	timedOut := false
 	stop := time.AfterFunc(timeout, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		timedOut = true
 		p.cond.Broadcast()
 	})
 	defer stop.Stop()
-	end := time.Now().Add(timeout)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.held[d] < n && !p.closed && time.Now().Before(end) {
+	for p.held[d] < n && !p.closed && !timedOut {
 		p.cond.Wait()
 	}
 	return p.held[d] >= n
