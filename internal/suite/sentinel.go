@@ -118,7 +118,17 @@ func sentinelDoubleGrant(t *testing.T, lib Library) {
 		gb, err = b.TryLock(t.Context())
 		return err == nil
 	}, failoverWait, 20*time.Millisecond, "B never got the lock after the failover: %v", err)
-	assert.Equal(t, distlock.Acquired, ga.State(), "A, the first holder")
+	// A's client watches for restarts from A's first moment: when that
+	// watch sees the failover first (its subscription moves to the new
+	// primary, and it has A renew at once), A is Lost by now, and there
+	// was no double grant; otherwise both say Acquired, as asynchronous
+	// replication allows. Either way B holds, with a higher token.
+	if st := ga.State(); st == distlock.Acquired {
+		t.Logf("double grant: A and B both Acquired after the failover")
+	} else {
+		assert.Equal(t, distlock.Lost, st, "A, the first holder: Acquired (a double grant) or Lost (its client saw the failover first)")
+		t.Logf("A was Lost before B held: its client's restart watch saw the failover first")
+	}
 	assert.Equal(t, distlock.Acquired, gb.State(), "B, the second holder")
 	// Fencing still orders them: B's token is higher, so a resource that
 	// checks tokens refuses A's writes from now on.
