@@ -44,8 +44,10 @@ const (
 	// place is on its way: the script call takes some 300, a keep-alive
 	// PING that the client may send meanwhile 14.
 	delayedRefreshBytes = 100
-	// delayedTries is how many times the renewal-first staging is tried.
-	delayedTries = 3
+	// delayedTries is how many times a staging is tried: B may not hold the
+	// lock from its downlink on a slow machine, and a renewal of B's may not
+	// go out on a connection of its own (renewal-first).
+	delayedTries = 5
 )
 
 // delayedFace is one face of the lock that waits in line, as fault 1 needs
@@ -92,15 +94,17 @@ var delayedFaces = []delayedFace{
 func TestDelayedRefreshGrantsNothing(t *testing.T) {
 	for _, f := range delayedFaces {
 		t.Run(f.name, func(t *testing.T) {
-			t.Run("all-at-once", func(t *testing.T) { require.True(t, stageDelayedRefresh(t, f, false)) })
-			t.Run("renewal-first", func(t *testing.T) {
-				for range delayedTries {
-					if stageDelayedRefresh(t, f, true) {
-						return
+			for _, renewalFirst := range []bool{false, true} {
+				name := map[bool]string{false: "all-at-once", true: "renewal-first"}[renewalFirst]
+				t.Run(name, func(t *testing.T) {
+					for range delayedTries {
+						if stageDelayedRefresh(t, f, renewalFirst) {
+							return
+						}
 					}
-				}
-				t.Fatalf("staging: in %d tries, no renewal of B's went out on a connection of its own", delayedTries)
-			})
+					t.Fatalf("staging: in %d tries, B never held the lock passed to it from its downlink, or (renewal-first) no renewal of B's went out on a connection of its own", delayedTries)
+				})
+			}
 		})
 	}
 }
@@ -205,7 +209,9 @@ func lostByDeadline(t *testing.T, g *distlock.Guard, within time.Duration, what 
 // (C held in between, SAFETY.md L4), and once B has released, a new client
 // D gets the lock within a claim window of asking (nothing that B's
 // requests could grant is left, W1). It reports false if it could not
-// stage a renewal that lands first (renewalFirst), and true otherwise.
+// stage the fault (B did not hold the lock passed to it without asking
+// Redis, or, with renewalFirst, no renewal of B's landed first), and true
+// otherwise.
 func stageDelayedRefresh(t *testing.T, f delayedFace, renewalFirst bool) bool {
 	srv := redistest.Start(t)
 	opts := []distlock.Option{distlock.WithTTL(delayedTTL), distlock.WithClaimWindow(delayedClaim)}
@@ -232,7 +238,22 @@ func stageDelayedRefresh(t *testing.T, f delayedFace, renewalFirst bool) bool {
 	require.True(t, proxy.WaitHeld(faultproxy.Up, delayedRefreshBytes, 2*delayedClaim),
 		"no refresh of B's place was sent within %v (held: %d bytes)", 2*delayedClaim, proxy.Held(faultproxy.Up))
 	require.Equal(t, distlock.Released, release(t, ga), "A's release")
-	ob := await(t, bw, promptly, "B, passed the lock on its downlink")
+	var ob outcome
+	select {
+	case ob = <-bw:
+	case <-time.After(promptly):
+		// B did not hold the lock from its downlink: the announcement came
+		// too late for B to use the grant without asking Redis (a slow
+		// machine), and its claim waits in the hold. No breach, and no
+		// staging of the fault: let B's requests through, and stage again.
+		proxy.Set(faultproxy.Up, faultproxy.Pass)
+		ob = await(t, bw, eventually, "B, its claim let through")
+		if ob.Err() == nil {
+			release(t, ob.Guard())
+		}
+		t.Logf("staging: B did not hold the lock passed to it within %v without asking Redis; trying again", promptly)
+		return false
+	}
 	require.NoError(t, ob.Err(), "B")
 	gb := ob.Guard()
 	defer func() { _, _ = gb.Release(context.WithoutCancel(t.Context())) }()
