@@ -218,8 +218,9 @@ func Check(ops []Op) Report { return Config{}.Check(ops) }
 //   - L3: tokens are distinct, and an acquisition granted (Lock returned)
 //     before another's grant write was even sent has the smaller token.
 //     The send time is the earliest Sent of the later acquisition's
-//     Confirmed ops; acquisitions without one are only checked for
-//     distinct tokens.
+//     Confirmed ops that named their token (a renewal filed by its value
+//     was sent after the grant and does not count); acquisitions without
+//     one are only checked for distinct tokens.
 //
 // One lease value may be granted more than once, each time with a token
 // of its own; each grant is an acquisition of its own (a grant that no
@@ -657,7 +658,8 @@ type leaseID struct{ key, lease string }
 // Token filed under a grant of that value: the latest one known, from an
 // op that carries its token, no later than the write's send time (At when
 // Sent is 0). Ops that no grant is known for are dropped and counted in
-// Unfiled. ops itself is not modified.
+// Unfiled. A filed op keeps no Sent (see checkSent). ops itself is not
+// modified.
 func (r *Report) file(ops []Op) []Op {
 	type grant struct {
 		token int64
@@ -701,7 +703,10 @@ func (r *Report) file(ops []Op) []Op {
 				r.Unfiled++
 				continue
 			}
-			op.Token = best.token
+			// Its send time placed it; it says nothing of when the grant
+			// was sent (a renewal comes after it), which is what a grant's
+			// Sent tells the check of token order.
+			op.Token, op.Sent = best.token, 0
 		}
 		out = append(out, op)
 	}

@@ -177,7 +177,9 @@ type Op struct {
 	// Sent, for Confirmed, is a time before Redis applied the write, if the
 	// recorder knows one (0 otherwise): the call's send time for an acquire
 	// or a renewal; for a grant passed to a waiter, the send time of a call
-	// that found the waiter still in line.
+	// that found the waiter still in line. An op that names its Token
+	// says with Sent when its grant was sent, at the latest (the check of
+	// token order reads it); one filed by its Lease places itself by it.
 	Sent   Mono   `json:"sent,omitzero"`
 	Leader string `json:"leader,omitzero"` // Observed: the leader's value
 	// Mode, for the Granted op of a read-write lock's acquisition, is

@@ -147,3 +147,26 @@ func TestCheckRegainsByKind(t *testing.T) {
 	assert.Empty(t, sem.Check(build("", "")).L4, "two permits")
 	assert.Len(t, history.Check(build("", "")).L4, 1, "a lock")
 }
+
+// TestCheckFiledSendIsNotTheGrants: on a key of several holders, token
+// order is checked against the send time of each grant. A renewal filed by
+// its value was sent after its grant, so its send time must not stand in
+// for the grant's: b, granted between a's grant and a's renewal with a
+// larger token, is in order.
+func TestCheckFiledSendIsNotTheGrants(t *testing.T) {
+	b := &builder{}
+	b.confirmValue("a", "a-1", 10, 0, 1, 300).grant("a", 10, 2).
+		confirmValue("b", "b-1", 20, 3, 4, 300).grant("b", 20, 5).
+		confirmValue("a", "a-1", 0, 50, 51, 350)
+	sem := history.Config{Permits: map[string]int{"lock": 2}}
+	r := sem.Check(b.ops)
+	require.NoError(t, r.Err())
+	assert.Zero(t, r.Unfiled)
+
+	// The same renewal recorded under its token, as a grant: b's grant came
+	// before it was sent, with a larger token, which is out of order.
+	b = &builder{}
+	b.confirmValue("a", "a-1", 10, 50, 51, 300).grant("a", 10, 52).
+		confirmValue("b", "b-1", 20, 3, 4, 300).grant("b", 20, 5)
+	assert.NotEmpty(t, sem.Check(b.ops).TokenOrder)
+}
