@@ -18,6 +18,7 @@ import (
 	"math"
 	"os"
 	"runtime/metrics"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -552,11 +553,14 @@ type opSink interface{ Add(history.Op) }
 // which is after the library read its own send time: a deadline computed
 // from it is never earlier than the one the library must use.
 //
-// A confirmed write is recorded for the acquisition whose value it wrote,
-// under the owner id in that value (the harness makes each client's owner id
-// its name): a release that passes the lease to a waiter in line confirms
-// that waiter's lease, for its claim window, and a grant the book learns of
-// late (its reply was lost) is dated by its token (see wire.learn).
+// A confirmed write is recorded for the value it wrote, under the owner id
+// in that value (the harness makes each client's owner id its name): a
+// grant under its token, a renewal under its value and send time, which
+// history.Check files under the grant of that value it was sent for (one
+// value may be granted more than once). A release that passes the lease to
+// a waiter in line confirms that waiter's grant, for its claim window, and
+// a grant the book learns of late (its reply was lost) is dated by its
+// token (see wire.learn).
 type wire struct {
 	rueidis.Client
 	rec    opSink
@@ -566,23 +570,28 @@ type wire struct {
 	calls []wireCall
 }
 
-// tokenBook maps lease values to the tokens their grants carried, for all
-// the wires of a world (a release grants a value through another client's
-// wire than the one that renews it), and remembers when each waiting value
-// last asked Redis, and its claim window. A write Redis confirmed for a
-// value whose token is not known yet (the renewal of a lease passed by a
-// release whose reply was lost) waits in the book until the token is.
+// tokenBook records, for all the wires of a world (a release grants a value
+// through another client's wire than the one that renews it), every grant
+// of each lease value: a value may be granted more than once, each time
+// under a token of its own (a delayed acquire call of an acquisition that
+// is over can grant its value anew, SAFETY.md L4). It also remembers when
+// each waiting value last asked Redis, and its claim window. The wire
+// files no confirmation under a token itself: it records a renewal under
+// its value and send time (history.Op.Lease and Sent), and history.Check
+// files it under the grant of that value known by then.
 type tokenBook struct {
-	mu      sync.Mutex
-	m       map[string]int64
-	queued  map[string]queuedCall
-	pending map[string][]pendingOp
+	mu     sync.Mutex
+	grants map[string][]bookGrant // by value, in the order learnt
+	queued map[string]queuedCall
 }
 
-// pendingOp is a confirmed write waiting for its value's token.
-type pendingOp struct {
-	sink opSink
-	op   history.Op
+// bookGrant is one grant of a value: its token, and when the book first
+// knew of it (the server time of the grant, read from the token, for a
+// grant learnt late; else the send time of the call that made it, or its
+// reply).
+type bookGrant struct {
+	token int64
+	known time.Time
 }
 
 // queuedCall is the last acquire call of a value that may stand in line.
@@ -592,56 +601,53 @@ type queuedCall struct {
 }
 
 func newTokenBook() *tokenBook {
-	return &tokenBook{m: make(map[string]int64), queued: make(map[string]queuedCall),
-		pending: make(map[string][]pendingOp)}
+	return &tokenBook{grants: make(map[string][]bookGrant), queued: make(map[string]queuedCall)}
 }
 
-// set records value's token and records, under it, the writes that waited
-// for it, and reports whether the token was new to the book. A lock keeps
-// one token per value: a holder that asks again keeps its grant's token,
-// and a value is used by one Lock call only.
-func (b *tokenBook) set(value string, token int64) bool {
-	b.mu.Lock()
-	known := b.m[value] == token
-	b.m[value] = token
-	waiting := b.pending[value]
-	delete(b.pending, value)
-	b.mu.Unlock()
-	for _, p := range waiting {
-		p.op.Token = token
-		p.sink.Add(p.op)
-	}
-	return !known
-}
-
-// confirm records op for value under its token, or keeps it until the
-// token is known.
-func (b *tokenBook) confirm(sink opSink, value string, op history.Op) {
-	b.mu.Lock()
-	token, known := b.m[value]
-	if !known {
-		b.pending[value] = append(b.pending[value], pendingOp{sink, op})
-	}
-	b.mu.Unlock()
-	if known {
-		op.Token = token
-		sink.Add(op)
-	}
-}
-
-func (b *tokenBook) get(value string) (int64, bool) {
+// add records a grant of token to value, known at known, and reports
+// whether it was new to the book. A holder that asks again keeps its
+// grant's token: that is the same grant, not a new one.
+func (b *tokenBook) add(value string, token int64, known time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	t, ok := b.m[value]
-	return t, ok
+	list := b.grants[value]
+	if i := slices.IndexFunc(list, func(g bookGrant) bool { return g.token == token }); i >= 0 {
+		if known.Before(list[i].known) {
+			list[i].known = known
+		}
+		return false
+	}
+	b.grants[value] = append(list, bookGrant{token, known})
+	return true
+}
+
+// tokenAt returns the token of the grant of value that a call sent at sent
+// was made for: the latest one known by then, or, for a call sent before
+// any (an acquire call that stood in line), the first.
+func (b *tokenBook) tokenAt(value string, sent time.Time) (int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var best, first bookGrant
+	for _, g := range b.grants[value] {
+		if first.token == 0 || g.known.Before(first.known) {
+			first = g
+		}
+		if !g.known.After(sent) && (best.token == 0 || g.known.After(best.known)) {
+			best = g
+		}
+	}
+	if best.token == 0 {
+		best = first
+	}
+	return best.token, best.token != 0
 }
 
 // issued reports whether token is known to belong to some value.
 func (b *tokenBook) issued(token int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, t := range b.m {
-		if t == token {
+	for _, list := range b.grants {
+		if slices.ContainsFunc(list, func(g bookGrant) bool { return g.token == token }) {
 			return true
 		}
 	}
@@ -856,12 +862,24 @@ func (w *wire) doBatch(ctx context.Context, cmd rueidis.Completed, send sendFunc
 	w.mu.Unlock()
 	for _, c := range calls {
 		if c.ok {
-			w.tokens.confirm(w.rec, c.value, history.Op{Kind: history.Confirmed, At: history.At(c.end),
-				Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))),
-				Key:   c.key, Client: lease.Owner(c.value)})
+			w.confirm(c)
 		}
 	}
 	return res
+}
+
+// confirm records the write of c, which Redis confirmed, under c's value:
+// history.Check files it under the grant of the value it was sent for (a
+// renewal) or the grant it made or claimed (an acquire, which names it by
+// its token).
+func (w *wire) confirm(c wireCall) {
+	op := history.Op{Kind: history.Confirmed, Sent: history.At(c.start), At: history.At(c.end),
+		Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))),
+		Key:   c.key, Client: lease.Owner(c.value), Lease: c.value}
+	if c.kind == acquireCall {
+		op.Token = c.token
+	}
+	w.rec.Add(op)
 }
 
 // do runs cmd through send and records it if it is a lease script.
@@ -894,8 +912,9 @@ func (w *wire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rue
 				c.passed, _ = arr[2].ToString()
 			case c.kind == acquireCall && !c.ok && len(arr) >= 6:
 				// A refused acquire names the holder and the last token. A
-				// holder unknown to the book was passed the lease by a
-				// script whose reply did not say so: this acquire, finding
+				// token unknown to the book is a grant (to a value the book
+				// may know under an older grant: a late call granted it
+				// anew) made by a script whose reply did not say so: this acquire, finding
 				// the lease free and a live waiter first in line, or an
 				// earlier release or acquire whose reply was lost (or a
 				// client of another process: then the bound below is
@@ -908,23 +927,20 @@ func (w *wire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rue
 				}
 				holder, _ := arr[2].ToString()
 				token, _ := arr[5].AsInt64()
-				if _, known := w.tokens.get(holder); holder != "" && holder != c.value && !known &&
-					token > 0 && !w.tokens.issued(token) {
+				if holder != "" && holder != c.value && token > 0 && !w.tokens.issued(token) {
 					c.passed, c.passToken, c.passHeard = holder, token, true
 				}
 			}
 		}
 	}
 	if c.kind == acquireCall && c.ok {
-		w.learn(c.key, c.value, c.token, 0)
+		w.learn(c.key, c.value, c.token, 0, c.end)
 	}
 	w.mu.Lock()
 	w.calls[i] = c
 	w.mu.Unlock()
 	if c.ok && c.kind != releaseCall {
-		w.tokens.confirm(w.rec, c.value, history.Op{Kind: history.Confirmed, At: history.At(c.end),
-			Until: history.At(c.start.Add(c.ttl - distlock.Margin(c.ttl))),
-			Key:   c.key, Client: lease.Owner(c.value)})
+		w.confirm(c)
 	}
 	if c.passed != "" {
 		w.recordPass(c)
@@ -948,7 +964,7 @@ func (w *wire) do(ctx context.Context, cmd rueidis.Completed, send sendFunc) rue
 // time says nothing: learn dates it by its token.
 func (w *wire) recordPass(c wireCall) {
 	if c.passHeard {
-		w.learn(c.key, c.passed, c.passToken, distlock.DefaultClaimWindow)
+		w.learn(c.key, c.passed, c.passToken, distlock.DefaultClaimWindow, time.UnixMicro(c.passToken))
 		return
 	}
 	from, claim := c.start, distlock.DefaultClaimWindow
@@ -960,15 +976,16 @@ func (w *wire) recordPass(c wireCall) {
 	}
 	w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(c.start),
 		Until: history.At(from.Add(claim - distlock.Margin(claim))),
-		Key:   c.key, Client: lease.Owner(c.passed), Token: c.passToken})
-	w.tokens.set(c.passed, c.passToken)
+		Key:   c.key, Client: lease.Owner(c.passed), Token: c.passToken, Lease: c.passed})
+	w.tokens.add(c.passed, c.passToken, c.start)
 }
 
-// learn records that Redis granted token to value, learnt from a reply
-// that may have come long after the grant: the reply of the call that made
-// the grant may have been lost (a partition, a reset), while the waiter
-// heard of it at once through its room and used it. So when the book learns
-// a token it did not know, it records the grant itself, dated by the token:
+// learn records that Redis granted token to value, learnt at known from a
+// reply that may have come long after the grant: the reply of the call that
+// made the grant may have been lost (a partition, a reset), while the
+// waiter heard of it at once through its room and used it. So when the book
+// learns a grant it did not know, it records the grant itself, dated by the
+// token:
 // a token is the server's clock at the grant, in µs (the clock of this
 // machine), or the last token plus one when the clock has not moved past
 // it, which for a lock, whose grants each take a script of several µs, does
@@ -978,8 +995,8 @@ func (w *wire) recordPass(c wireCall) {
 // shorter), so the record is never more lenient than Redis. claim is the
 // claim window to assume when the book has no call of the value that stood
 // in line (a value of another process); zero records nothing then.
-func (w *wire) learn(key, value string, token int64, claim time.Duration) {
-	if !w.tokens.set(value, token) {
+func (w *wire) learn(key, value string, token int64, claim time.Duration, known time.Time) {
+	if !w.tokens.add(value, token, known) {
 		return
 	}
 	if q, ok := w.tokens.getQueued(value); ok && q.claim > 0 {
@@ -991,16 +1008,19 @@ func (w *wire) learn(key, value string, token int64, claim time.Duration) {
 	at := time.UnixMicro(token)
 	w.rec.Add(history.Op{Kind: history.Confirmed, At: history.At(at),
 		Until: history.At(at.Add(claim - distlock.Margin(claim))),
-		Key:   key, Client: lease.Owner(value), Token: token})
+		Key:   key, Client: lease.Owner(value), Token: token, Lease: value})
 }
 
-// find returns the recorded calls that match f, with tokens resolved.
+// find returns the recorded calls that match f, each with the token of the
+// grant it was made for (tokenBook.tokenAt).
 func (w *wire) find(f func(c wireCall) bool) []wireCall {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []wireCall
 	for _, c := range w.calls {
-		c.token, _ = w.tokens.get(c.value)
+		if c.token == 0 {
+			c.token, _ = w.tokens.tokenAt(c.value, c.start)
+		}
 		if f(c) {
 			out = append(out, c)
 		}
