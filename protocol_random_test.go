@@ -28,6 +28,8 @@ package distlock_test
 //   - W3: a cancelled Lock returned within randomGiveUp (checkGiveUps).
 //   - W5: once everyone had left, no lease, queue keys, void keys or wake
 //     subscriptions remained (checkLeftovers; goroutines: TestMain).
+// Bounds of promptness are widened by the scheduling delay measured over
+// what they bound (world.delayed); bounds of safety never are.
 //
 // The seed is logged; DISTLOCK_RANDOM_SEED=s replays the same random draws,
 // and so the same moves as far as they do not depend on timing (a move
@@ -155,7 +157,12 @@ func runRandomRound(t *testing.T, seed uint64, ops int) {
 	var clients []*client // by process
 	script := rueidis.NewLuaScriptReadOnly(sampleScript)
 	r := newRound(t, w, seed, roundKind{
-		call: "Lock", unit: "the lock", figure: "random", killOdds: 15, maxHold: randomMaxHold,
+		// Bounds of promptness are widened by the scheduling delay the
+		// probe measured over what they bound, as in the semaphore's and
+		// the read-write lock's rounds (a loaded soak round failed a
+		// hand-off of 267 ms against 250 ms, no fault near); bounds of
+		// safety never are.
+		call: "Lock", unit: "the lock", figure: "random", killOdds: 15, maxHold: randomMaxHold, widen: true,
 		newCall: func(p *rproc, name string) func(context.Context) (*distlock.Guard, error) {
 			m, err := distlock.NewMutex(clients[p.idx].wire, w.lock, distlock.WithTTL(w.ttl), distlock.WithOwner(name))
 			require.NoError(t, err)
@@ -204,7 +211,8 @@ func runRandomRound(t *testing.T, seed uint64, ops int) {
 	figure(t, "random", "seed", seed, "moves", ops, "moving", moved, "draining", drainedIn,
 		"waiters", len(r.waiters), "acquired", acquired, "cancelled", cancelled, "killed", killed, "failed", failed,
 		"line_max", longest, "line_mean", fmt.Sprintf("%.1f", float64(sum)/float64(max(len(r.samples), 1))),
-		"samples", len(r.samples), "counter_writes", report.Writes, "l1_unchecked", report.Unchecked)
+		"samples", len(r.samples), "counter_writes", report.Writes, "l1_unchecked", report.Unchecked,
+		"worst_sched_delay", w.probe.worst())
 	t.Logf("moves: %v", r.moves)
 }
 
