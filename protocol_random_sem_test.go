@@ -419,74 +419,124 @@ func (cs semCalls) sent(g semGrant) time.Time {
 	return g.call.start
 }
 
+// passedFrom returns the send time that a permit passed by grant g
+// counts from: the release's, or the waiter's last call that found it in
+// line before the pass, if that came later.
+func (cs semCalls) passedFrom(g semGrant) time.Time {
+	from := g.call.start
+	if q, ok := cs.lastInLineBefore(lease.Owner(g.value), g.token); ok {
+		from = later(from, q)
+	}
+	return from
+}
+
+// semHold is one hold of a value: its grants in token order, the tokens
+// they carried, and every other write Redis confirmed for it (an acquire
+// call that claimed a grant, a renewal sent while it was the value's
+// latest hold).
+type semHold struct {
+	value  string
+	tokens []int64
+	grants []semGrant
+	writes []semCall
+}
+
+// holds groups what Redis confirmed of each value into holds. A grant
+// starts a hold of its own, unless continued is set and the grant came
+// (by its token, the server's clock) before what the value's hold so far
+// is known to last, by the confirmations whose replies came before it
+// (passUntil dates a pass's, fullUntil an acquire's or a renewal's): a
+// semaphore's holder that asks again while it holds is granted a new
+// token for the same lease. A grant after that is a value granted anew
+// (a late call of an acquisition that is over), whose writes must not
+// count for the grant before it. A write goes to the latest hold known
+// when it was sent.
+//
+// extra are grants that no reply showed (a permit passed by someone's
+// acquire call), by owner, dated as passes.
+func (cs semCalls) holds(continued bool, passUntil func(time.Time) time.Time, fullUntil func(semCall) time.Time,
+	extra map[string][]semGrant) []*semHold {
+	var out []*semHold
+	owners := map[string]bool{}
+	for owner := range cs.byOwnerGrants {
+		owners[owner] = true
+	}
+	for owner := range extra {
+		owners[owner] = true
+	}
+	for owner := range owners {
+		grants := slices.Concat(cs.byOwnerGrants[owner], extra[owner])
+		slices.SortFunc(grants, func(a, b semGrant) int { return cmp.Compare(a.token, b.token) })
+		var writes []semCall
+		for _, c := range cs.byOwner[owner] {
+			if c.ok && c.done && c.err == nil && (c.kind == renewCall || !slices.ContainsFunc(grants, func(g semGrant) bool {
+				return !g.pass && g.call.start.Equal(c.start) && g.call.value == c.value
+			})) {
+				writes = append(writes, c)
+			}
+		}
+		var hs []*semHold
+		var begun []time.Time // when each hold's first grant was known
+		for _, g := range grants {
+			at := time.UnixMicro(g.token)
+			if n := len(hs); continued && n > 0 {
+				h := hs[n-1]
+				var until time.Time
+				for _, o := range h.grants {
+					if o.pass {
+						until = later(until, passUntil(cs.passedFrom(o)))
+					} else {
+						until = later(until, fullUntil(o.call))
+					}
+				}
+				for _, c := range writes {
+					if !c.start.Before(begun[n-1]) && c.end.Before(at) {
+						until = later(until, fullUntil(c))
+					}
+				}
+				if at.Before(until) {
+					h.grants, h.tokens = append(h.grants, g), append(h.tokens, g.token)
+					continue
+				}
+			}
+			known := g.call.end
+			if g.pass {
+				known = g.call.start
+			}
+			hs = append(hs, &semHold{value: g.value, tokens: []int64{g.token}, grants: []semGrant{g}})
+			begun = append(begun, known)
+		}
+		for _, c := range writes {
+			// An acquire call that claimed a grant names its token; a
+			// renewal goes to the latest hold known when it was sent (none:
+			// the value had no grant the record shows, and it is dropped).
+			i := -1
+			for j := range hs {
+				if c.kind == acquireCall && slices.Contains(hs[j].tokens, c.token) ||
+					c.kind == renewCall && !begun[j].After(c.start) {
+					i = j
+				}
+			}
+			if i >= 0 {
+				hs[i].writes = append(hs[i].writes, c)
+			}
+		}
+		out = append(out, hs...)
+	}
+	return out
+}
+
 // The checks.
 
-// checkL1 adds to the history what Redis confirmed of each guard's value
-// (acquire grants and renewals for the TTL from their send time; a permit
-// passed to it for the claim window from the latest send time known to
-// precede the pass) and checks L1 on it: no guard reported Acquired past
-// the deadline those writes allow. The history's overlap and token-order
-// checks are the lock's (one holder); checkAtMostN and checkTokens stand
-// in for them.
+// checkL1 adds to the history what Redis confirmed of each value (acquire
+// grants and renewals for the TTL from their send time; a permit passed to
+// it for the claim window from the latest send time known to precede the
+// pass), filed under the hold it was sent for (see semCalls.holds), and
+// checks L1 on it: no guard reported Acquired past the deadline those
+// writes allow. The history's overlap and token-order checks are the
+// lock's (one holder); checkAtMostN and checkTokens stand in for them.
 func (r *semRound) checkL1(cs semCalls) history.Report {
-	add := func(value string, token int64, sent, at, until time.Time) {
-		op := history.Op{Kind: history.Confirmed, At: history.At(at), Until: history.At(until),
-			Key: r.w.key, Client: lease.Owner(value), Token: token, Lease: value}
-		if !sent.IsZero() {
-			op.Sent = history.At(sent)
-		}
-		r.w.rec.Add(op)
-	}
-	// Each grant, under its token: a pass lasts the claim window from the
-	// latest send time known to precede it, a grant to an acquire call the
-	// TTL from that call's send. Its Sent is a time before the grant
-	// (checkTokens's sent), for the history's check of token order.
-	for _, g := range cs.grants {
-		if g.pass {
-			from := g.call.start
-			if q, ok := cs.lastInLineBefore(lease.Owner(g.value), g.token); ok {
-				from = later(from, q)
-			}
-			add(g.value, g.token, g.call.start, g.call.start, from.Add(randomClaim-distlock.Margin(randomClaim)))
-			continue
-		}
-		add(g.value, g.token, cs.sent(g), g.call.end, g.call.start.Add(g.call.ttl-distlock.Margin(g.call.ttl)))
-	}
-	// Every other confirmed write: an acquire call that claimed a grant
-	// (it names the grant's token), and renewals, which the history files
-	// under the grant of their value known when they were sent (a value
-	// may be granted more than once: a late call can grant it anew).
-	for _, c := range cs.all {
-		if !c.ok || !c.done || c.err != nil {
-			continue
-		}
-		switch c.kind {
-		case acquireCall:
-			if g := cs.grants[c.token]; g.call.start != c.start || g.value != c.value {
-				add(c.value, c.token, time.Time{}, c.end, c.start.Add(c.ttl-distlock.Margin(c.ttl)))
-			}
-		case renewCall:
-			add(c.value, 0, c.start, c.end, c.start.Add(c.ttl-distlock.Margin(c.ttl)))
-		}
-	}
-	for _, x := range r.waiters {
-		if x.token == 0 {
-			continue
-		}
-		if g, seen := cs.grants[x.token]; seen && g.pass {
-			continue
-		}
-		// A permit passed by someone's acquire call, whose reply does not
-		// say to whom: it was granted after the waiter's last call that
-		// found it in line, and lasted the claim window from then. (A
-		// read-write lock's waiter keeps that token when its own call
-		// claims the grant, or when a refresh in flight at the pass finds
-		// it: the reply of that call is not where the grant began.)
-		q, ok := cs.lastInLineBefore(x.name, x.token)
-		if calls := cs.byOwner[x.name]; ok && len(calls) > 0 {
-			add(calls[0].value, x.token, q, time.UnixMicro(x.token), q.Add(randomClaim-distlock.Margin(randomClaim)))
-		}
-	}
+	r.recordWrites(cs)
 	// Not world.check: its summary counts the lock's overlaps.
 	report := history.Check(r.w.rec.Ops())
 	r.t.Logf("SAFETY scenario=random-sem acquisitions=%d samples=%d held_samples=%d l1_unchecked=%d l1_violations=%d "+
@@ -504,6 +554,64 @@ func (r *semRound) checkL1(cs semCalls) history.Report {
 	}
 	assert.Empty(r.t, report.Malformed, "the history contradicts itself")
 	return report
+}
+
+// recordWrites adds to the history what Redis confirmed of each value, for
+// checkL1.
+func (r *semRound) recordWrites(cs semCalls) {
+	claim := func(from time.Time) time.Time { return from.Add(randomClaim - distlock.Margin(randomClaim)) }
+	full := func(c semCall) time.Time { return c.start.Add(c.ttl - distlock.Margin(c.ttl)) }
+	// A permit passed by someone's acquire call, whose reply does not say
+	// to whom: it was granted after the waiter's last call that found it
+	// in line, and lasted the claim window from then. (A read-write lock's
+	// waiter keeps that token when its own call claims the grant, or when a
+	// refresh in flight at the pass finds it: the reply of that call is not
+	// where the grant began.)
+	extra := map[string][]semGrant{}
+	for _, x := range r.waiters {
+		g, seen := cs.grants[x.token]
+		q, ok := cs.lastInLineBefore(x.name, x.token)
+		switch {
+		case x.token == 0 || seen && g.pass || !ok:
+		case !seen && len(cs.byOwner[x.name]) > 0:
+			c := semCall{wireCall: wireCall{kind: acquireCall, value: cs.byOwner[x.name][0].value, start: q, end: q}}
+			extra[x.name] = append(extra[x.name], semGrant{value: c.value, token: x.token, call: c, pass: true})
+		case seen:
+			r.w.rec.Add(history.Op{Kind: history.Confirmed, Sent: history.At(q), At: history.At(time.UnixMicro(x.token)),
+				Until: history.At(claim(q)), Key: r.w.key, Client: x.name, Token: x.token})
+		}
+	}
+	// A read-write lock's holder that asks again keeps its token; a
+	// semaphore's gets a new one for the same lease (lease/doc.go).
+	for _, h := range cs.holds(r.kind.modeOf == nil, claim, full, extra) {
+		add := func(sent, at, until time.Time) {
+			for i, token := range h.tokens {
+				op := history.Op{Kind: history.Confirmed, At: history.At(at), Until: history.At(until),
+					Key: r.w.key, Client: lease.Owner(h.value), Token: token}
+				if i == 0 {
+					// The hold's first grant names the value: the history
+					// lists a value held more than once (Regrants).
+					op.Lease = h.value
+				}
+				if !sent.IsZero() {
+					op.Sent = history.At(sent)
+				}
+				r.w.rec.Add(op)
+			}
+		}
+		for _, g := range h.grants {
+			// Its Sent is a time before the grant (checkTokens's sent), for
+			// the history's check of token order.
+			if g.pass {
+				add(g.call.start, g.call.start, claim(cs.passedFrom(g)))
+			} else {
+				add(cs.sent(g), g.call.end, full(g.call))
+			}
+		}
+		for _, c := range h.writes {
+			add(time.Time{}, c.end, full(c))
+		}
+	}
 }
 
 // trace describes, for a failure message, what the record shows of x: its
@@ -913,6 +1021,50 @@ func (r *semRound) cutOffNear(p int, from, to time.Time) bool {
 	return false
 }
 
+// recordRound is a round with no Redis, for tests of how the record of the
+// semaphore's and read-write lock's rounds is read: calls and samples are
+// made up at times ms(n) milliseconds after a base a minute ago.
+type recordRound struct {
+	*semRound
+	base time.Time
+}
+
+func newRecordRound(t *testing.T, rw bool) *recordRound {
+	w := &world{t: t, rec: &history.Recorder{}, key: "distlock:{rwrandom}"}
+	r := &semRound{round: &round{t: t, w: w, byName: map[string]*rwaiter{}}}
+	if rw {
+		r.kind.modeOf = func(string) string { return "read" }
+	}
+	r.wires = []*semWire{{}}
+	return &recordRound{semRound: r, base: time.Now().Add(-time.Minute)}
+}
+
+func (r *recordRound) ms(n int) time.Time { return r.base.Add(time.Duration(n) * time.Millisecond) }
+
+// call records a call of kind with value, from ms(from) to ms(to).
+func (r *recordRound) call(kind callKind, value string, from, to int, edit func(c *semCall)) {
+	c := semCall{wireCall: wireCall{kind: kind, key: r.w.key, value: value, ttl: safetyTTL, claim: randomClaim,
+		start: r.ms(from), end: r.ms(to), done: true}, rank: -1}
+	if edit != nil {
+		edit(&c)
+	}
+	r.wires[0].calls = append(r.wires[0].calls, c)
+}
+
+// guard records the waiter named name, whose Lock returned a guard with
+// token at ms(at), and samples of it that said Acquired at ms(from),
+// ms(from+2), ... before ms(to).
+func (r *recordRound) guard(name string, token int64, at, from, to int) {
+	x := &rwaiter{name: name, proc: &rproc{}, token: token, start: r.base, returned: r.ms(at)}
+	r.waiters, r.byName[name] = append(r.waiters, x), x
+	r.w.rec.Add(history.Op{Kind: history.Granted, At: history.At(r.ms(at)), Key: r.w.key, Client: name, Token: token,
+		Mode: "read"})
+	for n := from; n < to; n += 2 {
+		r.w.rec.Add(history.Op{Kind: history.Sample, At: history.At(r.ms(n)), End: history.At(r.ms(n).Add(100 * time.Microsecond)),
+			Key: r.w.key, Client: name, Token: token, Held: true})
+	}
+}
+
 // TestSemRecordPassClaimedInFlight replays, on the record alone, the false
 // L1 reports of TestRandomRWMutex (seeds 1796500000000002004 and
 // 1796500000000002031 of one soak, 6 ms and 113 ms "past the deadline"):
@@ -925,42 +1077,68 @@ func (r *semRound) cutOffNear(p int, from, to time.Time) bool {
 // from the waiter's last call that stood in line instead, the grant seemed
 // to have lapsed before the guard's first samples.
 func TestSemRecordPassClaimedInFlight(t *testing.T) {
-	w := &world{t: t, rec: &history.Recorder{}, key: "distlock:{rwrandom}"}
-	r := &semRound{round: &round{t: t, w: w, byName: map[string]*rwaiter{}}}
-	const claim, ttl = randomClaim, safetyTTL
-	base := time.Now().Add(-time.Minute)
-	ms := func(n int) time.Time { return base.Add(time.Duration(n) * time.Millisecond) }
-	value, releaser := lease.NewValue("p0.w1"), lease.NewValue("p0.w0")
-	token := ms(481).UnixMicro() // the pass, at the server's clock
-	call := func(kind callKind, v string, from, to int) semCall {
-		return semCall{wireCall: wireCall{kind: kind, key: w.key, value: v, ttl: ttl, claim: claim,
-			start: ms(from), end: ms(to), done: true}, rank: -1}
-	}
-	inLine := call(acquireCall, value, 0, 1)
-	inLine.rank, inLine.fence = 3, ms(-100).UnixMicro()
-	refresh := call(acquireCall, value, 250, 492) // the claim, in flight at the pass
-	refresh.ok, refresh.token = true, token
-	release := call(releaseCall, releaser, 480, 482)
-	release.ok, release.passes = true, []semPass{{value: value, token: token}}
-	renew := call(renewCall, value, 493, 495)
-	renew.ok = true
-	r.wires = []*semWire{{calls: []semCall{inLine, refresh, release, renew}}}
-	x := &rwaiter{name: "p0.w1", proc: &rproc{}, token: token, start: ms(0), returned: ms(483)}
-	r.waiters, r.byName[x.name] = []*rwaiter{x}, x
-
+	r := newRecordRound(t, true)
+	value := lease.NewValue("p0.w1")
+	token := r.ms(481).UnixMicro() // the pass, at the server's clock
+	r.call(acquireCall, value, 0, 1, func(c *semCall) { c.rank, c.fence = 3, r.ms(-100).UnixMicro() })
+	r.call(acquireCall, value, 250, 492, func(c *semCall) { c.ok, c.token = true, token }) // the claim
+	r.call(releaseCall, lease.NewValue("p0.w0"), 480, 482, func(c *semCall) {
+		c.ok, c.passes = true, []semPass{{value: value, token: token}}
+	})
+	r.call(renewCall, value, 493, 495, func(c *semCall) { c.ok = true })
 	// Lock returned at 483, before the refresh's reply; the guard said
 	// Acquired from then on.
-	w.rec.Add(history.Op{Kind: history.Granted, At: history.At(ms(483)), Key: w.key, Client: x.name, Token: token, Mode: "read"})
-	for at := 484; at < 520; at += 2 {
-		w.rec.Add(history.Op{Kind: history.Sample, At: history.At(ms(at)), End: history.At(ms(at).Add(100 * time.Microsecond)),
-			Key: w.key, Client: x.name, Token: token, Held: true})
-	}
+	r.guard("p0.w1", token, 483, 484, 520)
+
 	cs := r.calls()
 	g := cs.grants[token]
 	assert.True(t, g.pass, "the grant is the release's pass")
-	assert.Equal(t, []semGrant{g}, cs.grantsTo(x.name))
+	assert.Equal(t, []semGrant{g}, cs.grantsTo("p0.w1"))
 	report := r.checkL1(cs)
 	assert.Empty(t, report.L1)
 	assert.Zero(t, report.Unchecked)
-	assert.Zero(t, report.Unfiled)
+	assert.Empty(t, report.Regrants)
+}
+
+// TestSemRecordHolds: a semaphore's waiter whose refresh lands just after
+// a release passed it a permit is granted a new token for the same lease,
+// while its guard holds the pass's token (TestRandomSemaphore seed
+// 1796800000000002050 reported that guard's samples after the pass's claim
+// window, which the renewals that followed covered); a value granted again
+// after its lease had ended is a new hold, whose renewals do not count for
+// the guard of the first.
+func TestSemRecordHolds(t *testing.T) {
+	build := func(t *testing.T, second int) *recordRound {
+		r := newRecordRound(t, false)
+		value := lease.NewValue("p1.w11")
+		pass, again := r.ms(102).UnixMicro(), r.ms(second).UnixMicro()
+		r.call(acquireCall, value, 0, 1, func(c *semCall) { c.rank, c.fence = 3, r.ms(-100).UnixMicro() })
+		r.call(releaseCall, lease.NewValue("p1.w8"), 100, 103, func(c *semCall) {
+			c.ok, c.passes = true, []semPass{{value: value, token: pass}}
+		})
+		r.call(acquireCall, value, second-90, second+1, func(c *semCall) { c.ok, c.token = true, again })
+		r.call(renewCall, value, second+60, second+61, func(c *semCall) { c.ok = true })
+		r.guard("p1.w11", pass, 104, 105, second+600)
+		return r
+	}
+	t.Run("asked again while held", func(t *testing.T) {
+		r := build(t, 103)
+		report := r.checkL1(r.calls())
+		assert.Empty(t, report.L1)
+		assert.Empty(t, report.Regrants)
+	})
+	t.Run("granted again after the lease ended", func(t *testing.T) {
+		// The pass lasted the claim window from 100; the new grant comes
+		// at 700. The guard's samples past 565 are reported, each with
+		// the later grant whose writes would cover it.
+		r := build(t, 700)
+		r.recordWrites(r.calls())
+		report := history.Check(r.w.rec.Ops())
+		require.NotEmpty(t, report.L1)
+		assert.Contains(t, report.L1[0], "0s after its deadline")
+		assert.True(t, slices.ContainsFunc(report.L1, func(l string) bool {
+			return strings.Contains(l, "a later grant of the same value")
+		}), "L1: %v", report.L1)
+		assert.Len(t, report.Regrants, 1)
+	})
 }
