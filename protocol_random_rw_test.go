@@ -187,6 +187,7 @@ func runRWRound(t *testing.T, seed uint64, ops int) {
 		"rlock_calls", faces["rlock"], "lock_calls", faces["lock"], "mutex_calls", faces["mutex"], "campaign_calls", faces["campaign"],
 		"line_max", longest, "holders_max", most, "readers_peak", report.Readers, "samples", len(r.samples),
 		"worst_sched_delay", w.probe.worst())
+	t.Logf("moves: %v", r.moves)
 }
 
 // faceOf names the face of the n-th of ten calls of a round (see
