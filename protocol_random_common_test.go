@@ -739,6 +739,18 @@ func (r *round) faultsNear(from, to time.Time) []string {
 	return out
 }
 
+// faultsAt describes the faults that overlap [from, to], with their
+// times on the wall clock, for failure messages.
+func (r *round) faultsAt(from, to time.Time) []string {
+	var out []string
+	for _, f := range r.faults {
+		if !f.start.After(to) && (f.end.IsZero() || !f.end.Before(from)) {
+			out = append(out, fmt.Sprintf("%s of %d %s..%s", f.kind, f.proc, f.start.Format("05.000000"), f.end.Format("05.000000")))
+		}
+	}
+	return out
+}
+
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -820,6 +832,9 @@ type lineRecord interface {
 	// lastPass returns the last grant a release passed to x before the one
 	// its guard holds, and the process that made the release.
 	lastPass(x *rwaiter) (token int64, from int, ok bool)
+	// describe lists every call of the waiter named name and every grant
+	// to it, for failure messages.
+	describe(name string) string
 }
 
 // releaseCallOf is a release call that deleted its value, and whether it
@@ -892,6 +907,8 @@ func (r *round) checkOrder(rec lineRecord) {
 				breaches = append(breaches, fmt.Sprintf("%s (token %d) got %s at %s although %s, ahead of it in line, "+
 					"was waiting with a live place (calls %s)", b.name, token, r.kind.unit, g.Format("15:04:05.000000"), a.name,
 					describeCalls(calls, lo.Add(-randomClaim), g)))
+				r.t.Logf("W2 breach: %s; %s; faults near: %v", rec.describe(a.name), rec.describe(b.name),
+					r.faultsAt(lo.Add(-randomClaim), g))
 				continue
 			}
 			switch {

@@ -894,6 +894,22 @@ func (cs semCalls) grantedFirst(a *rwaiter, g time.Time, _ int64) bool {
 	return ok && !at.After(g.Add(clockSlop))
 }
 
+func (cs semCalls) describe(name string) string {
+	var b strings.Builder
+	at := func(t time.Time) string { return t.Format("05.000000") }
+	fmt.Fprintf(&b, "%s:", name)
+	for _, c := range cs.all {
+		if lease.Owner(c.value) == name {
+			fmt.Fprintf(&b, " [p%d %v %s..%s ok=%v err=%v token=%d rank=%d fence=%d]", c.proc, c.kind, at(c.start), at(c.end),
+				c.ok, c.err, c.token, c.rank, c.fence)
+		}
+	}
+	for _, g := range cs.grantsTo(name) {
+		fmt.Fprintf(&b, " [grant %d at %s pass=%v by %s]", g.token, at(time.UnixMicro(g.token)), g.pass, lease.Owner(g.call.value))
+	}
+	return b.String()
+}
+
 func (cs semCalls) releases() []releaseCallOf {
 	var out []releaseCallOf
 	for _, c := range cs.all {

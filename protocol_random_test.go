@@ -304,6 +304,15 @@ func (rec *lockRecord) grantedFirst(a *rwaiter, _ time.Time, token int64) bool {
 
 func (rec *lockRecord) releases() []releaseCallOf { return rec.released }
 
+func (rec *lockRecord) describe(name string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: in line %s;", name, describeCalls(rec.calls[name], time.Time{}, time.Now()))
+	for _, p := range rec.passes[name] {
+		fmt.Fprintf(&b, " [passed %d at %s by p%d]", p.token, time.UnixMicro(p.token).Format("05.000000"), p.from)
+	}
+	return b.String()
+}
+
 func (rec *lockRecord) grantedWithin(x *rwaiter, from, to time.Time) bool {
 	return slices.ContainsFunc(rec.passes[x.name], func(p pass) bool {
 		at := time.UnixMicro(p.token)
