@@ -907,6 +907,15 @@ func (cs semCalls) describe(name string) string {
 	for _, g := range cs.grantsTo(name) {
 		fmt.Fprintf(&b, " [grant %d at %s pass=%v by %s]", g.token, at(time.UnixMicro(g.token)), g.pass, lease.Owner(g.call.value))
 	}
+	// The first samples that listed it as a holder: a lease left of about
+	// a claim window is a pass that no reply named (another caller's
+	// acquire made it).
+	for i, h := range cs.held[name] {
+		if i == 3 {
+			break
+		}
+		fmt.Fprintf(&b, " [held in sample %s..%s, %v left]", at(h.s.at), at(h.s.end), h.left)
+	}
 	return b.String()
 }
 
