@@ -28,8 +28,6 @@ type setAcquirer struct {
 	// without a reply, otherwise up to the name the furthest call stopped
 	// at. A request that gives up cancels these names alone.
 	reached []int
-	// ticket is the request's place in every line, once it stood in one.
-	ticket int64
 }
 
 func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interval time.Duration) (*Guard, error) {
@@ -306,15 +304,16 @@ func (a *setAcquirer) poll(interval time.Duration) (*Guard, error) {
 // guard renews every name to the TTL a third of the claim window in).
 func (a *setAcquirer) queue() (*Guard, error) {
 	s := a.s
-	place := lease.Place{Claim: a.e.claim, Room: proc.roomID}
+	// One standing for every line: its ticket is the request's place in
+	// each, and the rest is of the line it stands in now (lineOf).
+	line := standing{place: lease.Place{Claim: a.e.claim, Room: proc.roomID}}
 	last := len(s.keys) - 1
 	var (
-		r           *room
-		roomFor     = -1 // the index of the name whose room r is
-		pre         []preJoined
-		queued      time.Time // send time of the last call that left it in line
-		queuedFence int64     // the last token issued when that call ran
-		pause       = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
+		r       *room
+		roomFor = -1 // the index of the name whose room r is
+		lineOf  = -1 // the index of the name whose line line is of
+		pre     []preJoined
+		pause   = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
 	)
 	leave := func() {
 		if r != nil {
@@ -354,8 +353,7 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			pre = a.preJoin(gi, pre)
 		}
 		sent := time.Now()
-		place.Ticket = a.ticket
-		sg, held, retry, err := a.take(gi, &place)
+		sg, held, retry, err := a.take(gi, &line.place)
 		switch {
 		case held:
 			pause.reset()
@@ -394,10 +392,16 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			continue
 		}
 		lastStop = stop
-		queued, queuedFence = sent, sg.Blocked.Fence
-		if sg.Blocked.Ticket > 0 {
-			a.ticket = sg.Blocked.Ticket
+		if lineOf != stop {
+			// Another name's line: what it saw of the last one's tokens
+			// says nothing of this one's.
+			line.moved()
+			lineOf = stop
 		}
+		if line.stale(sg.Blocked) {
+			continue // stand in line again at once (see standing.stale)
+		}
+		line.queuedBy(sent, sg.Blocked)
 		if roomFor != stop {
 			if r != nil {
 				r.leave(a.waiter)
@@ -423,14 +427,7 @@ func (a *setAcquirer) queue() (*Guard, error) {
 				continue
 			}
 		}
-		wait := refreshAfter(a.e.claim)
-		if !r.listen() {
-			wait = min(wait, DefaultRetryInterval)
-		}
-		if sg.Blocked.Rank == 0 && sg.Blocked.HolderTTL >= 0 {
-			wait = min(wait, sg.Blocked.HolderTTL+expiryGrace)
-		}
-		until := sent.Add(wait)
+		until := sent.Add(nextAsk(a.e.claim, r.listen(), sg.Blocked, true))
 		if !a.keep(gi, true, until) {
 			// A name of an earlier group is lost, or may be: as above.
 			restart(gi + 1)
@@ -442,22 +439,22 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			if err != nil {
 				return nil, err
 			}
-			if why != wokeByGrant || stop != last || a.e.ack.Replicas > 0 {
+			if why != wokeByGrant {
 				break // ask again
 			}
-			// The set's last name, passed to it: every name is held.
-			from := note.sent
-			if note.token > queuedFence && queued.After(from) {
-				from = queued
+			from := line.passed(note)
+			if stop != last {
+				break // take it with the rest of its group: ask again
 			}
+			// The set's last name, passed to it: every name is held.
 			if from.IsZero() {
 				continue // an announcement older than our last call
 			}
-			if !usableGrant(leaseDeadline(from, a.e.claim), a.e.claim) {
-				break // too late to hold at once: claim it by asking
+			if !a.e.holdsPass(from) {
+				break // claim it by asking
 			}
 			a.tokens[stop] = note.token
-			a.sent[gi], a.ttl[gi] = minTime(from, queued), a.e.claim
+			a.sent[gi], a.ttl[gi] = minTime(from, line.queued), a.e.claim
 			gi = s.ngroups()
 			break
 		}
