@@ -285,17 +285,5 @@ func (g *Guard) TokenOf(name string) int64 {
 	if g == nil {
 		return 0
 	}
-	if g.set == nil {
-		if name == g.e.name {
-			return g.token
-		}
-		return 0
-	}
-	s := g.set.set
-	for i := range s.keys {
-		if s.engine(i).name == name {
-			return g.set.tokens[i]
-		}
-	}
-	return 0
+	return g.hold.tokenOf(name, g.token)
 }

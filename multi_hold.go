@@ -11,8 +11,8 @@ import (
 // The hold of a MultiMutex: what its guard holds, its renewals and its
 // release.
 
-// setHold is what a guard of a MultiMutex holds beyond a Mutex's guard:
-// the set, and the token of each of its names.
+// setHold is the holding of a MultiMutex's guard (see holding): the set,
+// and the token of each of its names.
 type setHold struct {
 	set    *lockSet
 	tokens []int64 // in the set's order
@@ -64,11 +64,11 @@ func (s *lockSet) renew(ctx context.Context, gi int, value string, ttl time.Dura
 	return nil, nil
 }
 
-// renewAll renews every name of the set with value to ttl, one script per
+// renew renews every name of the set with value to ttl, one script per
 // group, and answers as one lease's renewal would: OK when every name was
 // extended, refused (with the holder found) when any was refused, and an
 // error when a group got no answer and none was refused.
-func (h *setHold) renewAll(ctx context.Context, value string, ttl time.Duration) (lease.Renewal, error) {
+func (h *setHold) renew(ctx context.Context, value string, ttl time.Duration) (lease.Renewal, error) {
 	s := h.set
 	refusals := make([]*refusal, s.ngroups())
 	errs := make([]error, s.ngroups())
@@ -87,12 +87,12 @@ func (h *setHold) renewAll(ctx context.Context, value string, ttl time.Duration)
 	return lease.Renewal{OK: true}, nil
 }
 
-// releaseAll releases (or, with void, cancels) every name of the set, one
+// release releases (or, with void, cancels) every name of the set, one
 // script per group, and answers as one lease's release would: Deleted
 // when every name still held value until it was deleted. It tells this
 // process's waiters of the passes at once. A try goes on from the tries
 // before it: a group already answered is not sent again.
-func (h *setHold) releaseAll(ctx context.Context, value string, void bool) (lease.Release, error) {
+func (h *setHold) release(ctx context.Context, value string, void bool) (lease.Release, error) {
 	s := h.set
 	if h.answered == nil {
 		h.answered = make([]bool, s.ngroups())
@@ -130,23 +130,40 @@ func (h *setHold) releaseAll(ctx context.Context, value string, void bool) (leas
 }
 
 // giveUp releases, in the background, the names of a set whose loss is
-// final (one of them was refused), until end at the latest. The guard is
-// retired: nothing else sends for it, so the final delete's state is this
-// goroutine's alone. A failure leaves the names to expire.
+// final (one of them was refused), until end at the latest: the others
+// are held for nothing, and go back to their lines now rather than at the
+// end of their leases. The guard is retired: nothing else sends for it,
+// so the final delete's state is this goroutine's alone. A failure leaves
+// the names to expire.
 func (h *setHold) giveUp(value string, void bool, end time.Time) {
 	proc.goWork(func() {
 		defer proc.work.done()
 		ctx, cancel := context.WithDeadline(context.Background(), end)
 		defer cancel()
-		_, _ = h.releaseAll(ctx, value, void)
+		_, _ = h.release(ctx, value, void)
 	})
 }
 
-// refusedKey returns the lease key to name in the LostError of a refused
-// renewal: the name's whose renewal was refused, for a MultiMutex's guard.
-func (g *Guard) refusedKey() string {
-	if g.set != nil && g.set.refused != "" {
-		return g.set.refused
+// batchable reports false: a set's renewals go as batches of their own,
+// one script per group.
+func (h *setHold) batchable() bool { return false }
+
+// tokenOf returns the token of name, one of the set's.
+func (h *setHold) tokenOf(name string, _ int64) int64 {
+	s := h.set
+	for i := range s.keys {
+		if s.engine(i).name == name {
+			return h.tokens[i]
+		}
 	}
-	return g.e.keys.Lease
+	return 0
+}
+
+// refusedKey returns the key of the name whose renewal was refused, and
+// before any was, the first name's.
+func (h *setHold) refusedKey() string {
+	if h.refused != "" {
+		return h.refused
+	}
+	return h.set.first().keys.Lease
 }
