@@ -33,25 +33,19 @@ type setAcquirer struct {
 func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interval time.Duration) (*Guard, error) {
 	s := m.set
 	first := s.first()
-	if ctx == nil {
-		return nil, invalid("ctx", "is nil")
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, first.ctxError(ctx)
+	ac, err := first.startAcquire(ctx, first.owner, wait)
+	if err != nil {
+		return nil, err
 	}
 	a := &setAcquirer{
-		acquirer: acquirer{e: first, ctx: ctx, start: time.Now(), value: lease.NewValue(first.owner)},
+		acquirer: ac,
 		s:        s,
 		tokens:   make([]int64, len(s.keys)),
 		sent:     make([]time.Time, s.ngroups()),
 		ttl:      make([]time.Duration, s.ngroups()),
 		reached:  make([]int, s.ngroups()),
 	}
-	if wait > 0 {
-		a.limit = a.start.Add(wait)
-	}
 	var g *Guard
-	var err error
 	switch mode {
 	case once:
 		g, err = a.once()
@@ -60,27 +54,15 @@ func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interv
 	default:
 		g, err = a.queue()
 	}
-	if a.timer != nil {
-		a.timer.Stop()
-	}
-	if a.stopCalls != nil {
-		a.stopCalls()
-	}
-	if g == nil && a.dirty {
-		// Give back whatever of the value may be in Redis, on every name
-		// a call reached, in the background: the caller does not wait on
-		// it.
+	if a.finish(g) {
+		// On every name a call reached (see cleanup).
 		value, reached := a.value, a.reached
 		proc.goWork(func() {
 			defer proc.work.done()
 			s.cleanup(value, reached)
 		})
 	}
-	info := AcquireInfo{Key: first.keys.Lease, Kind: kindMultiMutex, Owner: first.owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
-	if g != nil {
-		info.Token = g.token
-	}
-	first.obs.ObserveAcquire(info)
+	a.report(first, first.owner, g, err)
 	return g, err
 }
 
@@ -137,10 +119,7 @@ func (a *setAcquirer) call(gi int, p *lease.Place) (sg lease.SetGrant, err, stop
 	done := make(chan result, 1)
 	ctx, value := a.ctx, a.value
 	if !a.limit.IsZero() {
-		if a.stopCalls == nil {
-			a.callCtx, a.stopCalls = context.WithCancel(a.ctx)
-		}
-		ctx = a.callCtx
+		ctx = a.leftBehind()
 	}
 	proc.goWork(func() {
 		defer proc.work.done()
