@@ -318,8 +318,11 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		}
 		return grant, err, nil
 	}
+	// The goroutine gets a copy of the place, not p: a Lock's place then
+	// stays on its stack (one allocation fewer per Lock).
 	var place lease.Place
-	if p != nil {
+	queue := p != nil
+	if queue {
 		place = *p
 	}
 	type result struct {
@@ -341,10 +344,10 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		ctx, cancel := context.WithDeadline(ctx, dl)
 		defer cancel()
 		var r result
-		if p == nil {
-			r.grant, r.err = e.store.Acquire(ctx, e.keys, value, e.ttl)
-		} else {
+		if queue {
 			r.grant, r.err = e.store.AcquireOrQueue(ctx, e.keys, value, e.ttl, place)
+		} else {
+			r.grant, r.err = e.store.Acquire(ctx, e.keys, value, e.ttl)
 		}
 		done <- r
 	})
