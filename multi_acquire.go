@@ -264,18 +264,19 @@ func (a *setAcquirer) poll(interval time.Duration) (*Guard, error) {
 }
 
 // queue takes the groups in order, standing in the line of the first name
-// it cannot have and sleeping in that name's room until the name is
-// passed to it, its place is due for a refresh, or the holder's lease
-// would end (see acquirer.queue, whose rules it follows for one line at
-// a time). Each group is granted the TTL; while the request waits for a
-// later group, it shortens the groups it holds to the claim window and
-// renews them every half window, after each call at which that renewal
-// would fall due before the next call (see keep), so that a waiter that
-// dies costs the others no more and a waiter whose nodes answer keeps
-// what it holds. (A call to the group it waits for that gets no reply
-// holds up those renewals until its deadline: the held names may then
-// lapse, and the set starts again.) If one of them is lost, it gives back
-// everything and starts again from the first group, with the same ticket.
+// it cannot have and sleeping in that name's room until the name is passed
+// to it, its place is due for a refresh, or the holder's lease would end:
+// the line's rules of a Lock's queue (wait.go: standing, holdsPass,
+// nextAsk), for one line at a time. Each group is granted the TTL; while
+// the request waits for a later group, it shortens the groups it holds to
+// the claim window and renews them every half window, after each call at
+// which that renewal would fall due before the next call (see keep), so
+// that a waiter that dies costs the others no more and a waiter whose
+// nodes answer keeps what it holds. (A call to the group it waits for that
+// gets no reply holds up those renewals until its deadline: the held names
+// may then lapse, and the set starts again.) If one of them is lost, it
+// gives back everything and starts again from the first group, with the
+// same ticket.
 //
 // A name passed to it is taken with the rest of its group by the next
 // call, except the set's last name: then every name is held, and the set
