@@ -43,13 +43,41 @@ func (e *engine) lockMode() acquireMode {
 // Observer. wait is the longest it may wait (0: no limit); interval is the
 // pause between two tries of a polling call.
 func (e *engine) acquire(ctx context.Context, owner string, mode acquireMode, wait, interval time.Duration) (*Guard, error) {
+	ac, err := e.startAcquire(ctx, owner, wait)
+	if err != nil {
+		return nil, err
+	}
+	a := &ac
+	var g *Guard
+	switch mode {
+	case once:
+		g, err = a.once()
+	case polling:
+		g, err = a.poll(interval)
+	default:
+		g, err = a.queue()
+	}
+	if a.finish(g) {
+		value := a.value
+		proc.goWork(func() {
+			defer proc.work.done()
+			e.cleanup(context.Background(), value, true)
+		})
+	}
+	a.report(e, owner, g, err)
+	return g, err
+}
+
+// startAcquire checks ctx and returns the state of a new acquire call of
+// e for owner, whose wait ends wait from now (0: no limit).
+func (e *engine) startAcquire(ctx context.Context, owner string, wait time.Duration) (acquirer, error) {
 	if ctx == nil {
-		return nil, invalid("ctx", "is nil")
+		return acquirer{}, invalid("ctx", "is nil")
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, e.ctxError(ctx)
+		return acquirer{}, e.ctxError(ctx)
 	}
-	a := &acquirer{
+	a := acquirer{
 		e:     e,
 		ctx:   ctx,
 		start: time.Now(),
@@ -61,39 +89,33 @@ func (e *engine) acquire(ctx context.Context, owner string, mode acquireMode, wa
 	if wait > 0 {
 		a.limit = a.start.Add(wait)
 	}
-	var g *Guard
-	var err error
-	switch mode {
-	case once:
-		g, err = a.once()
-	case polling:
-		g, err = a.poll(interval)
-	default:
-		g, err = a.queue()
-	}
+	return a, nil
+}
+
+// finish ends an acquire call whose outcome is g: it stops the call's
+// timer and the calls it left behind, and reports whether the call gives
+// up with something of its value possibly in Redis (a place in line, a
+// lease passed to it, or a call whose reply it did not see). The caller
+// then cancels that in the background: it does not wait on the network to
+// give up.
+func (a *acquirer) finish(g *Guard) (abandoned bool) {
 	if a.timer != nil {
 		a.timer.Stop()
 	}
 	if a.stopCalls != nil {
 		a.stopCalls()
 	}
-	if g == nil && a.dirty {
-		// The call gives up with something of its value possibly in Redis:
-		// a place in line, a lease passed to it, or a call whose reply it
-		// did not see. Cancel it in the background: the caller does not
-		// wait on the network to give up.
-		value := a.value
-		proc.goWork(func() {
-			defer proc.work.done()
-			e.cleanup(context.Background(), value, true)
-		})
-	}
+	return g == nil && a.dirty
+}
+
+// report tells the Observer of e, the engine the call was made on (for a
+// MultiMutex, its first name's), of the call's outcome.
+func (a *acquirer) report(e *engine, owner string, g *Guard, err error) {
 	info := AcquireInfo{Key: e.keys.Lease, Kind: e.kind, Mode: e.keys.Mode.String(), Owner: owner, Wait: time.Since(a.start), Attempts: a.attempts, Err: err}
 	if g != nil {
 		info.Token = g.token
 	}
 	e.obs.ObserveAcquire(info)
-	return g, err
 }
 
 // The calls of the faces (Mutex, Semaphore, RWMutex): lock is a waiting
@@ -296,8 +318,11 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 		}
 		return grant, err, nil
 	}
+	// The goroutine gets a copy of the place, not p: a Lock's place then
+	// stays on its stack (one allocation fewer per Lock).
 	var place lease.Place
-	if p != nil {
+	queue := p != nil
+	if queue {
 		place = *p
 	}
 	type result struct {
@@ -309,26 +334,20 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 	if !a.limit.IsZero() || !keeps {
 		// The call may be left behind while ctx lives, when the wait limit
 		// or the call's own deadline (for a client that does not end the
-		// call then) ends the acquire call. It must not go on once the acquire call
-		// has failed (it could, say, dial a connection of a client that its
-		// owner closes as soon as Lock has returned), so it gets a context
-		// that ends with the acquire call. (A refresh left behind because a
-		// grant came meanwhile goes on: the call has succeeded, and the
+		// call then) ends the acquire call. (A refresh left behind because
+		// a grant came meanwhile goes on: the call has succeeded, and the
 		// refresh, sent already, only extends the caller's own lease.)
-		if a.stopCalls == nil {
-			a.callCtx, a.stopCalls = context.WithCancel(a.ctx)
-		}
-		ctx = a.callCtx
+		ctx = a.leftBehind()
 	}
 	proc.goWork(func() {
 		defer proc.work.done()
 		ctx, cancel := context.WithDeadline(ctx, dl)
 		defer cancel()
 		var r result
-		if p == nil {
-			r.grant, r.err = e.store.Acquire(ctx, e.keys, value, e.ttl)
-		} else {
+		if queue {
 			r.grant, r.err = e.store.AcquireOrQueue(ctx, e.keys, value, e.ttl, place)
+		} else {
+			r.grant, r.err = e.store.Acquire(ctx, e.keys, value, e.ttl)
 		}
 		done <- r
 	})
@@ -364,6 +383,18 @@ func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, s
 	case <-limit:
 		return lease.Grant{}, nil, &TimeoutError{Key: e.keys.Lease, Waited: time.Since(a.start), Attempts: a.attempts}
 	}
+}
+
+// leftBehind returns the context of a call that the acquire call may
+// leave behind while ctx lives. Such a call must not go on once the
+// acquire call has failed (it could, say, dial a connection of a client
+// that its owner closes as soon as Lock has returned), so its context ends
+// with the acquire call (stopCalls, which finish calls).
+func (a *acquirer) leftBehind() context.Context {
+	if a.stopCalls == nil {
+		a.callCtx, a.stopCalls = context.WithCancel(a.ctx)
+	}
+	return a.callCtx
 }
 
 // keepsDeadlines reports whether e's client ends a call when its

@@ -100,10 +100,9 @@ type Guard struct {
 	// context and its subscriptions.
 	pub signals
 
-	// set is, for a MultiMutex's guard, every name it holds: its renewals
-	// and its final delete are of every name (see multi.go). Nil for
-	// every other guard.
-	set *setHold
+	// hold is what the guard holds: its engine's lease, or for a
+	// MultiMutex's guard every name (see hold.go).
+	hold holding
 }
 
 // endHow says how a guard ends.
@@ -143,23 +142,24 @@ const ReleaseTimeout = 2 * time.Second
 // the first renewal is due, the Lock context is watched with
 // context.AfterFunc, and the client's keeper watches for a restart.
 func (e *engine) newGuard(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool) *Guard {
-	return e.newGuardOf(lockCtx, value, token, attempt, sent, ttl, void, nil)
+	return e.newGuardOf(lockCtx, value, token, attempt, sent, ttl, void, e)
 }
 
-// newGuardOf is newGuard for the guard of a set of locks (set not nil:
-// see MultiMutex), or of e's lock alone.
-func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool, set *setHold) *Guard {
+// newGuardOf is newGuard for a guard that holds hold: e's lease (hold is
+// e), or the names of a MultiMutex (hold is its set's, e its first name's
+// engine).
+func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, attempt int, sent time.Time, ttl time.Duration, void bool, hold holding) *Guard {
 	now := time.Now()
 	g := &Guard{e: e, value: value, token: token, attempt: attempt, void: void, lockCtx: lockCtx, acquired: now,
-		lastSent: sent, leaseTTL: ttl, set: set}
+		lastSent: sent, leaseTTL: ttl, hold: hold}
 	g.pub.first = status{state: Acquired, since: now, deadline: leaseDeadline(sent, ttl)}
 	g.pub.st.Store(&g.pub.first)
 	if e.debug() {
 		g.logger().Debug("distlock: acquired", "attempt", attempt)
 	}
-	slack := e.renewSlack(renewAfter(ttl))
-	if set != nil {
-		slack = 0 // a set's renewals are its own batches
+	var slack time.Duration
+	if hold.batchable() {
+		slack = e.renewSlack(renewAfter(ttl))
 	}
 	// The client's keeper watches the guard from now on, so that a
 	// restart of an empty server is noticed before the first renewal too
@@ -633,24 +633,9 @@ type deletion struct {
 // cancel that also voids the value), which passes the lock to the next
 // waiter in line. It is called by the owner of the guard's end.
 func (g *Guard) sendDelete(ctx context.Context, dl time.Time) {
-	e, d := g.e, &g.deleting
+	d := &g.deleting
 	untilAnswered(ctx, dl, &d.tries, func(ctx context.Context) error {
-		sent := time.Now()
-		var r lease.Release
-		var err error
-		if g.set != nil {
-			r, err = g.set.releaseAll(ctx, g.value, g.void)
-			d.deleted = r.Deleted
-			return err
-		}
-		if g.void {
-			r, err = e.store.Cancel(ctx, e.keys, g.value, e.ttl)
-		} else {
-			r, err = e.store.Release(ctx, e.keys, g.value)
-		}
-		// The release passed the lock to the next in line; if that waiter
-		// is in this process, it wakes now rather than at the announcement.
-		deliverPasses(e.roomKey(), r, sent)
+		r, err := g.hold.release(ctx, g.value, g.void)
 		d.deleted = r.Deleted
 		return err
 	})

@@ -340,8 +340,7 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 // once, without a timer's round trip.
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
-	if l.batcher == nil && l.g.set == nil {
-		// (A set's renewals go as batches of their own, one per group.)
+	if l.batcher == nil && l.g.hold.batchable() {
 		l.batcher = proc.batchers.join(e)
 	}
 	if l.batcher != nil {
@@ -384,13 +383,7 @@ func (l *guardActor) renew() {
 	ended := l.ended
 	l.a.Go(func(actx context.Context) {
 		ctx, cancel := context.WithDeadline(ended, dl)
-		var r lease.Renewal
-		var err error
-		if g.set != nil {
-			r, err = g.set.renewAll(ctx, g.value, e.ttl)
-		} else {
-			r, err = e.store.Renew(ctx, e.keys, g.value, e.ttl)
-		}
+		r, err := g.hold.renew(ctx, g.value, e.ttl)
 		cancel()
 		_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
 	})
@@ -486,21 +479,9 @@ func (l *guardActor) retire() {
 	}
 	// The keeper's watch ends here, while the guard is still the actor's.
 	g.leaveKeeper()
-	if g.set != nil {
-		// A set lost one name: the others are held for nothing, and go
-		// back to their lines now rather than at the end of their leases.
-		g.set.giveUp(g.value, g.void, g.leaseEnd())
-	} else if g.void {
-		// A call of the acquisition whose outcome it never saw may still
-		// reach Redis and grant the value anew: cancel the value now (a
-		// void marker that refuses it, and the delete of a grant it has
-		// made already), in the background, as a Lock that gives up does.
-		e, value := g.e, g.value
-		proc.goWork(func() {
-			defer proc.work.done()
-			e.cleanup(context.Background(), value, true)
-		})
-	}
+	// What the guard may still hold goes back now, in the background
+	// (see holding.giveUp).
+	g.hold.giveUp(g.value, g.void, g.leaseEnd())
 	g.owner.Store(retired)
 	l.retired, l.exit = true, true
 }
@@ -758,7 +739,7 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 	now := time.Now()
 	info := RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token, Latency: now.Sub(sent), Err: err}
 	if err == nil && !r.OK {
-		info.Err = &LostError{Key: g.refusedKey(), Reason: LostRefused, Holder: lease.Owner(r.Holder)}
+		info.Err = &LostError{Key: g.hold.refusedKey(), Reason: LostRefused, Holder: lease.Owner(r.Holder)}
 	}
 	e.obs.ObserveRenew(info)
 	s := g.pub.st.Load()

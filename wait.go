@@ -66,14 +66,12 @@ import (
 // grants it to us for the full TTL (a lock keeps the grant's token).
 func (a *acquirer) queue() (*Guard, error) {
 	e := a.e
-	place := lease.Place{Claim: e.claim, Room: proc.roomID}
+	line := standing{place: lease.Place{Claim: e.claim, Room: proc.roomID}}
 	var (
-		r           *room
-		queued      time.Time // send time of our last call that left us in line
-		queuedFence int64     // the last token issued when that call ran
-		failing     bool      // the last call failed without a reply
-		pause       = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
-		askNow      bool // ask again at once: a grant may have gone unheard
+		r       *room
+		failing bool // the last call failed without a reply
+		pause   = backoff{first: DefaultRetryInterval, most: 16 * DefaultRetryInterval}
+		askNow  bool // ask again at once: a grant may have gone unheard
 	)
 	defer func() {
 		if r != nil {
@@ -84,7 +82,7 @@ func (a *acquirer) queue() (*Guard, error) {
 		var fresh bool
 		if r, fresh = proc.enterRoom(e, create); r != nil {
 			a.waiter = r.join(a.value)
-			askNow = !queued.IsZero() && !fresh
+			askNow = !line.queued.IsZero() && !fresh
 		}
 	}
 	enter(false)
@@ -93,14 +91,11 @@ func (a *acquirer) queue() (*Guard, error) {
 	// call, or neither when the grant must be claimed (claim) or is an
 	// announcement older than our last call (neither claim nor a result).
 	use := func(note grantNote) (g *Guard, err error, claim bool) {
-		from := note.sent
-		if note.token > queuedFence && queued.After(from) {
-			from = queued
-		}
+		from := line.passed(note)
 		if from.IsZero() {
 			return nil, nil, false
 		}
-		if e.ack.Replicas == 0 && usableGrant(leaseDeadline(from, e.claim), e.claim) {
+		if e.holdsPass(from) {
 			if g, err := a.granted(note.token, from, e.claim); g != nil || err != nil {
 				return g, err, false
 			}
@@ -109,13 +104,12 @@ func (a *acquirer) queue() (*Guard, error) {
 	}
 	for {
 		sent := time.Now()
-		g, grant, retry, err := a.attempt(&place)
+		g, grant, retry, err := a.attempt(&line.place)
 		if errors.Is(err, errNoted) {
 			// Passed the lock while asking (a refresh may be stuck on a
 			// dead connection): act on the grant now.
 			note := *a.noted
 			a.noted = nil
-			place.Seen = max(place.Seen, note.token)
 			if g, err, _ := use(note); g != nil || err != nil {
 				return g, err
 			}
@@ -124,7 +118,7 @@ func (a *acquirer) queue() (*Guard, error) {
 		switch {
 		case g != nil:
 			return g, nil
-		case err != nil && !retry, err != nil && queued.IsZero() && !errors.Is(err, ErrNoReply):
+		case err != nil && !retry, err != nil && line.queued.IsZero() && !errors.Is(err, ErrNoReply):
 			// An error Redis answered with ends the call, as does a failure
 			// before we stand in line, other than a call that got no reply
 			// in time: that one may well have put us in line, and a Lock
@@ -136,22 +130,16 @@ func (a *acquirer) queue() (*Guard, error) {
 			if e.debug() {
 				e.logger().Debug("distlock: asking for the lock failed; trying again", "err", err)
 			}
-		case grant.Rank < 0 && grant.Fence > place.Seen:
-			// Refused as stale (Place.Seen): our place lapsed while other
-			// grants were made. We were not in line, so nothing was
-			// passed to us; stand in line again at once, with our ticket
-			// and the token the reply saw. (Each refusal needs another
-			// grant since the last, so this cannot spin.)
+		case line.stale(grant):
+			// Refused as stale: stand in line again at once (see stale).
 			failing = false
 			a.dirty = true
-			place.Seen = max(place.Seen, grant.Fence)
 			continue
 		default:
 			failing = false
 			pause.reset()
 			a.dirty = true
-			queued, queuedFence, place.Ticket = sent, grant.Fence, grant.Ticket
-			place.Seen = max(place.Seen, grant.Fence)
+			line.queuedBy(sent, grant)
 		}
 		if r == nil {
 			enter(true)
@@ -161,14 +149,9 @@ func (a *acquirer) queue() (*Guard, error) {
 			}
 		}
 
-		wait := refreshAfter(e.claim)
-		if !r.listen() {
-			wait = min(wait, DefaultRetryInterval)
-		}
+		wait := nextAsk(e.claim, r.listen(), grant, !failing)
 		if failing {
 			wait = min(wait, pause.next())
-		} else if grant.Rank == 0 && grant.HolderTTL >= 0 {
-			wait = min(wait, grant.HolderTTL+expiryGrace)
 		}
 		until := sent.Add(wait)
 		for {
@@ -179,7 +162,6 @@ func (a *acquirer) queue() (*Guard, error) {
 			if why != wokeByGrant {
 				break
 			}
-			place.Seen = max(place.Seen, note.token)
 			g, err, claim := use(note)
 			if g != nil || err != nil {
 				return g, err
@@ -190,6 +172,100 @@ func (a *acquirer) queue() (*Guard, error) {
 			// An announcement of a grant older than our last call.
 		}
 	}
+}
+
+// The line's rules. A request that waits in a lock's line (a Lock's queue,
+// and a MultiMutex's in the line of the name it waits for) follows them
+// through these functions, so that both date a grant, decide when to ask
+// again and treat a stale refusal in the same way.
+
+// standing is what a waiting request knows of its place in one lock's
+// line: what its next call brings (place), and the send time of its last
+// call that left it in line (queued), with the last token issued when that
+// call ran (queuedFence).
+type standing struct {
+	place       lease.Place
+	queued      time.Time
+	queuedFence int64
+}
+
+// queuedBy records the reply g to a call sent at sent that left the
+// request in line: the call's send time and fence date a grant that comes
+// after it, its ticket keeps the place (a reply without one keeps the
+// ticket the request has), and its fence is a token the request has seen.
+func (s *standing) queuedBy(sent time.Time, g lease.Grant) {
+	s.queued, s.queuedFence = sent, g.Fence
+	if g.Ticket > 0 {
+		s.place.Ticket = g.Ticket
+	}
+	s.place.Seen = max(s.place.Seen, g.Fence)
+}
+
+// stale reports whether g refuses the request's call as stale
+// ([lease.Place]'s Seen; issue 31): the request neither holds the lock nor
+// stands in line, and a token above the largest it has seen was issued
+// meanwhile. Its place lapsed while other grants were made; nothing was
+// passed to it, since it was not in line. It then records the reply's
+// token as seen, and the request calls again at once, with its ticket,
+// which stands it in line again. Each refusal needs another grant since
+// the last one, so a request cannot spin on them.
+func (s *standing) stale(g lease.Grant) bool {
+	if g.Rank >= 0 || g.Fence <= s.place.Seen {
+		return false
+	}
+	s.place.Seen = g.Fence
+	return true
+}
+
+// moved forgets what the request learnt in the line it stood in, but its
+// ticket: a MultiMutex's request moves on to the line of another name,
+// whose tokens are its own. (Its ticket is its place in every line.)
+func (s *standing) moved() {
+	*s = standing{place: lease.Place{Claim: s.place.Claim, Room: s.place.Room, Ticket: s.place.Ticket}}
+}
+
+// passed records a grant passed to the request (its token is one seen)
+// and returns when its lease counts from, or the zero Time for an
+// announcement older than the request's last call, which it must not act
+// on. A grant passes the lease for the claim window, counted from the
+// release that made it. The request did not send that release, so the
+// lease counts from the send time of a call known to precede the grant:
+// its last call that found it in line, when the grant's token is above
+// the last token that call saw (the grant came after it), or the release
+// itself when a guard of this process made it (note.sent).
+func (s *standing) passed(note grantNote) time.Time {
+	s.place.Seen = max(s.place.Seen, note.token)
+	from := note.sent
+	if note.token > s.queuedFence && s.queued.After(from) {
+		from = s.queued
+	}
+	return from
+}
+
+// holdsPass reports whether a waiter of e holds a lease passed to it,
+// counted from from, at once: when it needs no acknowledged write first
+// (WithReplicaAck) and the lease leaves a third of its claim window (see
+// usableGrant). Otherwise the waiter claims it by calling again: the
+// lease holds its value, so Redis grants it the full TTL.
+func (e *engine) holdsPass(from time.Time) bool {
+	return e.ack.Replicas == 0 && usableGrant(leaseDeadline(from, e.claim), e.claim)
+}
+
+// nextAsk returns how long after a call a waiter in line calls again at
+// the latest: before its place lapses (half the claim window), at the
+// polling interval while its room hears no announcements (listening
+// false), and, when the reply g (replied: the call had one) put it first
+// in line, just after the holder's lease would end, in case the holder
+// died.
+func nextAsk(claim time.Duration, listening bool, g lease.Grant, replied bool) time.Duration {
+	wait := refreshAfter(claim)
+	if !listening {
+		wait = min(wait, DefaultRetryInterval)
+	}
+	if replied && g.Rank == 0 && g.HolderTTL >= 0 {
+		wait = min(wait, g.HolderTTL+expiryGrace)
+	}
+	return wait
 }
 
 // wakeReason says what ended a wait.
