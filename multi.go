@@ -274,6 +274,10 @@ type setAcquirer struct {
 	reached []int
 	// ticket is the request's place in every line, once it stood in one.
 	ticket int64
+	// seen is, for each name, the largest token the request learnt of (a
+	// reply's fence, its own grant, a grant announced to it): what a
+	// Mutex's call brings as lease.Place.Seen (see setSeen).
+	seen []int64
 }
 
 func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interval time.Duration) (*Guard, error) {
@@ -289,6 +293,7 @@ func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interv
 		acquirer: acquirer{e: first, ctx: ctx, start: time.Now(), value: lease.NewValue(first.owner)},
 		s:        s,
 		tokens:   make([]int64, len(s.keys)),
+		seen:     make([]int64, len(s.keys)),
 		sent:     make([]time.Time, s.ngroups()),
 		ttl:      make([]time.Duration, s.ngroups()),
 		reached:  make([]int, s.ngroups()),
@@ -464,6 +469,9 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 	}
 	at := a.s.groups[gi]
 	copy(a.tokens[at:], sg.Tokens)
+	for i, token := range sg.Tokens {
+		a.seen[at+i] = max(a.seen[at+i], token)
+	}
 	if sg.Stopped < n {
 		return sg, false, false, nil
 	}
@@ -607,6 +615,7 @@ func (a *setAcquirer) queue() (*Guard, error) {
 		}
 		sent := time.Now()
 		place.Ticket = a.ticket
+		place.SetSeen = a.setSeen(gi, lastStop)
 		sg, held, retry, err := a.take(gi, &place)
 		switch {
 		case held:
@@ -636,6 +645,8 @@ func (a *setAcquirer) queue() (*Guard, error) {
 		pause.reset()
 		a.dirty = true
 		stop := s.groups[gi] + sg.Stopped
+		before := a.seen[stop]
+		a.seen[stop] = max(before, sg.Blocked.Fence)
 		if lastStop >= 0 && stop < lastStop {
 			// A name of this group that it held is lost (its claim window
 			// lapsed, or someone deleted it): it must not hold the names
@@ -643,6 +654,11 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			// starts again.
 			restart(gi + 1)
 			gi, lastStop = 0, -1
+			continue
+		}
+		if sg.Blocked.Rank < 0 && sg.Blocked.Fence > before {
+			// Refused as stale (lease.Place.Seen): our place lapsed while
+			// the name changed hands. Ask again at once with its token.
 			continue
 		}
 		lastStop = stop
@@ -694,6 +710,9 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			if err != nil {
 				return nil, err
 			}
+			if why == wokeByGrant {
+				a.seen[stop] = max(a.seen[stop], note.token)
+			}
 			if why != wokeByGrant || stop != last || a.e.ack.Replicas > 0 {
 				break // ask again
 			}
@@ -714,6 +733,24 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			break
 		}
 	}
+}
+
+// setSeen returns the seen tokens of group gi's call
+// (lease.Place.SetSeen): for each name the largest token the request
+// learnt of, but for the names the last call left held (those before
+// lastStop, when it stopped in this group): their grant's token less one,
+// so that this call, if it lands after the request has given them back
+// or lost them, does not grant them anew. The slice is new for each call:
+// a call abandoned to ctx may still read its own.
+func (a *setAcquirer) setSeen(gi, lastStop int) []int64 {
+	from, to := a.s.groups[gi], a.s.groups[gi+1]
+	seen := slices.Clone(a.seen[from:to])
+	for i := from; i < lastStop; i++ {
+		if a.tokens[i] > 0 {
+			seen[i-from] = a.tokens[i] - 1
+		}
+	}
+	return seen
 }
 
 // preJoined is a room that the request joined before a call, in case the
