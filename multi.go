@@ -656,12 +656,13 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			gi, lastStop = 0, -1
 			continue
 		}
+		lastStop = stop
 		if sg.Blocked.Rank < 0 && sg.Blocked.Fence > before {
 			// Refused as stale (lease.Place.Seen): our place lapsed while
-			// the name changed hands. Ask again at once with its token.
+			// the name changed hands. Ask again at once with its token
+			// (the names before it are held: this call granted them).
 			continue
 		}
-		lastStop = stop
 		queued, queuedFence = sent, sg.Blocked.Fence
 		if sg.Blocked.Ticket > 0 {
 			a.ticket = sg.Blocked.Ticket
