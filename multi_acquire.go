@@ -28,6 +28,10 @@ type setAcquirer struct {
 	// without a reply, otherwise up to the name the furthest call stopped
 	// at. A request that gives up cancels these names alone.
 	reached []int
+	// seen is, for each name, the largest token the request learnt of (a
+	// reply's fence, its own grant, a grant announced to it): what a
+	// Mutex's call brings as lease.Place.Seen (see setSeen).
+	seen []int64
 }
 
 func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interval time.Duration) (*Guard, error) {
@@ -41,6 +45,7 @@ func (m *MultiMutex) acquire(ctx context.Context, mode acquireMode, wait, interv
 		acquirer: ac,
 		s:        s,
 		tokens:   make([]int64, len(s.keys)),
+		seen:     make([]int64, len(s.keys)),
 		sent:     make([]time.Time, s.ngroups()),
 		ttl:      make([]time.Duration, s.ngroups()),
 		reached:  make([]int, s.ngroups()),
@@ -189,6 +194,9 @@ func (a *setAcquirer) take(gi int, p *lease.Place) (sg lease.SetGrant, held, ret
 	}
 	at := a.s.groups[gi]
 	copy(a.tokens[at:], sg.Tokens)
+	for i, token := range sg.Tokens {
+		a.seen[at+i] = max(a.seen[at+i], token)
+	}
 	if sg.Stopped < n {
 		return sg, false, false, nil
 	}
@@ -332,6 +340,10 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			// request in one of them, right after the call, is not missed.
 			pre = a.preJoin(gi, pre)
 		}
+		if lineOf >= 0 {
+			a.seen[lineOf] = max(a.seen[lineOf], line.place.Seen)
+		}
+		line.place.SetSeen = a.setSeen(gi, lastStop)
 		sent := time.Now()
 		sg, held, retry, err := a.take(gi, &line.place)
 		switch {
@@ -377,6 +389,8 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			// says nothing of this one's.
 			line.moved()
 			lineOf = stop
+			// What the request learnt of this name's tokens before.
+			line.place.Seen = a.seen[stop]
 		}
 		if line.stale(sg.Blocked) {
 			continue // stand in line again at once (see standing.stale)
@@ -439,6 +453,24 @@ func (a *setAcquirer) queue() (*Guard, error) {
 			break
 		}
 	}
+}
+
+// setSeen returns the seen tokens of group gi's call
+// (lease.Place.SetSeen): for each name the largest token the request
+// learnt of, but for the names the last call left held (those before
+// lastStop, when it stopped in this group): their grant's token less one,
+// so that this call, if it lands after the request has given them back
+// or lost them, does not grant them anew. The slice is new for each call:
+// a call abandoned to ctx may still read its own.
+func (a *setAcquirer) setSeen(gi, lastStop int) []int64 {
+	from, to := a.s.groups[gi], a.s.groups[gi+1]
+	seen := slices.Clone(a.seen[from:to])
+	for i := from; i < lastStop; i++ {
+		if a.tokens[i] > 0 {
+			seen[i-from] = a.tokens[i] - 1
+		}
+	}
+	return seen
 }
 
 // preJoined is a room that the request joined before a call, in case the

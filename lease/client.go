@@ -77,8 +77,17 @@ type Place struct {
 	// token in Fence. A live waiter whose place merely lapsed meanwhile
 	// gets that reply too; it calls again with Seen set to that Fence, and
 	// stands in line again with its ticket. See doc.go ("A grant is its
-	// acquisition's").
+	// acquisition's"). [Client.AcquireAll] reads SetSeen instead.
 	Seen int64
+	// SetSeen is, for [Client.AcquireAll] only, what Seen is for a single
+	// lock, given for each lock of the set in its order (missing, or 0:
+	// none learnt yet). For a lock the set holds, it is that grant's token
+	// less one: a call that then finds the set's value not holding that
+	// lock, and not in its line, is refused (rank -1) whatever was granted
+	// since, so that a call that lands after the set was released, or lost
+	// the lock, does not grant it anew. A set's other calls give the
+	// largest token they learnt of the lock, as Seen.
+	SetSeen []int64
 }
 
 // IsTimeout reports whether err says that the client stopped waiting for a

@@ -373,6 +373,18 @@
 // for any lock makes the whole set lost, and the holder gives the other
 // locks back at once.
 //
+// Late calls. A set's call brings a seen token for each of its locks
+// ([Place.SetSeen]), and each lock's body runs a Mutex's grant check with
+// it (see "A grant is its acquisition's"): for the lock it waits at, the
+// largest token it learnt of; for a lock it holds, that grant's token less
+// one, so that a call finding the set's value no longer holding that lock
+// is refused (rank -1, nothing written) whatever was granted since: the
+// set lost it, or the call lands after the set was released, and only the
+// set's own next call, after it gave everything back, may take it again
+// (with the refusal's token as its seen token). Without that, a refresh
+// held on a stalled path and delivered after the set's Release would
+// grant the set's first lock anew to nobody.
+//
 // # Elections
 //
 // An election ([Keys.Election]) is a lock whose scripts also announce each

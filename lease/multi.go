@@ -158,7 +158,16 @@ func (c *Client) AcquireAll(ctx context.Context, ks []Keys, value string, ttl ti
 		if p.Claim < time.Millisecond || p.Room == "" || strings.ContainsRune(p.Room, ' ') || p.Ticket < 0 {
 			return SetGrant{}, fmt.Errorf("%w: %+v", ErrBadPlace, *p)
 		}
+		if len(p.SetSeen) > len(ks) {
+			return SetGrant{}, fmt.Errorf("%w: %d seen tokens for a set of %d", ErrBadPlace, len(p.SetSeen), len(ks))
+		}
 		args = append(args, ms(p.Claim), p.Room, strconv.FormatInt(p.Ticket, 10))
+		for i, seen := range p.SetSeen {
+			if seen < 0 {
+				return SetGrant{}, fmt.Errorf("%w: seen token %d of lock %d is negative", ErrBadPlace, seen, i)
+			}
+			args = append(args, strconv.FormatInt(seen, 10))
+		}
 	}
 	res, w := c.exec(ctx, acquireAllScript, setKeys(ks, value), args)
 	arr, err := res.ToArray()
@@ -315,7 +324,10 @@ func parseSetRelease(arr []Reply, n int) ([]Release, error) {
 // KEYS: each lock's six keys, as acquireScript takes them (lease, fence,
 // queue, waiters, wake, void). ARGV[1] the TTL in ms; to stand in line
 // ARGV[2] the claim window in ms, ARGV[3] the room, ARGV[4] the ticket (0
-// for a new place). Reply: {held, stopped, token of each lock held, ...}:
+// for a new place), and ARGV[4 + i] the seen token of lock i (from 1; see
+// [Place.SetSeen]; absent or "0": none), which becomes acquireScript's
+// ARGV[6] for that lock, so that each lock's grant check is a Mutex's.
+// Reply: {held, stopped, token of each lock held, ...}:
 // held counts the locks that hold the value now, stopped is the index
 // (from 0) of the lock it stopped at (the set's size when it did not), and,
 // when it stopped, acquireScript's reply for that lock follows; or the
@@ -395,6 +407,14 @@ if not ARGV[2] and n > 1 then
 end
 local out = {0, 0}
 for i = 1, n do
+  if ARGV[2] then
+    -- The lock's seen token, as a Mutex's call brings it (ARGV[6]).
+    local seen = ARGV[4 + i]
+    if seen == '0' then
+      seen = nil
+    end
+    args[6] = seen
+  end
   local r = acquire(lock(i), args)
   if type(r) ~= 'number' then
     return stop(i, r, out)

@@ -5,6 +5,14 @@ import "strconv"
 // The scripts of the lease protocol and their Lua helpers, each helper
 // before the scripts that use it (doc.go describes the protocol; COSTS.md
 // what each path costs).
+//
+// Every piece of Lua below (a value or function whose name ends in "Lua")
+// opens with its contract, "--[[ name: needs a b; defines x y ]]": the
+// locals of its includer that it reads or sets, and the locals it declares
+// at its top level, which stay in scope after it. The Go comment says what
+// they mean. TestLuaPiecesStateTheirContracts checks each contract against
+// the piece's text, and TestScriptsUseNoUndeclaredName each script as sent;
+// a comment costs Redis nothing per call (a script is compiled once).
 
 // The scripts share one key layout, so that the helpers below can name the
 // keys by position: KEYS[1] lease, KEYS[2] fencing key, KEYS[3] queue,
@@ -62,14 +70,16 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 // that can be followed (fence's rule) or the next token would pass
 // 2^53-1, and the full path is left to say so.
 var (
-	seenLua         = `(not ARGV[6] or (raw and raw + 0 or 0) <= ARGV[6] + 0)`
+	seenLua         = `--[[ seenLua: needs raw ]](not ARGV[6] or (raw and raw + 0 or 0) <= ARGV[6] + 0)`
 	leanAnnounceLua = `
+--[[ leanAnnounceLua: needs msg; defines r ]]
 local r = redis.pcall('SPUBLISH', KEYS[1] .. ':leader', msg)
 if type(r) == 'table' and r.err then
   redis.pcall('PUBLISH', KEYS[1] .. ':leader', msg)
 end
 `
 	cancelLua = `
+--[[ cancelLua: needs deleted leave value; defines err out ]]
 local err
 if KEYS[6] then
   err = leave(value)
@@ -81,15 +91,18 @@ if err then
 end
 `
 	leanPadLua = `
+--[[ leanPadLua: needs t us ]]
 us = t[2]
 if #us < 6 then
   us = string.rep('0', 6 - #us) .. us
 end
 `
 	leanClockLua = `
+--[[ leanClockLua: needs t us ]]
 t = redis.call('TIME')
 ` + leanPadLua
 	leanNextTokenLua = `
+--[[ leanNextTokenLua: needs now raw s t token us; defines last ]]
 now = t[1] * 1000000 + t[2]
 token, s = now, t[1] .. us
 local last = raw and raw + 0 or 0
@@ -102,6 +115,7 @@ if token > 9007199254740991 then
 end
 `
 	leanTokenLua = `
+--[[ leanTokenLua: needs nothing; defines token s now t us raw ]]
 local token, s, now, t, us
 local raw = redis.pcall('GET', KEYS[2])
 if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
@@ -133,6 +147,7 @@ end
 // protocolLua's publish does.
 var (
 	leanPlaceLua = `
+--[[ leanPlaceLua: needs fresh keep rank t us value; defines ticket ]]
 local ticket
 if rank then
   ticket = redis.call('ZSCORE', KEYS[3], value)
@@ -164,6 +179,7 @@ else
 end
 `
 	leanHeadLua = `
+--[[ leanHeadLua: needs nothing; defines head v entry lapse claim room m ]]
 local head = redis.pcall('ZRANGE', KEYS[3], '0', '0')
 local v = not head.err and head[1]
 local entry = v and redis.pcall('HGET', KEYS[4], v)
@@ -177,6 +193,7 @@ if type(entry) == 'string' then
 end
 `
 	leanWakeLua = `
+--[[ leanWakeLua: needs msg room; defines r ]]
 local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
 if type(r) == 'table' and r.err then
   redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
@@ -219,6 +236,7 @@ end
 // on to the full path.
 var (
 	leanQueueLua = `
+--[[ leanQueueLua: needs n value ]]
 if n > 0 and ARGV[3] then
   local cur = redis.pcall('GET', KEYS[1])
   local raw = redis.pcall('GET', KEYS[2])
@@ -242,6 +260,7 @@ if n > 0 and ARGV[3] then
 end
 `
 	leanPassLua = `
+--[[ leanPassLua: needs line ]]
 if line and not KEYS[6] then
 ` + leanHeadLua + `
   if room and m == 'x' then
@@ -290,6 +309,7 @@ end
 // nothing more and the full path passes what is free.
 var (
 	leanSemQueueLua = `
+--[[ leanSemQueueLua: needs n value ]]
 if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[6]) == 0) then
   local raw = redis.pcall('GET', KEYS[2])
   if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
@@ -315,6 +335,7 @@ if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[6]) == 0) then
 end
 `
 	leanSemPassLua = `
+--[[ leanSemPassLua: needs deleted now t us ]]
 if not KEYS[6] and redis.call('ZCARD', KEYS[1]) + 1 == ARGV[2] + 0 then
 ` + leanHeadLua + `
   local raw = room and redis.pcall('GET', KEYS[2])
@@ -367,6 +388,7 @@ end
 // when the caller held the lock) and line.
 var (
 	leanRWQueueLua = `
+--[[ leanRWQueueLua: needs n value ]]
 if n > 0 and ARGV[3] then
   local h = redis.pcall('HMGET', KEYS[1], '~', '~w')
   if not h.err and h[1] == 'rw' and h[2] and h[2] ~= value then
@@ -398,6 +420,7 @@ if n > 0 and ARGV[3] then
 end
 `
 	leanRWPassLua = `
+--[[ leanRWPassLua: needs deleted gone line t ]]
 if gone and line and not KEYS[6] then
 ` + leanHeadLua + `
   local exclusive = room and m ~= 'r'
@@ -430,6 +453,7 @@ end
 // includer declares value and err, and protocolLua's leave.
 func voidLua(reply string) string {
 	return `
+--[[ voidLua: needs err leave value ]]
 if redis.call('EXISTS', KEYS[6]) == 1 then
   err = leave(value)
   if err then
@@ -457,6 +481,7 @@ end
 // is reported by standInLine.
 func staleLua(reply string) string {
 	return `
+--[[ staleLua: needs last value ]]
 if ARGV[6] and last > ARGV[6] + 0 and not redis.pcall('ZSCORE', KEYS[3], value) then
   return ` + reply + `
 end
@@ -467,7 +492,7 @@ end
 // replies of the semaphore's scripts: its Redis type, or "rwmutex" for a
 // read-write lock's hash (see kindError). It runs only on their error
 // paths.
-var leaseKindLua = `(function()
+var leaseKindLua = `--[[ leaseKindLua: needs nothing ]](function()
   local t = redis.call('TYPE', KEYS[1]).ok
   if t == 'hash' and redis.call('HGET', KEYS[1], '~') == 'rw' then
     return 'rwmutex'
@@ -490,6 +515,7 @@ end)()`
 // and want the kind it names in an error reply ("lock" or "rwmutex"); the
 // scripts of a read-write lock set them before their full path.
 var lockLua = `
+--[[ lockLua: needs nothing; defines mode holdMode want hold ]]
 local mode, holdMode, want = 'x', 'x', 'lock'
 local function hold(v, ms, now, token)
   if holdMode == 'x' then
@@ -519,6 +545,7 @@ end
 // error reply for a lease key of another type (a lock's string), and
 // dropEnded, which drops the holders whose lease has ended.
 var semLua = `
+--[[ semLua: needs nothing; defines limit hold notSemaphore dropEnded ]]
 local limit
 local function hold(v, ms, now)
   redis.call('ZADD', KEYS[1], math.ceil(now / 1000) + ms, v)
@@ -577,6 +604,7 @@ end
 // are kept at least that long, so that a line whose waiters all died
 // disappears. It returns the value's rank and ticket.
 var protocolLua = `
+--[[ protocolLua: needs hold; defines announcing publish announce fence clock nextToken foreign leave first passTo ]]
 local announcing = false
 local function publish(ch, msg)
   local r = redis.pcall('SPUBLISH', ch, msg)
@@ -679,6 +707,7 @@ end
 // acquire calls, grant and standInLine (see protocolLua's comment), apart
 // so that a release does not make their closures.
 var grantLua = `
+--[[ grantLua: needs announce foreign hold nextToken; defines grant standInLine ]]
 local function grant(last, now, value, ttl)
   local token, terr = nextToken(last, now)
   if terr then
@@ -727,6 +756,7 @@ end
 // own grant or release stands. It follows protocolLua, whose helpers it
 // calls.
 var semPassLua = `
+--[[ semPassLua: needs fence first passTo; defines passFree ]]
 local function passFree(last, now, held, permits, out)
   while held < permits do
     local v, claim, room, _, ferr = first()
@@ -782,6 +812,7 @@ end
 // It sets st.passed when it granted an exclusive hold. An election's
 // scripts announce exclusive grants only: a reader is no leader.
 var lineLua = `
+--[[ lineLua: needs announcing clock first holdMode mode passTo want; defines scan promote ]]
 local function scan(now, value, last)
   local st = {readers = 0, now = now}
   local all
@@ -895,6 +926,7 @@ end
 // release or downgrade stands), and returns the state after the passes
 // and the token of the last grant before them.
 var serveLua = `
+--[[ serveLua: needs fence promote scan; defines serve ]]
 local function serve(out, gone)
   local last, lerr = fence()
   if lerr then
@@ -935,6 +967,7 @@ end
 // and its PTTL, or the holder of the hash whose lease ends first, and how
 // long it has. It reads the clock only to grant or to stand in line.
 var lockAcquireLua = `
+--[[ lockAcquireLua: needs clock fence grant hold holdMode leave mode promote scan standInLine value; defines waiting last err st v now room rank ticket serr ]]
 local function waiting(st, rank, ticket, last)
   if st.str then
     return {0, redis.call('PTTL', KEYS[1]), st.writer, rank, ticket, last}
@@ -1017,6 +1050,7 @@ return waiting(st, rank, ticket, last)
 // whose grant lapsed. An election's release that passes the lock to no
 // exclusive holder announces that nobody leads.
 var lockReleaseLua = `
+--[[ lockReleaseLua: needs announce announcing clock deleted gone leave serve value; defines err out st last ]]
 if deleted == 0 then
   local cur = redis.pcall('GET', KEYS[1])
   if cur == value then
@@ -1207,6 +1241,7 @@ announcing = ARGV[2] == '1'
 // instructions, so each face's renewal tries its own format first).
 var (
 	renewStringLua = `
+--[[ renewStringLua: needs nothing; defines cur ]]
 local cur = redis.pcall('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -1214,6 +1249,7 @@ if cur == ARGV[1] then
 end
 `
 	renewHashLua = `
+--[[ renewHashLua: needs nothing; defines h ]]
 local h = redis.pcall('HMGET', KEYS[1], '~w', ARGV[1])
 if not h.err then
   if not h[2] then

@@ -1,6 +1,8 @@
 package lease_test
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -124,4 +126,89 @@ func TestStaleCallLapsedPlaceComesBack(t *testing.T) {
 	e.mustQueue(t, k, a, b.value, 0)
 	assert.Equal(t, ticket, a.place.Ticket, "a's ticket after it came back")
 	e.mustQueue(t, k, c, b.value, 1)
+}
+
+// TestStaleSetCallGrantsNothing: a set's call that reaches Redis after
+// the set it belonged to held its locks and released them is refused, as
+// a Mutex's is (TestStaleCallGrantsNothing), whether it waited at the
+// set's first lock or held that one and waited at the next: it grants no
+// lock anew and stands in no line. The locks the call found held by the
+// set carry its grant's token less one (Place.SetSeen), so that even a
+// lock nobody took since is not granted again.
+func TestStaleSetCallGrantsNothing(t *testing.T) {
+	for _, waitAt := range []int{0, 1} {
+		t.Run(fmt.Sprintf("waits at lock %d", waitAt), func(t *testing.T) {
+			e := newEnv(t)
+			ks := setOf(t, 2)
+			x := lease.NewValue("x")
+			e.mustAcquire(t, ks[waitAt], x)
+			w := newWaiter("set", "room", liveClaim)
+			g, err := e.lc.AcquireAll(ctxFor(t), ks, w.value, queueTTL, &w.place)
+			require.NoError(t, err, "the set's first call")
+			require.Equal(t, waitAt, g.Held, "the set's first call: got %+v", g)
+			require.Equal(t, 0, g.Blocked.Rank, "the set's rank behind x")
+			w.place.Ticket = g.Blocked.Ticket
+			// The refresh that the path will hold, with what the set knew.
+			late := w.place
+			late.SetSeen = make([]int64, len(ks))
+			for i := range g.Held {
+				late.SetSeen[i] = g.Tokens[i] - 1
+			}
+			late.SetSeen[waitAt] = g.Blocked.Fence
+
+			// x passes the lock to the set, which claims it and releases
+			// the whole set; c holds the lock it waited for, after it.
+			passed := e.mustRelease(t, ks[waitAt], x)
+			require.Equal(t, w.value, passed.Value, "x's release passed the lock to")
+			claim := w.place
+			claim.SetSeen = slices.Clone(late.SetSeen)
+			claim.SetSeen[waitAt] = passed.Token
+			g, err = e.lc.AcquireAll(ctxFor(t), ks, w.value, queueTTL, &claim)
+			require.NoError(t, err, "the set's claim")
+			require.Equal(t, len(ks), g.Held, "the set's claim: got %+v", g)
+			rs, err := e.lc.ReleaseAll(ctxFor(t), ks, w.value)
+			require.NoError(t, err, "the set's release")
+			for i, r := range rs {
+				require.True(t, r.Deleted, "the set's release of lock %d", i)
+			}
+			c := lease.NewValue("c")
+			e.mustAcquire(t, ks[waitAt], c)
+			require.True(t, e.release(t, ks[waitAt], c), "c's release")
+
+			got, err := e.lc.AcquireAll(ctxFor(t), ks, w.value, queueTTL, &late)
+			require.NoError(t, err, "the late call")
+			assert.Equal(t, 0, got.Held, "the late call: got %+v, want nothing granted", got)
+			assert.Equal(t, 0, got.Stopped, "the late call stopped at")
+			assert.Equal(t, -1, got.Blocked.Rank, "the late call's rank: want -1 (refused)")
+			for i, k := range ks {
+				assert.Empty(t, e.holder(t, k), "the late call left lock %d held", i)
+				assert.False(t, e.inLine(t, k, w.value), "the late call put the set in the line of lock %d", i)
+			}
+
+			// A call that brings the fence of that refusal is a live one:
+			// it gets the free set.
+			fresh := late
+			fresh.SetSeen = []int64{got.Blocked.Fence}
+			got, err = e.lc.AcquireAll(ctxFor(t), ks, w.value, queueTTL, &fresh)
+			require.NoError(t, err, "the call with the fence it saw")
+			assert.Equal(t, len(ks), got.Held, "the call with the fence it saw: got %+v", got)
+		})
+	}
+}
+
+// TestAcquireAllBadSeen: a set's seen tokens are checked before anything
+// is sent.
+func TestAcquireAllBadSeen(t *testing.T) {
+	e := newEnv(t)
+	ks := setOf(t, 2)
+	w := newWaiter("set", "room", liveClaim)
+	for _, seen := range [][]int64{{1, 2, 3}, {-1}} {
+		p := w.place
+		p.SetSeen = seen
+		_, err := e.lc.AcquireAll(ctxFor(t), ks, w.value, queueTTL, &p)
+		assert.ErrorIs(t, err, lease.ErrBadPlace, "seen %v", seen)
+	}
+	for i, k := range ks {
+		assert.False(t, e.exists(t, k.Lease), "lock %d after the refused calls", i)
+	}
 }
