@@ -371,8 +371,9 @@
 // timer, the lease deadline and the Lock context are its own, and every
 // command (Release, Leave, Downgrade) reaches it on its mailbox with a
 // one-slot reply. Its loop never waits on Redis: a renewal goes to the
-// client's batcher, whose answer comes back to the actor as a message,
-// and a call that goes alone (a Downgrade, the final delete, a renewal
+// client's batcher, which writes the answer into the actor's one renewal
+// request and wakes the actor (a renewal allocates nothing and starts no
+// goroutine), and a call that goes alone (a Downgrade, the final delete, a renewal
 // that cannot be batched) runs in a child whose answer comes back the same
 // way, so the actor answers at once even while Redis is slow. It exits
 // when the guard ends and when Redis refuses a renewal (a loss that can
