@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
@@ -21,9 +22,11 @@ import (
 // its answer means. Each guard stays its own actor: when its renewal is
 // due it asks the batcher, with the guard's own deadline (the lease
 // deadline D, as for a renewal sent alone), and goes on with its loop;
-// its own answer comes back on the actor's one-slot answer channel, and
-// renewed reads it exactly as the answer of lease.Client.Renew. No
-// goroutine waits for an answer: the batcher's call answers every member
+// its own answer is written into its ask, and the actor is woken on its
+// one-slot wake-up channel; renewed reads the answer exactly as that of
+// lease.Client.Renew. No goroutine waits for an answer, and a renewal
+// allocates nothing of its own: each actor has one ask, which it fills
+// anew for each renewal, and the batcher's call answers every member
 // without blocking. An actor whose guard ends drops its ask.
 //
 // A renewal has slack: a lease renewed a little before it is due is just
@@ -137,19 +140,29 @@ type askGroup struct {
 	index  int // in the heap
 }
 
-// renewAsk is one guard's renewal, pending or in flight. Its fields after
-// reply are the batcher's, under its mu.
+// renewAsk is one guard's renewal, pending or in flight. An actor has one,
+// which it asks with again for each renewal once it has read the answer
+// to the last: a batch in flight that it has left (its deadline passed)
+// may still hold it, and answers it only while it is that batch's
+// (batch). The fields from latest on are the batcher's, under its mu,
+// but ans, which the asker reads once ready says it is there.
 type renewAsk struct {
-	item     lease.RenewItem
-	group    string
+	// Set by the asker before its first ask, and never changed.
+	keys  *lease.Keys // the engine's
+	value string
+	ttl   time.Duration
+	group string
+	wake  chan struct{} // the asker's one-slot wake-up
+
 	latest   time.Time
 	deadline time.Time // the member's lease deadline; zero when it has none
 	asked    time.Time // when the member asked, the send time of an answer without a batch
-	reply    chan renewAnswer
 
 	batch    *renewBatch // the batch it went into, once sent
 	gone     bool        // the member stopped waiting
-	answered bool        // reply holds its one answer
+	answered bool        // ans holds its one answer
+	ans      renewAnswer
+	ready    atomic.Bool // ans is there (set after ans is written)
 }
 
 // renewAnswer is the answer to one member: the batch's send time, and its
@@ -244,36 +257,54 @@ func (s *batcherSet) get(client any) *batcher {
 	return s.m[client]
 }
 
-// ask asks for one renewal of value's lease, to be sent by latest, and
-// returns it. It never blocks: the one answer comes on reply (whose one
-// slot must be empty, so the batcher never waits on it), unless the asker
-// drops the ask first. The answer carries the batch's send time, from
-// which the lease is dated when confirmed; at the member's deadline dl
-// (zero: none) it is context.DeadlineExceeded with asked as the send time
-// (for the latency), as a renewal sent alone returns when its context's
-// deadline passes.
-func (b *batcher) ask(dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time, reply chan renewAnswer) *renewAsk {
-	a := &renewAsk{item: lease.RenewItem{Keys: k, Value: value, TTL: ttl}, group: b.store.BatchGroup(k),
-		latest: latest, deadline: dl, asked: asked, reply: reply}
+// newAsk returns the ask of a member that renews value's lease of keys
+// for ttl, and is woken on wake (one slot) when an answer is there.
+func (b *batcher) newAsk(keys *lease.Keys, value string, ttl time.Duration, wake chan struct{}) renewAsk {
+	return renewAsk{keys: keys, value: value, ttl: ttl, group: b.store.BatchGroup(*keys), wake: wake}
+}
+
+// ask asks for one renewal of a's lease, to be sent by latest. It never
+// blocks. a must have no ask pending (its last answer read, or none
+// asked). The one answer is written into a, unless the asker drops the
+// ask first, and the asker is woken. The answer carries the batch's send
+// time, from which the lease is dated when confirmed; at the member's
+// deadline dl (zero: none) it is context.DeadlineExceeded with asked as
+// the send time (for the latency), as a renewal sent alone returns when
+// its context's deadline passes.
+func (b *batcher) ask(a *renewAsk, dl, latest, asked time.Time) {
+	a.ready.Store(false)
+	b.mu.Lock()
+	a.latest, a.deadline, a.asked = latest, dl, asked
+	a.batch, a.gone, a.answered = nil, false, false
 	if !dl.IsZero() && !asked.Before(dl) {
-		a.answer(a.expired()) // not in the batcher yet: no lock needed
-		return a
+		a.answer(a.expired())
+		b.mu.Unlock()
+		return
 	}
 	if !dl.IsZero() && dl.Before(latest) {
 		// Sent by its deadline at the latest, where take answers it
 		// instead: a pending member also learns its deadline on time.
 		a.latest = dl
 	}
-	b.add(a)
-	return a
+	wake := b.add(a)
+	b.mu.Unlock()
+	if wake {
+		b.poke()
+	}
 }
 
-// answer gives a its one answer, unless it has one; the caller holds b.mu.
-// The reply slot holds one answer, so this never blocks.
+// answer gives a its one answer, unless it has one, and wakes the asker;
+// the caller holds b.mu. The wake-up slot holds one, so this never
+// blocks.
 func (a *renewAsk) answer(ans renewAnswer) {
 	if !a.answered {
 		a.answered = true
-		a.reply <- ans
+		a.ans = ans
+		a.ready.Store(true)
+		select {
+		case a.wake <- struct{}{}:
+		default: // woken already
+		}
 	}
 }
 
@@ -282,14 +313,12 @@ func (a *renewAsk) expired() renewAnswer {
 	return renewAnswer{sent: a.asked, err: context.DeadlineExceeded}
 }
 
-// add puts a in its group, and wakes the loop if a is due before the loop
-// would wake.
-func (b *batcher) add(a *renewAsk) {
-	b.mu.Lock()
+// add puts a in its group, and reports whether the loop must be woken
+// (a is due before it would wake); the caller holds b.mu.
+func (b *batcher) add(a *renewAsk) (wake bool) {
 	if b.closed {
 		a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
-		b.mu.Unlock()
-		return
+		return false
 	}
 	g := b.groups[a.group]
 	switch {
@@ -302,14 +331,11 @@ func (b *batcher) add(a *renewAsk) {
 		heap.Fix(&b.due, g.index)
 	}
 	g.asks = append(g.asks, a)
-	wake := b.armed.IsZero() || a.latest.Before(b.armed)
+	wake = b.armed.IsZero() || a.latest.Before(b.armed)
 	if wake {
 		b.armed = a.latest
 	}
-	b.mu.Unlock()
-	if wake {
-		b.poke()
-	}
+	return wake
 }
 
 // poke wakes the loop without blocking.
@@ -475,11 +501,22 @@ func (b *batcher) newBatch(asks []*renewAsk) *renewBatch {
 // yet; until the reply, a timer answers each member at its deadline.
 func (b *batcher) send(bt *renewBatch) {
 	defer bt.cancel()
-	items := make([]lease.RenewItem, len(bt.asks))
-	for i, a := range bt.asks {
-		items[i] = a.item
+	buf := batchBufs.Get().(*batchBuf)
+	defer batchBufs.Put(buf)
+	items, out := buf.items[:0], buf.out[:0]
+	for _, a := range bt.asks {
+		items = append(items, lease.RenewItem{Keys: *a.keys, Value: a.value, TTL: a.ttl})
 	}
-	out := make([]lease.Renewal, len(items))
+	if cap(out) < len(items) {
+		out = make([]lease.Renewal, len(items))
+	}
+	out = out[:len(items)]
+	defer func() {
+		// Kept for the next batch, without the strings they refer to.
+		clear(items)
+		clear(out)
+		buf.items, buf.out = items[:0], out[:0]
+	}()
 	sent := time.Now()
 	b.mu.Lock()
 	b.armExpiry(bt, sent)
@@ -491,6 +528,9 @@ func (b *batcher) send(bt *renewBatch) {
 		b.calls.Done() // the run it was armed for will not come
 	}
 	for i, a := range bt.asks {
+		if a.batch != bt {
+			continue // it left this batch and asked again
+		}
 		if err != nil {
 			a.answer(renewAnswer{sent: sent, err: err})
 			continue
@@ -509,7 +549,7 @@ func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 	callEnd, _ := bt.ctx.Deadline()
 	for _, a := range bt.asks {
 		switch {
-		case a.answered || a.gone || a.deadline.IsZero():
+		case a.batch != bt || a.answered || a.gone || a.deadline.IsZero():
 		case !now.Before(a.deadline):
 			a.answer(a.expired())
 			bt.left()
@@ -534,6 +574,15 @@ func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 	}
 	bt.timer.Reset(next.Sub(now)) // from its own run: it is not armed
 }
+
+// batchBuf is the arguments and results of one batch's call, kept for the
+// next batch (a batch is MaxRenewBatch renewals at most).
+type batchBuf struct {
+	items []lease.RenewItem
+	out   []lease.Renewal
+}
+
+var batchBufs = sync.Pool{New: func() any { return new(batchBuf) }}
 
 // groupHeap orders the groups with pending renewals by their earliest
 // latest (container/heap).

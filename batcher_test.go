@@ -278,12 +278,11 @@ func TestBatcherEarliestDeadlineFirst(t *testing.T) {
 		n := lease.MaxRenewBatch + 50
 		start := time.Now()
 		due := start.Add(time.Millisecond)
-		replies := make([]chan renewAnswer, n)
+		asks := make([]renewAsk, n)
 		for i := range n {
 			// Asked latest deadline first: ask i lapses at n-i seconds.
-			replies[i] = make(chan renewAnswer, 1)
-			k := lease.Keys{Lease: strconv.Itoa(i)}
-			b.ask(start.Add(time.Duration(n-i)*time.Second), k, strconv.Itoa(i), fakeTTL, due, start, replies[i])
+			asks[i] = b.newAsk(&lease.Keys{Lease: strconv.Itoa(i)}, strconv.Itoa(i), fakeTTL, make(chan struct{}, 1))
+			b.ask(&asks[i], start.Add(time.Duration(n-i)*time.Second), due, start)
 		}
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
@@ -300,9 +299,10 @@ func TestBatcherEarliestDeadlineFirst(t *testing.T) {
 		}
 		assert.ElementsMatch(t, want, first.values, "the full script carries the earliest deadlines")
 		assert.Len(t, second.values, n-lease.MaxRenewBatch)
-		for _, r := range replies {
-			ans := <-r
-			require.NoError(t, ans.err)
+		for i := range asks {
+			<-asks[i].wake
+			require.True(t, asks[i].ready.Load(), "woken with an answer")
+			require.NoError(t, asks[i].ans.err)
 		}
 	})
 }
@@ -390,18 +390,16 @@ func TestBatcherFailedBatchFailsEveryMember(t *testing.T) {
 // ask, as an ending actor does, and returns ended's error with asked as
 // the send time, unless the answer had come.
 func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
-	reply := make(chan renewAnswer, 1)
-	a := b.ask(dl, k, value, ttl, latest, asked, reply)
+	a := b.newAsk(&k, value, ttl, make(chan struct{}, 1))
+	b.ask(&a, dl, latest, asked)
 	select {
-	case ans := <-reply:
-		return ans.sent, ans.r, ans.err
+	case <-a.wake:
+		return a.ans.sent, a.ans.r, a.ans.err
 	case <-ended.Done():
 	}
-	b.drop(a)
-	select {
-	case ans := <-reply:
-		return ans.sent, ans.r, ans.err
-	default:
+	b.drop(&a)
+	if a.ready.Load() {
+		return a.ans.sent, a.ans.r, a.ans.err
 	}
 	return asked, lease.Renewal{}, ended.Err()
 }

@@ -358,27 +358,6 @@ func BenchmarkManyKeys(b *testing.B) {
 	reportPairs(b, pairs, ours, bare, floor)
 }
 
-// BenchmarkHeld holds 10,000 locks at once on one client, with a 1.5 s TTL,
-// for 10 s (DISTLOCK_BENCH_HELD, DISTLOCK_BENCH_TTL and DISTLOCK_BENCH_HOLD
-// change those: issue 24's target is 100,000, 6 s, 12 s; TestHeld100k
-// checks it), taken by goroutines that call Lock(context.Background()).
-// It reports the memory (heap and goroutine stacks) and goroutines per
-// held lock at the end of the hold (one goroutine per guard, its actor;
-// DISTLOCK_BENCH_HEAPPROFILE names a file for the heap profile at that
-// moment); the commands the client sent and the renewals answered
-// per second during the hold, and how many renewals shared a command (the
-// renewal batcher);
-// the server's CPU (INFO cpu) over the hold, in % of a core; the Lost
-// events, the guards not Acquired at the end and the failed Lock calls,
-// which must be zero; and the keys left after the releases, but the
-// fencing keys, kept on purpose.
-func BenchmarkHeld(b *testing.B) {
-	cfg := benchHeldConfig(b)
-	for b.Loop() {
-		holdMany(b, cfg).report(b, cfg)
-	}
-}
-
 // BenchmarkCrashedHolder measures how long after a dead holder's lease
 // expires a waiter takes the lock: the holder's key is written with a TTL and
 // never released, and Lock waits for it.
@@ -409,6 +388,8 @@ func BenchmarkCrashedHolder(b *testing.B) {
 	b.ReportMetric(float64(lateness[len(lateness)-1].Microseconds())/1000, "max-ms-after-expiry")
 }
 
+// envInt reads a count from the environment variable name, or returns def
+// when it is not set.
 func envInt(b *testing.B, name string, def int) int {
 	v := os.Getenv(name)
 	if v == "" {

@@ -371,8 +371,9 @@
 // timer, the lease deadline and the Lock context are its own, and every
 // command (Release, Leave, Downgrade) reaches it on its mailbox with a
 // one-slot reply. Its loop never waits on Redis: a renewal goes to the
-// client's batcher, whose answer comes back to the actor as a message,
-// and a call that goes alone (a Downgrade, the final delete, a renewal
+// client's batcher, which writes the answer into the actor's one renewal
+// request and wakes the actor (a renewal allocates nothing and starts no
+// goroutine), and a call that goes alone (a Downgrade, the final delete, a renewal
 // that cannot be batched) runs in a child whose answer comes back the same
 // way, so the actor answers at once even while Redis is slow. It exits
 // when the guard ends and when Redis refuses a renewal (a loss that can
@@ -394,14 +395,17 @@
 // target is at most 6 KiB of heap and stacks per held lock (the 4 KiB
 // target, which had the actor exit between renewals, is withdrawn: one
 // goroutine per held lock is the design). Measured with 100,000 locks held
-// on one client, TTL 6 s, for two TTLs (TestHeld100k with
-// DISTLOCK_HELD_100K=1): 9.0 KiB per held lock, of which 4.0 KiB is the
-// actor's stack (grown past the runtime's 2 KiB minimum, and used too
-// deeply while parked to be shrunk back) and 5.0 KiB heap; the target is
-// not met yet. The same run measured 13-15 µs of client CPU per renewal
-// (24 µs when the actor exited after every renewal), about 100 commands
-// a second and 11-13% of a core in Redis, and no guard left Acquired,
-// also beside one or two busy loops.
+// on one client (BenchmarkHeld100k): 8.0 KiB per held lock, of which
+// 4.0 KiB is heap (the Mutex, the guard, its actor and the goroutine's
+// descriptor) and 4.0 KiB the actor's stack; the target is not met. The
+// stack is the runtime's 2 KiB minimum grown once: a 2 KiB stack leaves
+// its frames about 1,100 bytes, the actor parked in its select already
+// uses about 1,000 of them (its entry through the renewal timer and the
+// actor runtime's Run, its loop, the select), and a renewal's calls need
+// more; the runtime does not shrink it back while the actor lives. A renewal
+// allocates nothing of its own and wakes the actor twice (its timer, and
+// the batcher's answer). The CPU, commands and Redis figures are in
+// BENCHMARKS.md, "Many held locks".
 //
 // # Goroutines
 //

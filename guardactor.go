@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/distkit-go/distlock/actor"
@@ -31,10 +32,10 @@ import (
 //     timer, the lease deadline and the Lock context, and takes every
 //     command on its mailbox (endMsg, downgradeMsg) with a one-slot reply.
 //     Its loop never waits on Redis: a renewal through the client's
-//     batcher is an ask whose answer comes back on the actor's answer
-//     slot, and every other Redis call (a lone renewal, a Downgrade, the
-//     final delete) is a child whose answer comes back on the mailbox. A
-//     Downgrade of a young guard starts its actor early.
+//     batcher is an ask whose answer the batcher writes into the ask and
+//     wakes the actor for, and every other Redis call (a lone renewal, a
+//     Downgrade, the final delete) is a child whose answer comes back on
+//     the mailbox. A Downgrade of a young guard starts its actor early.
 //   - ending: the end's owner, for good. A caller that claimed the end may
 //     hand the tries of the final delete over to a new actor when its own
 //     wait is over (ending → actor); that actor sends nothing else.
@@ -51,34 +52,47 @@ import (
 // which makes every transition and emits every event.
 
 // guardActor is the actor of one guard, with the state of its loop.
+//
+// It is lean on purpose: a process may hold 100,000 of them. Its loop
+// selects on three channels (four with a Lock context that can end), a
+// renewal allocates nothing of its own, and the loop's frame and the calls
+// it makes on a renewal are shallow, so that its goroutine's stack stays
+// at the runtime's smallest.
 type guardActor struct {
 	g *Guard
 	a *actor.Actor[guardMsg]
 
-	// The next renewal: renewT fires when it is due (renewC is its
-	// channel while armed, nil otherwise); through the batcher it asks
-	// for the renewal to be sent by latest. While a renewal is in flight,
-	// ask is the batcher's (its answer comes on answers) or lone says a
+	// One timer wakes the actor for what comes first: the next renewal,
+	// due at renewAt (zero while none is scheduled: one is in flight, or
+	// the renewals have stopped), and the lease deadline D it watches,
+	// watchD (zero while it watches none; see armDeadline). timerC is the
+	// timer's channel while it is armed, at armedAt; nil otherwise.
+	timer   *time.Timer
+	timerC  <-chan time.Time
+	armedAt time.Time
+	renewAt time.Time
+	watchD  time.Time
+	// Through the batcher the renewal is asked to be sent by latest.
+	// While one is in flight, asking says req is with the batcher (its
+	// answer is written into it, and wake wakes the actor) or lone says a
 	// child sends it alone, under ended, which the guard's end cancels.
-	renewT      *time.Timer
-	renewC      <-chan time.Time
 	latest      time.Time
-	ask         *renewAsk
-	answers     chan renewAnswer
+	req         renewAsk
+	asking      bool
 	lone        bool
 	ended       context.Context
 	endRenewals context.CancelFunc
-	deadAt      *time.Timer      // the lease deadline D, while Acquired
-	deadC       <-chan time.Time // deadAt's channel while armed
+	// wake is the actor's one-slot wake-up: the batcher wakes it when the
+	// answer to req is there, and the client's keeper (Guard.renewSoon)
+	// when the connection came back after it dropped (the server may
+	// have forgotten the lease: see keeper.go), setting soon first.
+	wake chan struct{}
+	soon atomic.Bool
 	// The Downgrade in flight and the ones waiting behind it, in order;
 	// cancelDowngrade cancels the one in flight.
 	downgrades      []downgradeMsg
 	cancelDowngrade context.CancelFunc
 	deleting        bool // the final delete is in flight
-	// renewNow is where the client's keeper (Guard.renewSoon) tells the
-	// actor, without blocking, that the connection came back after it
-	// dropped: the server may have forgotten the lease (see keeper.go).
-	renewNow chan struct{}
 	// batcher sends the renewals of the client's guards in batches
 	// (batcher.go), from the actor's first renewal on; nil when its
 	// renewals go alone (with WithReplicaAck, or a store that cannot
@@ -139,7 +153,7 @@ func (downgradedMsg) isGuardMsg() {}
 func (deletedMsg) isGuardMsg()    {}
 
 func newGuardActor(g *Guard) *guardActor {
-	return &guardActor{g: g, a: actor.New[guardMsg](), renewNow: make(chan struct{}, 1)}
+	return &guardActor{g: g, a: actor.New[guardMsg](), wake: make(chan struct{}, 1)}
 }
 
 // run runs the actor's loop on the calling goroutine, counted in
@@ -148,6 +162,14 @@ func (l *guardActor) run() {
 	proc.actors.Add(1)
 	defer proc.actors.Add(-1)
 	l.a.Run(l.loop)
+}
+
+// poke wakes the actor without blocking.
+func (l *guardActor) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default: // woken already
+	}
 }
 
 // activate is the function of the renewal timer: unless the guard has an
@@ -167,18 +189,16 @@ func (g *Guard) activate() {
 // the connection came back after it dropped. It never blocks. A young
 // guard's renewal timer is fired now (if the guard has just become an
 // actor, that actor renews at once anyway, and the timer's second run
-// finds the guard taken); an actor is told on its renewNow slot. A
-// renewal already in flight answers for the poke.
+// finds the guard taken); an actor is told by soon and woken. A renewal
+// already in flight answers for the poke.
 func (g *Guard) renewSoon() {
 	switch a := g.owner.Load(); a {
 	case nil:
 		g.renewal.Reset(0)
 	case ending, retired:
 	default:
-		select {
-		case a.renewNow <- struct{}{}:
-		default: // asked already
-		}
+		a.soon.Store(true)
+		a.poke()
 	}
 }
 
@@ -195,12 +215,39 @@ func (g *Guard) leaveKeeper() {
 // L1b and L4), turn the guard Lost at D, answer commands, and end the
 // guard when told to or when the Lock context ends. It returns when the
 // guard has ended and when its loss is final (it retires), at no other
-// time.
+// time. It only dispatches: what it does for each wake-up is a call that
+// returns before the loop selects again, so the frames under the select,
+// where the goroutine spends its life, are few and small.
 func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
+	l.start()
+	for !l.exit {
+		l.arm()
+		var lockDone <-chan struct{}
+		if l.g.how == 0 {
+			lockDone = l.g.lockCtx.Done()
+		}
+		select {
+		case m := <-inbox:
+			l.handle(m)
+		case <-l.wake:
+			l.woken()
+		case <-l.timerC:
+			l.fired()
+		case <-lockDone:
+			l.begin(endRelease)
+			l.g.warnLockDeadline()
+		}
+	}
+	l.timer.Stop()
+	l.exited()
+}
+
+// start takes the guard over: the renewal timer has done its part (a
+// timer that activated the actor has fired), the actor watches the Lock
+// context itself, and the first renewal is scheduled, or, for an actor
+// handed the end, the final delete is sent.
+func (l *guardActor) start() {
 	g := l.g
-	// The actor owns the renewals and the Lock context from now on: the
-	// renewal timer has done its part (a timer that activated the actor
-	// has fired).
 	if !l.byTimer {
 		g.renewal.Stop()
 	}
@@ -208,58 +255,69 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		g.unwatch()
 		g.unwatch = nil
 	}
-	l.deadAt = newStoppedTimer()
-	defer l.deadAt.Stop()
-	defer l.exited()
+	l.timer = newStoppedTimer()
 	if g.how != 0 {
 		// Handed over by the owner of the end, to finish the final delete.
 		l.afterBegin()
-	} else {
-		l.renewT = newStoppedTimer()
-		defer l.renewT.Stop()
-		l.answers = make(chan renewAnswer, 1)
-		g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
-		due := time.Until(g.lastSent.Add(renewAfter(g.leaseTTL)))
-		if l.byTimer && due > g.e.renewSlack(renewAfter(g.e.ttl)) {
-			// The timer fired before its time: the keeper fired it (see
-			// renewSoon), and the first renewal is brought forward.
-			due = 0
-		}
-		l.renewIn(due)
-		l.armDeadline()
+		return
 	}
-	for !l.exit {
-		var lockDone <-chan struct{}
-		if g.how == 0 {
-			lockDone = g.lockCtx.Done()
+	g.retry = backoff{first: firstRetry, most: max(firstRetry, lostRetry(g.e.ttl))}
+	due := time.Until(g.lastSent.Add(renewAfter(g.leaseTTL)))
+	if l.byTimer && due > g.e.renewSlack(renewAfter(g.e.ttl)) {
+		// The timer fired before its time: the keeper fired it (see
+		// renewSoon), and the first renewal is brought forward.
+		due = 0
+	}
+	l.renewIn(due)
+	l.armDeadline()
+}
+
+// woken acts on a wake-up: the keeper's restart poke (a renewal that is
+// scheduled, not in flight, goes now, and through the batcher with no
+// slack left: the keeper flushes the batcher), and the batcher's answer.
+func (l *guardActor) woken() {
+	if l.soon.Swap(false) && l.g.how == 0 && !l.retiring && !l.renewAt.IsZero() {
+		l.renewAt = time.Time{}
+		l.latest = time.Now()
+		l.renew()
+	}
+	if l.asking && l.req.ready.Load() {
+		l.asking = false
+		l.renewed(l.req.ans.sent, l.req.ans.r, l.req.ans.err)
+	}
+}
+
+// fired acts on the timer: D has come (the guard is Lost unless a renewal
+// was confirmed meanwhile), the next renewal is due, or both.
+func (l *guardActor) fired() {
+	l.timerC = nil
+	now := time.Now()
+	if !l.watchD.IsZero() && !now.Before(l.watchD) {
+		l.watchD = time.Time{}
+		l.g.checkDeadline()
+	}
+	if !l.renewAt.IsZero() && !now.Before(l.renewAt) {
+		l.renewAt = time.Time{}
+		l.renew()
+	}
+}
+
+// arm arms the timer for the earlier of renewAt and watchD, or stops it
+// when neither is set; a timer armed for that moment already is left be.
+func (l *guardActor) arm() {
+	next := l.renewAt
+	if !l.watchD.IsZero() && (next.IsZero() || l.watchD.Before(next)) {
+		next = l.watchD
+	}
+	switch {
+	case next.IsZero():
+		if l.timerC != nil {
+			l.timer.Stop()
+			l.timerC = nil
 		}
-		select {
-		case m := <-inbox:
-			l.handle(m)
-		case ans := <-l.answers:
-			if l.ask != nil { // (an answer to an ask it dropped is stale)
-				l.ask = nil
-				l.renewed(ans.sent, ans.r, ans.err)
-			}
-		case <-l.renewC:
-			l.renewC = nil
-			l.renew()
-		case <-l.deadC:
-			l.deadC = nil
-			g.checkDeadline()
-		case <-l.renewNow:
-			if g.how == 0 && !l.retiring && l.renewC != nil {
-				// Scheduled, not in flight: now, and through the batcher
-				// with no slack left (the keeper flushes the batcher).
-				l.renewT.Stop()
-				l.renewC = nil
-				l.latest = time.Now()
-				l.renew()
-			}
-		case <-lockDone:
-			l.begin(endRelease)
-			g.warnLockDeadline()
-		}
+	case l.timerC == nil || !next.Equal(l.armedAt):
+		l.timer.Reset(time.Until(next))
+		l.timerC, l.armedAt = l.timer.C, next
 	}
 }
 
@@ -341,7 +399,10 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
 	if l.batcher == nil && l.g.hold.batchable() {
-		l.batcher = proc.batchers.join(e)
+		// (A set's renewals go as batches of their own, one per group.)
+		if l.batcher = proc.batchers.join(e); l.batcher != nil {
+			l.req = l.batcher.newAsk(&e.keys, l.g.value, e.ttl, l.wake)
+		}
 	}
 	if l.batcher != nil {
 		l.latest = time.Now().Add(d)
@@ -351,12 +412,11 @@ func (l *guardActor) renewIn(d time.Duration) {
 		l.renew()
 		return
 	}
-	l.renewT.Reset(d)
-	l.renewC = l.renewT.C
+	l.renewAt = time.Now().Add(d)
 }
 
 // renew sends one renewal: through the batcher, as an ask whose answer
-// comes on the actor's answer slot; otherwise in a child, whose answer
+// the batcher writes into it and wakes the actor for; otherwise in a child, whose answer
 // comes on the mailbox. The call's deadline is the lease deadline while
 // the lease is held (L1: no call for a held lock outlives D; the batcher
 // keeps it itself, see batcher.go, "Deadlines"), and one renewal period
@@ -373,7 +433,8 @@ func (l *guardActor) renew() {
 		dl = s.deadline
 	}
 	if l.batcher != nil {
-		l.ask = l.batcher.ask(dl, e.keys, g.value, e.ttl, l.latest, sent, l.answers)
+		l.asking = true
+		l.batcher.ask(&l.req, dl, l.latest, sent)
 		return
 	}
 	if l.ended == nil {
@@ -394,31 +455,25 @@ func (l *guardActor) renew() {
 // answer, if one comes, is stale), and a lone renewal in flight
 // (cancelled: its answer still comes, and lone stays set until then).
 func (l *guardActor) stopRenewing() {
-	if l.renewT != nil {
-		l.renewT.Stop()
-		l.renewC = nil
-	}
-	if l.ask != nil {
-		l.batcher.drop(l.ask)
-		l.ask = nil
+	l.renewAt = time.Time{}
+	if l.asking {
+		l.batcher.drop(&l.req)
+		l.asking = false
 	}
 	if l.lone {
 		l.endRenewals()
 	}
 }
 
-// armDeadline arms the deadline timer at D while the guard is Acquired, so
-// that it turns Lost at D even while a renewal is still in flight: not
-// every client ends a call at its deadline (go-redis waits out its
-// ReadTimeout, and retries), and a dial may not watch it.
+// armDeadline has the actor watch D while the guard is Acquired, so that
+// it turns Lost at D even while a renewal is still in flight: not every
+// client ends a call at its deadline (go-redis waits out its ReadTimeout,
+// and retries), and a dial may not watch it. The loop arms the timer.
 func (l *guardActor) armDeadline() {
+	l.watchD = time.Time{}
 	if s := l.g.pub.st.Load(); s.state == Acquired {
-		l.deadAt.Reset(time.Until(s.deadline))
-		l.deadC = l.deadAt.C
-		return
+		l.watchD = s.deadline
 	}
-	l.deadAt.Stop()
-	l.deadC = nil
 }
 
 // begin begins the guard's end: State reports Released, the context is
@@ -426,8 +481,7 @@ func (l *guardActor) armDeadline() {
 // comes once it has answered (afterBegin).
 func (l *guardActor) begin(how endHow) {
 	l.g.begin(how)
-	l.deadAt.Stop()
-	l.deadC = nil
+	l.watchD = time.Time{}
 	l.stopRenewing()
 	if l.cancelDowngrade != nil {
 		l.cancelDowngrade()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -220,16 +221,14 @@ func (r heldResult) report(tb testing.TB, cfg heldConfig) {
 	tb.Logf("commands/s %.0f, renewals/s %.0f (expected %.0f), renewals per command %.1f, failed renewals %d",
 		r.perSecond(r.commands, cfg.hold), r.perSecond(r.renewals, cfg.hold), float64(cfg.locks)/renewPeriod(cfg.ttl).Seconds(),
 		float64(r.renewals)/float64(max(r.commands, 1)), r.renewFailures)
-	tb.Logf("client CPU %.1f%% of a core (%.1f µs per renewal)", 100*r.clientCPU.Seconds()/cfg.hold.Seconds(),
-		float64(r.clientCPU.Microseconds())/float64(max(r.renewals, 1)))
+	tb.Logf("client CPU %.1f%% of a core (%.1f µs per renewal)", 100*r.clientCPU.Seconds()/cfg.hold.Seconds(), r.cpuPerRenewal())
 	tb.Logf("Redis CPU %.1f%% of a core; memory per held lock: heap %.0f B, stacks %.0f B (%.2f KiB), goroutines per lock %.3f",
 		100*r.redisCPU.Seconds()/cfg.hold.Seconds(), r.heapPerLock, r.stackPerLock, (r.heapPerLock+r.stackPerLock)/1024, r.goroutines)
 	tb.Logf("Lock errors %d (first: %v), Lost %d, not Acquired at the end %d, Release errors %d, keys left %d (fencing keys kept: %d)",
 		r.lockErrors, r.firstLockErr, r.lost, r.notAcquired, r.releaseErrors, len(r.keysLeft), r.fenceKeys)
-	for e, n := range r.renewErrors {
-		tb.Logf("failed renewals: %d× %s", n, e)
-	}
 	if b, ok := tb.(*testing.B); ok {
+		b.ReportMetric(r.cpuPerRenewal(), "client-µs/renewal")
+		b.ReportMetric((r.heapPerLock+r.stackPerLock)/1024, "KiB/lock")
 		b.ReportMetric(r.heapPerLock, "heap-B/lock")
 		b.ReportMetric(r.stackPerLock, "stack-B/lock")
 		b.ReportMetric(r.goroutines, "goroutines/lock")
@@ -248,73 +247,115 @@ func (r heldResult) report(tb testing.TB, cfg heldConfig) {
 // renewPeriod is how often a lock of ttl renews (distlock's TTL/3).
 func renewPeriod(ttl time.Duration) time.Duration { return ttl / 3 }
 
-// TestHeld100k holds 100,000 locks on one client, TTL 6 s, for two TTLs,
-// and checks issue 24's targets: at most one command per 50 renewals (at
-// most 1,000 a second), Redis CPU at most 25% of a core, no guard ever
-// leaving Acquired, every Lock(context.Background()) succeeding, and
-// nothing but the fencing keys left after the releases. It reports the
-// memory per held lock. It runs only with DISTLOCK_HELD_100K=1 (it takes
-// about a minute and most of two cores); DISTLOCK_HELD_LOCKS changes the
-// number of locks.
-func TestHeld100k(t *testing.T) {
-	if os.Getenv("DISTLOCK_HELD_100K") == "" {
-		t.Skip("set DISTLOCK_HELD_100K=1 to hold 100,000 locks")
-	}
-	cfg := heldConfig{locks: 100000, ttl: 6 * time.Second, hold: 12 * time.Second, workers: 64}
-	if v := os.Getenv("DISTLOCK_HELD_LOCKS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("DISTLOCK_HELD_LOCKS=%q: want a positive count", v)
+// BenchmarkHeld100k holds 100,000 locks on one rueidis client, TTL 6 s,
+// for two TTLs, and reports what issue 30 asks of them: the process's CPU
+// per renewal (at most 8 µs), heap and goroutine stacks per held lock (at
+// most 6 KiB), the commands a second (at most 1,000), Redis's CPU (at most
+// 25% of a core), and the guards that left Acquired (none). Sub-benchmark
+// quiet runs alone; busy runs beside a loop burning one core, in a process
+// of its own started for it (its CPU is not the client's), where still no
+// guard may leave Acquired. Run it once per sub-benchmark:
+//
+//	go test -run '^$' -bench 'Held100k' -benchtime 1x -timeout 20m .
+//
+// Each takes about a minute and most of two cores. DISTLOCK_HELD_LOCKS
+// changes the number of locks (10000 for a quick run), DISTLOCK_HELD_TTL
+// the TTL and DISTLOCK_HELD_HOLD the hold (two TTLs by default);
+// DISTLOCK_BENCH_HEAPPROFILE names a file for the heap profile at the end
+// of the hold. The figures are reported as metrics; the limits are logged
+// beside them, not enforced: a benchmark measures, and a machine busier
+// than the one busy loop can miss them.
+func BenchmarkHeld100k(b *testing.B) {
+	cfg := heldConfig{locks: envInt(b, "DISTLOCK_HELD_LOCKS", 100000), ttl: 6 * time.Second, workers: 64,
+		profile: os.Getenv("DISTLOCK_BENCH_HEAPPROFILE")}
+	cfg.ttl = envDuration(b, "DISTLOCK_HELD_TTL", cfg.ttl)
+	cfg.hold = envDuration(b, "DISTLOCK_HELD_HOLD", 2*cfg.ttl)
+	for _, busy := range []bool{false, true} {
+		name := "quiet"
+		if busy {
+			name = "busy"
 		}
-		cfg.locks = n
-	}
-	r := holdMany(t, cfg)
-	r.report(t, cfg)
-	if r.lockErrors > 0 {
-		t.Errorf("%d calls of Lock(context.Background()) failed; the first: %v", r.lockErrors, r.firstLockErr)
-	}
-	// The hold starts as the last lock is taken: the round of renewals
-	// due at its end may fall just after it.
-	rounds := int64(cfg.hold/renewPeriod(cfg.ttl)) - 1
-	if want := rounds * int64(cfg.locks); r.renewals < want {
-		t.Errorf("renewals during the hold: got %d, want at least %d (%d rounds of %d)", r.renewals, want, rounds, cfg.locks)
-	}
-	if r.commands*50 > r.renewals {
-		t.Errorf("commands during the hold: got %d for %d renewals, want at most one per 50", r.commands, r.renewals)
-	}
-	if perSec := r.perSecond(r.commands, cfg.hold); perSec > 1000 {
-		t.Errorf("commands per second: got %.0f, want at most 1,000", perSec)
-	}
-	if cpu := r.redisCPU.Seconds() / cfg.hold.Seconds(); cpu > 0.25 {
-		t.Errorf("Redis CPU: got %.1f%% of a core, want at most 25%%", 100*cpu)
-	}
-	if r.lost > 0 || r.notAcquired > 0 {
-		t.Errorf("guards that left Acquired: %d Lost events, %d not Acquired at the end", r.lost, r.notAcquired)
-	}
-	if r.releaseErrors > 0 {
-		t.Errorf("%d releases failed", r.releaseErrors)
-	}
-	if len(r.keysLeft) > 0 {
-		t.Errorf("%d keys left after the releases (besides %d fencing keys), such as %q", len(r.keysLeft), r.fenceKeys, r.keysLeft[:min(5, len(r.keysLeft))])
-	}
-	if r.fenceKeys > cfg.locks {
-		t.Errorf("fencing keys: got %d, want at most one per lock (%d)", r.fenceKeys, cfg.locks)
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				stop := func() {}
+				if busy {
+					stop = burnCore(b)
+				}
+				r := holdMany(b, cfg)
+				stop()
+				r.report(b, cfg)
+				r.judge(b, cfg, !busy)
+				r.logRenewErrors(b)
+			}
+		})
 	}
 }
 
-// benchHeldConfig reads BenchmarkHeld's configuration from the
-// environment: DISTLOCK_BENCH_HELD locks (10,000), DISTLOCK_BENCH_TTL
-// (1.5 s) and DISTLOCK_BENCH_HOLD (10 s).
-func benchHeldConfig(b *testing.B) heldConfig {
-	cfg := heldConfig{locks: envInt(b, "DISTLOCK_BENCH_HELD", 10000), ttl: 1500 * time.Millisecond, hold: 10 * time.Second, workers: 64,
-		profile: os.Getenv("DISTLOCK_BENCH_HEAPPROFILE")}
-	for name, d := range map[string]*time.Duration{"DISTLOCK_BENCH_TTL": &cfg.ttl, "DISTLOCK_BENCH_HOLD": &cfg.hold} {
-		if v := os.Getenv(name); v != "" {
-			var err error
-			if *d, err = time.ParseDuration(v); err != nil {
-				b.Fatal(fmt.Errorf("%s: %w", name, err))
-			}
+// judge logs each of issue 30's limits beside the figure, and whether it
+// was met; all of them when all is set, only that no guard left Acquired
+// otherwise (beside a busy loop). It does not fail the benchmark.
+func (r heldResult) judge(b *testing.B, cfg heldConfig, all bool) {
+	b.Helper()
+	var line []string
+	check := func(what string, got, limit float64, unit string) {
+		verdict := "met"
+		if got > limit {
+			verdict = "MISSED"
 		}
+		line = append(line, fmt.Sprintf("%s %.2f%s (at most %.0f: %s)", what, got, unit, limit, verdict))
 	}
-	return cfg
+	if all {
+		check("CPU per renewal", r.cpuPerRenewal(), 8, " µs")
+		check("heap and stacks per lock", (r.heapPerLock+r.stackPerLock)/1024, 6, " KiB")
+		check("commands a second", r.perSecond(r.commands, cfg.hold), 1000, "")
+		check("Redis CPU", 100*r.redisCPU.Seconds()/cfg.hold.Seconds(), 25, "%")
+	}
+	check("guards that left Acquired", float64(r.lost+int64(r.notAcquired)), 0, "")
+	b.Logf("targets: %s", strings.Join(line, "; "))
+	if r.lockErrors > 0 || r.releaseErrors > 0 || len(r.keysLeft) > 0 {
+		b.Logf("also: %d Lock errors, %d Release errors, %d keys left", r.lockErrors, r.releaseErrors, len(r.keysLeft))
+	}
+}
+
+// logRenewErrors logs the failed renewals, a few of each error (a
+// benchmark's log keeps only its first lines, so this comes last).
+func (r heldResult) logRenewErrors(tb testing.TB) {
+	tb.Helper()
+	for e, n := range r.renewErrors {
+		tb.Logf("failed renewals: %d× %s", n, e)
+	}
+}
+
+// cpuPerRenewal is the process's CPU time per renewal answered, in µs.
+func (r heldResult) cpuPerRenewal() float64 {
+	return float64(r.clientCPU.Nanoseconds()) / 1000 / float64(max(r.renewals, 1))
+}
+
+// burnCore starts a process that burns one core until the returned
+// function stops it (by its pid) and waits for it.
+func burnCore(tb testing.TB) (stop func()) {
+	tb.Helper()
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("starting a busy loop: %v", err)
+	}
+	return func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}
+
+// envDuration reads a duration from the environment variable name, or
+// returns def when it is not set.
+func envDuration(tb testing.TB, name string, def time.Duration) time.Duration {
+	tb.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		tb.Fatalf("%s=%q: want a positive duration", name, v)
+	}
+	return d
 }
