@@ -264,16 +264,13 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 }
 
 // exited is the actor's last step: the keeper's watch ends with the
-// guard, or with its final loss (retire left it already), and the actor
-// leaves its batcher. Neither waits: what stops a keeper or a batcher
-// that may wait for the server runs in the background, where Settle waits
-// for it.
+// guard, or with its final loss (retire left it already). It does not
+// wait: the batcher belongs to the client's session, and what stops a
+// keeper or a session, which may wait for the server, runs in the
+// background, where Settle waits for it.
 func (l *guardActor) exited() {
 	if !l.retired {
 		l.g.leaveKeeper()
-	}
-	if l.batcher != nil {
-		l.batcher.leave()
 	}
 	if l.endRenewals != nil {
 		l.endRenewals()
@@ -340,9 +337,9 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 // once, without a timer's round trip.
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
-	if l.batcher == nil && l.g.set == nil {
+	if l.batcher == nil && l.g.set == nil && l.g.keeper != nil {
 		// (A set's renewals go as batches of their own, one per group.)
-		l.batcher = proc.batchers.join(e)
+		l.batcher = l.g.keeper.s.batcherFor(e)
 	}
 	if l.batcher != nil {
 		l.latest = time.Now().Add(d)
