@@ -51,6 +51,23 @@ func OnSessionCollected(client any, f func()) bool {
 	return true
 }
 
+// Waiting reports whether a Lock call on client (as lease.Redis.Identity
+// names it) waits in one of its session's rooms.
+func Waiting(client any) bool {
+	s := proc.sessions.get(client)
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.rooms {
+		if r.refs > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // each calls f with every session, locked.
 func (ss *sessionSet) each(f func(*session)) {
 	ss.mu.Lock()
