@@ -303,11 +303,7 @@ func (k *keeper) probe(ctx context.Context) {
 			k.renewAll()
 			return
 		}
-		t := time.NewTimer(pause.next())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, pause.next()) {
 			return
 		}
 	}

@@ -181,32 +181,27 @@ func (s *session) lingered() {
 	s.mu.Lock()
 	s.lingering = false
 	var next time.Duration
-	soonest := func(left time.Duration) {
-		if next == 0 || left < next {
+	// lingeredOut reports whether a part idle since then has lingered
+	// for roomLinger (keeperLinger is the same), and otherwise keeps in
+	// next when the first such part will have.
+	lingeredOut := func(since time.Time) bool {
+		left := roomLinger - now.Sub(since)
+		if left > 0 && (next == 0 || left < next) {
 			next = left
 		}
+		return left <= 0
 	}
 	for _, r := range s.rooms {
-		if r.refs > 0 {
-			continue
+		if r.refs == 0 && lingeredOut(r.idleSince) {
+			s.dropRoom(r)
+			rooms = append(rooms, r)
 		}
-		if left := roomLinger - now.Sub(r.idleSince); left > 0 {
-			soonest(left)
-			continue
-		}
-		s.dropRoom(r)
-		rooms = append(rooms, r)
 	}
 	for _, k := range s.keepers {
-		if len(k.guards) > 0 {
-			continue
+		if len(k.guards) == 0 && lingeredOut(k.idleSince) {
+			s.dropKeeper(k)
+			keepers = append(keepers, k)
 		}
-		if left := keeperLinger - now.Sub(k.idleSince); left > 0 {
-			soonest(left)
-			continue
-		}
-		s.dropKeeper(k)
-		keepers = append(keepers, k)
 	}
 	stopped := s.stopIfEmpty()
 	if next > 0 && !stopped {

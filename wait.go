@@ -519,16 +519,21 @@ func resubscribe(ctx context.Context, pause *backoff, subscribe func() error, do
 		if ctx.Err() != nil {
 			return
 		}
-		if !down(errors.Is(err, lease.ErrNoPubSub)) {
+		if !down(errors.Is(err, lease.ErrNoPubSub)) || !sleepCtx(ctx, pause.next()) {
 			return
 		}
-		t := time.NewTimer(pause.next())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
+	}
+}
+
+// sleepCtx waits for d to pass, and reports false if ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
