@@ -38,8 +38,9 @@ import (
 // the slot's guards, and a restart of any node that a guard of the client
 // lives on is noticed. A client whose locks share a few slots keeps a few
 // subscriptions; one whose locks spread over many slots keeps one per
-// slot (sharded pub/sub shares one connection per node, so they cost the
-// server a channel each, not a connection). Everywhere else (one server,
+// slot: on rueidis, whose sharded subscriptions share one connection per
+// node, a channel each; on go-redis, whose every subscription has a
+// connection of its own, a connection each (as its waiting rooms do). Everywhere else (one server,
 // Sentinel, a client that shards by hash tag, whose shards distlock cannot
 // see) the group is one, and so is the keeper: a restart of another shard
 // of a tag-sharded client is noticed at each guard's next renewal.
