@@ -59,7 +59,6 @@ type sessionSet struct {
 type session struct {
 	set    *sessionSet
 	client any
-	store  store // the store of the engine that made it
 
 	mu      sync.Mutex
 	stopped bool               // it has left the registry
@@ -100,7 +99,7 @@ func (ss *sessionSet) lock(e *engine, create bool) *session {
 		if ss.m == nil {
 			ss.m = make(map[any]*session)
 		}
-		s = &session{set: ss, client: e.client, store: e.store, rooms: make(map[string]*room),
+		s = &session{set: ss, client: e.client, rooms: make(map[string]*room),
 			keepers: make(map[string]*keeper), done: make(chan struct{})}
 		ss.m[e.client] = s
 	}
