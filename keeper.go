@@ -217,6 +217,7 @@ func (k *keeper) ask() (answered func()) {
 // schedule.
 func (k *keeper) run(ctx context.Context) {
 	defer close(k.done)
+	defer k.cancel() // ends a probe when run ends on its own (see down)
 	pause := backoff{first: keeperFirstRetry, most: keeperMaxRetry}
 	confirmed := false
 	// Every confirmation after the first follows a break: rueidis
@@ -258,15 +259,18 @@ func (k *keeper) down(noPubSub bool) (again bool) {
 }
 
 // answered is told, in the subscription's ready callback, that the
-// subscription is confirmed again after it broke. A confirmed subscription
-// does not yet mean that the server serves the guards' keys: a Cluster
-// primary that rejoins after a restart confirms subscriptions at once but
-// refuses commands (CLUSTERDOWN) for two seconds of its own, and a server
-// loading its data refuses them (LOADING). A renewal sent then would fail,
-// and its retry come a growing pause later. So a probe, a goroutine of the
-// session, asks the server until it serves the keeper's slot, and then
-// has every guard renew (renewAll). answered never blocks.
+// subscription is confirmed again after it broke: every guard renews at
+// once (renewAll). A confirmed subscription does not always mean that the
+// server serves the guards' keys: a Cluster primary that rejoins after a
+// restart confirms subscriptions at once but refuses commands
+// (CLUSTERDOWN) for two seconds of its own, and a server loading its data
+// refuses them (LOADING); the renewals sent then fail, and their retries
+// come a growing pause later. So a probe, a goroutine of the session, asks
+// the server too, and when it had to ask more than once, has every guard
+// renew again once the server serves the keeper's slot. answered never
+// blocks.
 func (k *keeper) answered(ctx context.Context) {
+	k.renewAll()
 	s := k.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -284,8 +288,9 @@ const probeValue = "keeper-probe"
 // probe renews probeValue's lease on the keeper's lock, which no lease
 // holds, until the server answers it with anything but an error that says
 // "not now" (see lease.RefusesPubSub for those), pausing between tries as
-// the subscription does, and then has every guard renew. It ends when ctx
-// does. Each try is bounded by keeperMaxRetry.
+// the subscription does; if it was refused "not now" first, every guard
+// renews again then. It ends when ctx does. Each try is bounded by
+// keeperMaxRetry.
 func (k *keeper) probe(ctx context.Context) {
 	defer func() {
 		k.s.mu.Lock()
@@ -293,7 +298,7 @@ func (k *keeper) probe(ctx context.Context) {
 		k.s.mu.Unlock()
 	}()
 	pause := backoff{first: keeperFirstRetry, most: keeperMaxRetry}
-	for {
+	for first := true; ; first = false {
 		tctx, cancel := context.WithTimeout(ctx, keeperMaxRetry)
 		_, err := k.store.Renew(tctx, k.keys, probeValue, time.Second)
 		cancel()
@@ -301,7 +306,9 @@ func (k *keeper) probe(ctx context.Context) {
 			return
 		}
 		if err == nil || lease.RefusesPubSub(err) {
-			k.renewAll()
+			if !first {
+				k.renewAll()
+			}
 			return
 		}
 		if !sleepCtx(ctx, pause.next()) {
