@@ -388,9 +388,10 @@
 // subscription per node those guards live on (one on a single server; one
 // per hash slot on a Redis Cluster), to a channel nobody publishes on: it
 // breaks when the connection to the node does, and when it is confirmed
-// again and the node serves commands, every guard on that node renews at
-// once (a young one from its renewal timer, fired at once, which brings
-// its first renewal forward). So a holder whose lease was lost with a
+// again every guard on that node renews at once, and once more as soon as
+// the node serves commands if it refused them at first (a young guard
+// from its renewal timer, fired at once, which brings its first renewal
+// forward). So a holder whose lease was lost with a
 // Redis restarted without persistence is Lost within a round trip of the
 // server answering again, not at its next renewal (SAFETY.md, "What the
 // contract rests on", states the window that remains). A subscription
