@@ -81,13 +81,14 @@ import (
 //
 // # Who owns it
 //
-// The batchers belong to the process (proc.batchers), one per client
-// identity while any guard of that client has an actor that renews
-// through it: an actor joins at its first renewal and leaves when it
-// exits; the last one out stops the batcher without waiting, and the
-// batcher's goroutine ends once its calls in flight (cancelled by then: no
-// member is left to want them) have returned, as background work that
-// Settle waits for.
+// A batcher belongs to its client's session (session.go): the session
+// starts it at the first renewal of the client's guards that can be
+// batched, and stops it when the session stops, which is after the last
+// guard of the client has ended and its restart watch has lingered. An
+// actor that exits only stops asking. A batcher that stops answers what
+// is still pending, and its goroutine ends once its calls in flight
+// (cancelled by then) have returned, as background work that Settle waits
+// for and the session's stop is acknowledged by.
 
 // batchRenewer is what a store offers to renew in batches
 // (*lease.Client does).
@@ -101,18 +102,9 @@ type batchRenewer interface {
 // read it): a failed attempt, like any call without a reply.
 var errBatcherStopped = errors.New("distlock: renewal batcher stopped")
 
-// batcherSet is the process's batchers, by client identity.
-type batcherSet struct {
-	mu sync.Mutex
-	m  map[any]*batcher
-}
-
 // batcher sends the renewals of one client's guards in batches; see above.
 type batcher struct {
-	set    *batcherSet
-	client any
-	store  batchRenewer
-	refs   int // actors that renew through it, under set.mu
+	store batchRenewer
 
 	mu     sync.Mutex
 	groups map[string]*askGroup // the groups with renewals pending
@@ -203,58 +195,12 @@ func (e *engine) renewSlack(period time.Duration) time.Duration {
 	return renewSlack(period)
 }
 
-// join returns the batcher of the guard's client, starting it if there is
-// none, or nil when the guard renews alone. The actor leaves it when it
-// exits.
-func (s *batcherSet) join(e *engine) *batcher {
-	br, ok := batcherFor(e)
-	if !ok {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.m[e.client]
-	if b == nil {
-		if s.m == nil {
-			s.m = make(map[any]*batcher)
-		}
-		ctx, stop := context.WithCancel(context.Background())
-		b = &batcher{set: s, client: e.client, store: br, groups: make(map[string]*askGroup),
-			wake: make(chan struct{}, 1), ctx: ctx, stop: stop, done: make(chan struct{})}
-		s.m[e.client] = b
-		go b.run()
-	}
-	b.refs++
-	return b
-}
-
-// leave counts an actor out; the last one out stops the batcher. It does
-// not wait: the batcher's goroutine ends once its calls in flight
-// (cancelled) have returned, as the process's background work, which
-// Settle waits for.
-func (b *batcher) leave() {
-	s := b.set
-	s.mu.Lock()
-	b.refs--
-	last := b.refs == 0
-	if last {
-		delete(s.m, b.client)
-		if len(s.m) == 0 {
-			s.m = nil
-		}
-	}
-	s.mu.Unlock()
-	if last {
-		proc.work.add(1) // given back by run
-		b.stop()
-	}
-}
-
-// get returns the batcher of client, or nil.
-func (s *batcherSet) get(client any) *batcher {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.m[client]
+// newBatcher returns a batcher that sends its renewals through store; its
+// session runs its loop (run) and stops it.
+func newBatcher(store batchRenewer) *batcher {
+	ctx, stop := context.WithCancel(context.Background())
+	return &batcher{store: store, groups: make(map[string]*askGroup),
+		wake: make(chan struct{}, 1), ctx: ctx, stop: stop, done: make(chan struct{})}
 }
 
 // newAsk returns the ask of a member that renews value's lease of keys
@@ -383,7 +329,7 @@ func (b *batcher) flushAll() {
 // latest arrives, until the batcher stops; then it answers whatever is
 // still pending and waits for its calls in flight.
 func (b *batcher) run() {
-	defer proc.work.done() // taken by leave, which alone stops it
+	defer proc.work.done() // taken by its session's stop, which alone stops it
 	defer close(b.done)
 	t := newStoppedTimer()
 	defer t.Stop()

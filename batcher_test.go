@@ -177,7 +177,8 @@ func releaseAll(t *testing.T, gs []*Guard) {
 // renewal is stuck in a call that ignores its context (as go-redis's does
 // until its ReadTimeout) is released at once, its actor exits at once,
 // and only the batcher's wind-down, which Settle waits for, waits for the
-// call.
+// call: the batcher stops with its client's session, once the session's
+// restart watch has lingered after the guard's end.
 func TestActorExitDoesNotWaitForTheBatcher(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		s := newBatchStore()
@@ -198,6 +199,9 @@ func TestActorExitDoesNotWaitForTheBatcher(t *testing.T) {
 		assert.Zero(t, time.Since(start), "Release waited")
 		synctest.Wait()
 		assert.Zero(t, actorsRunning(), "the actor waits for the batcher's call")
+		time.Sleep(keeperLinger)
+		synctest.Wait()
+		assert.Zero(t, proc.sessions.len(), "the session after its linger")
 		sctx, scancel := context.WithTimeout(t.Context(), time.Second)
 		defer scancel()
 		assert.ErrorIs(t, Settle(sctx), context.DeadlineExceeded, "Settle while the batcher's call is stuck")
@@ -404,12 +408,16 @@ func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value
 	return asked, lease.Renewal{}, ended.Err()
 }
 
-// batcherOf returns a batcher of s, left when the test's bubble ends.
+// batcherOf returns a batcher of s, stopped when the test's bubble ends.
 func batcherOf(t *testing.T, s *batchStore) *batcher {
 	t.Helper()
-	b := proc.batchers.join(&engine{client: s, store: s})
-	require.NotNil(t, b)
-	t.Cleanup(b.leave)
+	b := newBatcher(s)
+	go b.run()
+	t.Cleanup(func() {
+		proc.work.add(1) // given back by run, as when a session stops it
+		b.stop()
+		<-b.done
+	})
 	return b
 }
 
@@ -599,7 +607,8 @@ func TestBatcherNotForReplicaAck(t *testing.T) {
 	s := newBatchStore()
 	e := &engine{client: s, store: s}
 	e.ack.Replicas = 1
-	assert.Nil(t, proc.batchers.join(e))
-	_, ok := batcherFor(&engine{client: s, store: &fakeStore{}})
+	_, ok := batcherFor(e)
+	assert.False(t, ok, "an engine that waits for replicas")
+	_, ok = batcherFor(&engine{client: s, store: &fakeStore{}})
 	assert.False(t, ok, "a store that cannot batch")
 }

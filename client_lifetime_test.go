@@ -3,15 +3,19 @@ package distlock_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/distkit-go/distlock"
@@ -108,6 +112,133 @@ func TestClosedClientsAreNotKept(t *testing.T) {
 		})
 	}
 }
+
+// TestClosedClientsSessionsGo has 200 clients each wait in line for a held
+// lock (the Lock waits in a room, with its subscription, and is then
+// given up) and then be closed, with both cores of the machine kept busy
+// by two spinning goroutines all along. One second after the last Close,
+// distlock keeps nothing of them: none of them has a session in the
+// process's registry, and every one of their sessions has been collected
+// (a cleanup on each session, run by the garbage collector, counts them).
+// A session goes as soon as its client's Close has ended its room's
+// subscription, without waiting out the room's linger; the linger bounds
+// it anyway, at a quarter of a second.
+func TestClosedClientsSessionsGo(t *testing.T) {
+	const (
+		clients    = 200
+		parallel   = 20               // clients waiting at once
+		waitInLine = 10 * time.Second // bounds how long a Lock takes to stand in line
+		after      = time.Second      // from the last Close to the check
+	)
+	srv := redistest.Start(t)
+	holder := srv.Client()
+	g, err := newMutex(t, holder, "held", distlock.WithTTL(time.Minute)).Lock(t.Context())
+	require.NoError(t, err)
+	before := distlock.Sessions() // the holder's, and any an earlier test left lingering
+	stop := burnCores(2)
+	defer stop()
+
+	var collected, sessions atomic.Int64
+	job := func() error {
+		c, err := rueidis.NewClient(srv.ClientOption())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		m, err := distlock.NewMutex(c, "held", distlock.WithTTL(time.Minute))
+		if err != nil {
+			return err
+		}
+		// The Lock waits until it stands in line, in a room of its
+		// client's session, and is then given up.
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		locked := make(chan error, 1)
+		go func() {
+			_, err := m.Lock(ctx)
+			locked <- err
+		}()
+		inLine := pollEveryUntil(time.Millisecond, waitInLine, func() bool { return distlock.Waiting(c) })
+		if inLine && distlock.OnSessionCollected(c, func() { collected.Add(1) }) {
+			sessions.Add(1) // (it waits in a room of the session: the session cannot go before cancel)
+		}
+		cancel()
+		if err := <-locked; !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("the Lock on a held key: got %v, want its context's end", err)
+		}
+		if !inLine {
+			return fmt.Errorf("the Lock did not stand in line within %v", waitInLine)
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	next := make(chan struct{}, clients)
+	for range clients {
+		next <- struct{}{}
+	}
+	close(next)
+	for range parallel {
+		wg.Go(func() {
+			for range next {
+				if err := job(); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	closed := time.Now()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, clients, sessions.Load(), "clients that had a session while their Lock waited")
+
+	time.Sleep(time.Until(closed.Add(after))) // the scenario's timing: what is kept one second on
+	assert.LessOrEqual(t, distlock.Sessions(), before, "sessions %v after the last Close", after)
+	runtime.GC()
+	runtime.GC()
+	// The collector runs cleanups on a goroutine of its own, after the
+	// cycle that found the sessions unreachable: that is all this waits for.
+	var left int64
+	if !pollEveryUntil(collectedPoll, 5*time.Second, func() bool {
+		left = clients - collected.Load()
+		return left == 0
+	}) {
+		t.Fatalf("%d of %d sessions of closed clients were still reachable %v after the last Close", left, clients, after)
+	}
+	t.Logf("every session of %d closed clients collected at the first GC %v after the last Close", clients, after)
+	release(t, g)
+}
+
+// burnCores keeps n goroutines spinning, as a busy machine would, until
+// the function it returns is called, which stops them and waits for them.
+func burnCores(n int) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				for i := 0; i < 1e5; i++ {
+					spin.Add(1)
+				}
+			}
+		})
+	}
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// spin is the busy goroutines' work, kept where the compiler cannot drop it.
+var spin atomic.Int64
 
 const (
 	// collectedWithin bounds how long TestClosedClientsAreNotKept waits for

@@ -380,16 +380,26 @@
 // never be undone), at no other time. State, Deadline, Context, Done and
 // Subscribe read what the guard has published and never wait for it.
 //
-// While any of a client's guards is held, from its acquisition on, the
-// client also keeps one subscription, to a channel nobody publishes on: it
-// breaks when the client's connection does, and when it is confirmed
-// again every guard renews at once (a young one from its renewal timer,
-// fired at once, which brings its first renewal forward). So a holder
-// whose lease was lost with a Redis restarted without persistence is Lost
-// within a round trip of the server answering again, not at its next
-// renewal (SAFETY.md, "What the contract rests on", states the window that
-// remains). The subscription lingers a quarter of a second after the
-// client's last guard, so that locks taken one after the other share it.
+// What a client's locks share in the process (its waiting rooms, its
+// restart watch and its renewal batcher) belongs to one session per
+// client, which lives while the client has a live guard, a Lock call
+// waiting in a room, or a room or a watch that lingers after its last
+// user, and which stops once, when the last of them goes. While any of a
+// client's guards is held, from its acquisition on, the session keeps one
+// subscription per node those guards live on (one on a single server; one
+// per hash slot on a Redis Cluster), to a channel nobody publishes on: it
+// breaks when the connection to the node does, and when it is confirmed
+// again every guard on that node renews at once, and once more as soon as
+// the node serves commands if it refused them at first (a young guard
+// from its renewal timer, fired at once, which brings its first renewal
+// forward). So a holder whose lease was lost with a
+// Redis restarted without persistence is Lost within a round trip of the
+// server answering again, not at its next renewal (SAFETY.md, "What the
+// contract rests on", states the window that remains). A subscription
+// lingers a quarter of a second after its last guard or waiter, so that
+// locks taken one after the other share it; one that breaks while it
+// lingers (the client was closed) is not set up again, and the session
+// of a closed client goes with it.
 //
 // A held lock costs its actor's goroutine and the guard's memory. The
 // target is at most 6 KiB of heap and stacks per held lock (the 4 KiB
@@ -426,13 +436,16 @@
 //	  stop waiting (cancellable ctx,                   deadline of its send time)
 //	  WithMaxWait, a grant meanwhile)
 //	clean-up after a call gives up   the process     one TTL at most               Settle
-//	a room's subscription (a lock    the process     a linger of 250 ms after      the room's close
-//	  with waiters in this process)                    its last waiter leaves
-//	a client's keeper (while any of  the process     a linger of 250 ms after      Settle
-//	  its guards is live)                              its last guard ends
-//	a client's renewal batcher       the process     its last guard's actor        Settle
-//	  (while any of its guards                         exits
-//	  has an actor)
+//	a room's subscription (a lock    the client's    a linger of 250 ms after      the linger (Settle)
+//	  with waiters in this process)    session         its last waiter leaves
+//	a keeper's subscription (one     the client's    a linger of 250 ms after      the linger (Settle)
+//	  per node the client's guards     session         its last guard ends
+//	  live on), and its probe
+//	a client's renewal batcher       the client's    the session's stop            the session's stop
+//	  (from its guards' first          session                                       (Settle)
+//	  renewal on)
+//	the stop of a client's session   the process     every goroutine of the        Settle
+//	                                                   session has returned
 //	a batch of renewals in flight    the batcher     the latest deadline of its    the batcher's end
 //	                                                   leases, or nobody waiting
 //	an election's watcher, and its   the Election    its last observer leaves      the observers' channels
@@ -440,10 +453,12 @@
 //
 // Nothing keeps running on behalf of a call that has returned, beyond the
 // process's background work in that table: a call that gave up leaves its
-// clean-up, and a room, a keeper or a batcher lingers briefly or winds
-// down. [Settle] waits for the clean-ups and for what is winding down.
-// Nothing a Release waits for depends on a keeper or a batcher: an
-// actor's exit never waits for either to stop.
+// clean-up, and a room or a keeper lingers briefly, or a session winds
+// down. [Settle] waits for the clean-ups and for what is winding down, not
+// for a linger. Nothing a Release or a Lock waits for depends on a
+// session: an actor's exit, and a guard's end, never wait for any part of
+// one to stop, and a session's stop is acknowledged on the goroutine of
+// its linger's timer.
 // Subscribers never slow anything down: their channels are buffered and
 // drop their oldest event rather than block. A guard that is neither
 // released nor cancelled keeps its lock, and its renewals, until the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
@@ -57,6 +58,10 @@ type engine struct {
 	log           *slog.Logger // without the key: logAttrs adds it
 	obs           Observer
 	ack           lease.Ack // WithReplicaAck; Replicas 0 when off
+
+	// sess is the client's session as this engine last found it, so that
+	// a Lock or a guard finds it without the registry's lock (session.go).
+	sess atomic.Pointer[session]
 }
 
 // init checks client, key and opts and makes e the engine of a lock of

@@ -1,6 +1,9 @@
 package distlock
 
-import "time"
+import (
+	"runtime"
+	"time"
+)
 
 // Hooks for the fault-injection suite (safety_test.go), which measures how
 // far ahead of the server-side expiry a guard gives up its lease.
@@ -15,33 +18,65 @@ func LeaseDeadline(g *Guard) time.Time { return g.pub.st.Load().deadline }
 func Margin(ttl time.Duration) time.Duration { return margin(ttl) }
 
 // Rooms returns how many waiting rooms the process has.
-func Rooms() int {
-	n := 0
-	for i := range proc.rooms {
-		s := &proc.rooms[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
-}
+func Rooms() int { return RoomsOf("") }
 
 // RoomsOf returns how many waiting rooms the process has for the lease key
-// leaseKey, on any client: a parallel test that owns the key checks that
-// its own rooms are gone without counting other tests' rooms.
+// leaseKey (every key when it is empty), on any client: a parallel test
+// that owns the key checks that its own rooms are gone without counting
+// other tests' rooms.
 func RoomsOf(leaseKey string) int {
 	n := 0
-	for i := range proc.rooms {
-		s := &proc.rooms[i]
-		s.mu.Lock()
-		for k := range s.m {
-			if k.lease == leaseKey {
+	proc.sessions.each(func(s *session) {
+		for k := range s.rooms {
+			if leaseKey == "" || k == leaseKey {
 				n++
 			}
 		}
+	})
+	return n
+}
+
+// Sessions returns how many client sessions the process has.
+func Sessions() int { return proc.sessions.len() }
+
+// OnSessionCollected has f called once the session of client (as
+// lease.Redis.Identity names it) has been collected, and reports whether
+// the client has a session.
+func OnSessionCollected(client any, f func()) bool {
+	s := proc.sessions.get(client)
+	if s == nil {
+		return false
+	}
+	runtime.AddCleanup(s, func(f func()) { f() }, f)
+	return true
+}
+
+// Waiting reports whether a Lock call on client (as lease.Redis.Identity
+// names it) waits in one of its session's rooms.
+func Waiting(client any) bool {
+	s := proc.sessions.get(client)
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.rooms {
+		if r.refs > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// each calls f with every session, locked.
+func (ss *sessionSet) each(f func(*session)) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, s := range ss.m {
+		s.mu.Lock()
+		f(s)
 		s.mu.Unlock()
 	}
-	return n
 }
 
 // newMutex builds a Mutex without a client or store, for the tests that

@@ -78,8 +78,8 @@ type Guard struct {
 	// while no actor runs.
 	renewal *time.Timer
 	unwatch func() bool
-	// keeper is the client's keeper, which watches the guard from its
-	// first confirmed renewal until its end or its final loss (keeper.go).
+	// keeper is the keeper of the client's session that watches the guard
+	// from its acquisition until its end or its final loss (keeper.go).
 	keeper *keeper
 	// The retries of renewals that failed while the lease held: their
 	// pause, and the last failure (the cause of a loss at the deadline,
@@ -161,11 +161,11 @@ func (e *engine) newGuardOf(lockCtx context.Context, value string, token int64, 
 	if hold.batchable() {
 		slack = e.renewSlack(renewAfter(ttl))
 	}
-	// The client's keeper watches the guard from now on, so that a
-	// restart of an empty server is noticed before the first renewal too
-	// (keeper.go); it sets the watch on the Lock context and arms the
-	// timer.
-	proc.keepers.watch(g, sent.Add(renewAfter(ttl)-slack).Sub(now))
+	// A keeper of the client's session watches the guard from now on, so
+	// that a restart of an empty server is noticed before the first
+	// renewal too (keeper.go); it sets the watch on the Lock context and
+	// arms the timer.
+	proc.sessions.watch(g, sent.Add(renewAfter(ttl)-slack).Sub(now))
 	return g
 }
 

@@ -322,16 +322,13 @@ func (l *guardActor) arm() {
 }
 
 // exited is the actor's last step: the keeper's watch ends with the
-// guard, or with its final loss (retire left it already), and the actor
-// leaves its batcher. Neither waits: what stops a keeper or a batcher
-// that may wait for the server runs in the background, where Settle waits
-// for it.
+// guard, or with its final loss (retire left it already). It does not
+// wait: the batcher belongs to the client's session, and what stops a
+// keeper or a session, which may wait for the server, runs in the
+// background, where Settle waits for it.
 func (l *guardActor) exited() {
 	if !l.retired {
 		l.g.leaveKeeper()
-	}
-	if l.batcher != nil {
-		l.batcher.leave()
 	}
 	if l.endRenewals != nil {
 		l.endRenewals()
@@ -398,9 +395,9 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 // once, without a timer's round trip.
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
-	if l.batcher == nil && l.g.hold.batchable() {
+	if l.batcher == nil && l.g.hold.batchable() && l.g.keeper != nil {
 		// (A set's renewals go as batches of their own, one per group.)
-		if l.batcher = proc.batchers.join(e); l.batcher != nil {
+		if l.batcher = l.g.keeper.s.batcherFor(e); l.batcher != nil {
 			l.req = l.batcher.newAsk(&e.keys, l.g.value, e.ttl, l.wake)
 		}
 	}

@@ -525,11 +525,11 @@ func TestLockClearsItsOwnOrphan(t *testing.T) {
 // them.
 func actorsRunning() int64 { return proc.actors.Load() }
 
-// keepersRunning is how many clients' keepers the process has.
+// keepersRunning is how many keepers the clients' sessions have.
 func keepersRunning() int {
-	proc.keepers.mu.Lock()
-	defer proc.keepers.mu.Unlock()
-	return len(proc.keepers.m)
+	n := 0
+	proc.sessions.each(func(s *session) { n += len(s.keepers) })
+	return n
 }
 
 // quietProcess waits until no guard's actor and no keeper of an earlier

@@ -2,15 +2,16 @@ package distlock
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/distkit-go/distlock/lease"
 )
 
-// Noticing a restart: a keeper watches one client's connection for the
-// guards of this process that renew through it, and has them renew at once
-// when the connection comes back after it dropped.
+// Noticing a restart: a keeper watches the connection to one node of a
+// client for the guards of this process that live on that node, and has
+// them renew at once when the connection comes back after it dropped.
 //
 // A Redis restarted without persistence has forgotten every lease, and
 // nothing a client does can keep one. What a holder can do is learn it
@@ -22,20 +23,34 @@ import (
 // answers again, and every guard the keeper watches renews at once. A
 // guard whose lease the server forgot is refused, and Lost.
 //
-// A guard is watched from its acquisition until its end or its final
-// loss: an actor is told on its renewNow slot, and a young guard (no goroutine
-// yet) has its renewal timer fired at once, which brings its first
-// renewal forward. On a Redis Cluster the subscription lives on one node,
-// the one of the lock that started the keeper: a restart of another node
-// is noticed at each guard's next renewal, as before.
+// Every live guard is watched, from its acquisition until its end or its
+// final loss: an actor is told on its renewNow slot, and a young guard (no
+// goroutine yet) has its renewal timer fired at once, which brings its
+// first renewal forward.
 //
-// The keepers belong to the process (proc.keepers): one per client while
-// any of its guards is watched, and for keeperLinger after the last one
-// left, so that a client that takes and releases locks one after the
-// other keeps one subscription rather than making one per lock. The
-// linger's timer then ends the subscription and waits for its goroutine,
-// as background work that Settle waits for; nothing a guard does waits
-// for a keeper.
+// # Which node
+//
+// The keepers of a client are parts of its session (session.go), one per
+// watch group: on a Redis Cluster the group is the hash slot of the
+// guard's lock (lease.Client.BatchGroup), and the keeper subscribes to a
+// channel of that slot, "<lock>:keeper:<process>" for the first lock of
+// the slot it watched, so its subscription lives on the node that holds
+// the slot's guards, and a restart of any node that a guard of the client
+// lives on is noticed. A client whose locks share a few slots keeps a few
+// subscriptions; one whose locks spread over many slots keeps one per
+// slot: on rueidis, whose sharded subscriptions share one connection per
+// node, a channel each; on go-redis, whose every subscription has a
+// connection of its own, a connection each (as its waiting rooms do). Everywhere else (one server,
+// Sentinel, a client that shards by hash tag, whose shards distlock cannot
+// see) the group is one, and so is the keeper: a restart of another shard
+// of a tag-sharded client is noticed at each guard's next renewal.
+//
+// A keeper whose last guard left lingers for keeperLinger with its
+// subscription, on its session's linger timer, so that a client that
+// takes and releases locks one after the other keeps one subscription
+// rather than making one per lock. Then the linger's goroutine ends the
+// subscription and waits for it, as background work that Settle waits
+// for; nothing a guard does waits for a keeper.
 
 // Bounds of the keeper's pause between two tries to subscribe again: short,
 // so that a server that is back is noticed soon, and one try a tenth of a
@@ -49,33 +64,30 @@ const (
 // long as a waiting room lingers (roomLinger), for the same reason.
 const keeperLinger = roomLinger
 
-// keeperSet is the process's keepers, by client.
-type keeperSet struct {
-	mu sync.Mutex
-	m  map[any]*keeper
-}
-
-// keeper is one client's watch; see above.
+// keeper is one watch group's watch, a part of its client's session; see
+// above. Its fields are guarded by the session's mu, except those set at
+// creation.
 type keeper struct {
-	set    *keeperSet
-	client any
+	s      *session
+	group  string
 	store  store
 	keys   lease.Keys // whose channel it subscribes to
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the subscription goroutine has ended
 
-	mu     sync.Mutex
 	guards map[*Guard]struct{}
-	// linger stops the keeper keeperLinger after its last guard left
-	// (lingering), unless one came meanwhile; made the first time, then
-	// reused. stopped: it has left the process's set.
-	linger    *time.Timer
-	lingering bool
-	stopped   bool
-	cancel    context.CancelFunc
+	// idleSince is when its last guard left; the session's linger closes
+	// it keeperLinger after that, unless a guard came meanwhile.
+	idleSince time.Time
+	// off: the subscription has ended for good (the server refused
+	// pub/sub); the guards renew on their schedule.
+	off bool
 	// asking is closed when the server confirms the subscription that run
 	// is asking for, or when that call returns; nil while run is not
 	// asking (it is confirmed, or pausing before it asks again).
 	asking chan struct{}
-	done   chan struct{} // closed when the subscription goroutine has ended
+	// probing: a probe (see answered) runs.
+	probing bool
 }
 
 // keeperSettle bounds how long a keeper's stop waits for its
@@ -84,38 +96,48 @@ type keeper struct {
 // end, and stay on the connection.
 const keeperSettle = time.Second
 
-// watch adds a new guard to its client's keeper, starting one if there
-// is none, sets the watch on its Lock context and arms its renewal timer
-// to fire due from now; the guard leaves the keeper at its end or its
-// final loss. The order matters, and all of it is done under the keeper's
-// lock: g.keeper first, since the watch's run and the timer's may read
-// it as soon as they are set; the watch before the timer, since the
-// actor that the timer starts stops the watch; and the timer before the
-// keeper's restart poke, which fires it, can see the guard (neither the
-// watch's run nor the timer's reads g.renewal).
-func (s *keeperSet) watch(g *Guard, due time.Duration) {
+// watchGroup returns the watch group of e's lock: its hash slot on a
+// Redis Cluster, and "" everywhere else (see "Which node").
+func watchGroup(e *engine) string {
+	br, ok := e.store.(batchRenewer)
+	if !ok {
+		return ""
+	}
+	g := br.BatchGroup(e.keys)
+	if strings.HasPrefix(g, "{") {
+		return "" // a hash tag: one keeper for every shard
+	}
+	return g
+}
+
+// watch adds a new guard to the keeper of its watch group in its client's
+// session, starting one if there is none, sets the watch on its Lock
+// context and arms its renewal timer to fire due from now; the guard
+// leaves the keeper at its end or its final loss. The order matters, and
+// all of it is done under the session's lock: g.keeper first, since the
+// watch's run and the timer's may read it as soon as they are set; the
+// watch before the timer, since the actor that the timer starts stops the
+// watch; and the timer before the keeper's restart poke, which fires it,
+// can see the guard (neither the watch's run nor the timer's reads
+// g.renewal).
+func (ss *sessionSet) watch(g *Guard, due time.Duration) {
 	e := g.e
-	s.mu.Lock()
+	s := ss.lock(e, true)
 	defer s.mu.Unlock()
-	k := s.m[e.client]
+	group := watchGroup(e)
+	k := s.keepers[group]
 	if k == nil {
-		if s.m == nil {
-			s.m = make(map[any]*keeper)
-		}
 		ctx, cancel := context.WithCancel(context.Background())
 		// Its channel, "<lock>:keeper:<process>", shares the lock's hash
 		// tag (and so its node) but is none of the lock's wake channels.
 		keys := e.keys
 		keys.Wake = e.keys.Lease + ":keeper"
-		k = &keeper{set: s, client: e.client, store: e.store, keys: keys,
-			guards: make(map[*Guard]struct{}), cancel: cancel, done: make(chan struct{})}
-		s.m[e.client] = k
-		go k.run(ctx)
+		k = &keeper{s: s, group: group, store: e.store, keys: keys, cancel: cancel, done: make(chan struct{}),
+			guards: make(map[*Guard]struct{})}
+		s.keepers[group] = k
+		s.spawn(func() { k.run(ctx) })
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	k.guards[g] = struct{}{}
-	k.lingering = false
 	g.keeper = k
 	if g.lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(g.lockCtx, g.lockCtxEnded)
@@ -123,54 +145,36 @@ func (s *keeperSet) watch(g *Guard, due time.Duration) {
 	g.renewal = time.AfterFunc(due, g.activate)
 }
 
-// detach removes a guard; the last one out has the keeper linger. It
-// never waits.
+// detach removes a guard; the last one out leaves the keeper idle, to
+// linger with its subscription, or to go at once without one. It never
+// waits.
 func (k *keeper) detach(g *Guard) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	delete(k.guards, g)
-	if len(k.guards) == 0 && !k.lingering {
-		k.lingering = true
-		if k.linger == nil {
-			k.linger = time.AfterFunc(keeperLinger, k.lingered)
-		} else {
-			k.linger.Reset(keeperLinger)
-		}
-	}
-}
-
-// lingered is the linger's timer: a keeper that no guard came back to
-// leaves the process's set and is stopped, on the timer's goroutine,
-// counted as background work.
-func (k *keeper) lingered() {
-	s := k.set
+	s := k.s
 	s.mu.Lock()
-	k.mu.Lock()
-	idle := k.lingering && len(k.guards) == 0 && !k.stopped
-	if idle {
-		k.stopped = true
-		delete(s.m, k.client)
-		if len(s.m) == 0 {
-			s.m = nil
-		}
-		proc.work.add(1)
+	defer s.mu.Unlock()
+	delete(k.guards, g)
+	if len(k.guards) > 0 {
+		return
 	}
-	k.mu.Unlock()
-	s.mu.Unlock()
-	if idle {
-		defer proc.work.done()
-		k.stop()
+	k.idleSince = time.Now()
+	if !k.off {
+		s.idle()
+		return
+	}
+	if s.keepers[k.group] == k {
+		s.dropKeeper(k)
+		s.leftIdle()
 	}
 }
 
-// stop ends the subscription of a keeper that has left the process's set
-// (if a subscription is being asked for, once the server has answered it,
-// or after keeperSettle) and waits for its goroutine to end (the
-// unsubscribe is bounded by the lease package's unsubscribe timeout).
+// stop ends the subscription of a keeper that has left its session (if a
+// subscription is being asked for, once the server has answered it, or
+// after keeperSettle) and waits for its goroutine to end (the unsubscribe
+// is bounded by the lease package's unsubscribe timeout).
 func (k *keeper) stop() {
-	k.mu.Lock()
+	k.s.mu.Lock()
 	asking := k.asking
-	k.mu.Unlock()
+	k.s.mu.Unlock()
 	if asking != nil {
 		t := time.NewTimer(keeperSettle)
 		select {
@@ -188,17 +192,18 @@ func (k *keeper) stop() {
 // return), which may be called more than once.
 func (k *keeper) ask() (answered func()) {
 	ch := make(chan struct{})
-	k.mu.Lock()
+	s := k.s
+	s.mu.Lock()
 	k.asking = ch
-	k.mu.Unlock()
+	s.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			k.mu.Lock()
+			s.mu.Lock()
 			if k.asking == ch {
 				k.asking = nil
 			}
-			k.mu.Unlock()
+			s.mu.Unlock()
 			close(ch)
 		})
 	}
@@ -212,6 +217,7 @@ func (k *keeper) ask() (answered func()) {
 // schedule.
 func (k *keeper) run(ctx context.Context) {
 	defer close(k.done)
+	defer k.cancel() // ends a probe when run ends on its own (see down)
 	pause := backoff{first: keeperFirstRetry, most: keeperMaxRetry}
 	confirmed := false
 	// Every confirmation after the first follows a break: rueidis
@@ -224,11 +230,91 @@ func (k *keeper) run(ctx context.Context) {
 			answered()
 			pause.reset()
 			if confirmed {
-				k.renewAll()
+				k.answered(ctx)
 			}
 			confirmed = true
 		}, func(string, int64) {})
-	}, func(noPubSub bool) bool { return !noPubSub })
+	}, k.down)
+}
+
+// down is the subscription's answer to its end (see resubscribe): it
+// subscribes again while the keeper watches a guard and the server allows
+// pub/sub. A keeper that watches none leaves its session then, without
+// waiting out its linger: it never sets a subscription up again for no
+// guard, on a client that its owner may have closed.
+func (k *keeper) down(noPubSub bool) (again bool) {
+	s := k.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if noPubSub {
+		k.off = true
+	} else if len(k.guards) > 0 {
+		return true
+	}
+	if len(k.guards) == 0 && s.keepers[k.group] == k {
+		s.dropKeeper(k)
+		s.leftIdle()
+	}
+	return false
+}
+
+// answered is told, in the subscription's ready callback, that the
+// subscription is confirmed again after it broke: every guard renews at
+// once (renewAll). A confirmed subscription does not always mean that the
+// server serves the guards' keys: a Cluster primary that rejoins after a
+// restart confirms subscriptions at once but refuses commands
+// (CLUSTERDOWN) for two seconds of its own, and a server loading its data
+// refuses them (LOADING); the renewals sent then fail, and their retries
+// come a growing pause later. So a probe, a goroutine of the session, asks
+// the server too, and when it had to ask more than once, has every guard
+// renew again once the server serves the keeper's slot. answered never
+// blocks.
+func (k *keeper) answered(ctx context.Context) {
+	k.renewAll()
+	s := k.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !k.probing {
+		k.probing = true
+		s.spawn(func() { k.probe(ctx) })
+	}
+}
+
+// probeValue is the value the probe renews with: no lease ever holds it
+// (a holder's value is a random hex string), so the renewal is refused and
+// changes nothing.
+const probeValue = "keeper-probe"
+
+// probe renews probeValue's lease on the keeper's lock, which no lease
+// holds, until the server answers it with anything but an error that says
+// "not now" (see lease.RefusesPubSub for those), pausing between tries as
+// the subscription does; if it was refused "not now" first, every guard
+// renews again then. It ends when ctx does. Each try is bounded by
+// keeperMaxRetry.
+func (k *keeper) probe(ctx context.Context) {
+	defer func() {
+		k.s.mu.Lock()
+		k.probing = false
+		k.s.mu.Unlock()
+	}()
+	pause := backoff{first: keeperFirstRetry, most: keeperMaxRetry}
+	for first := true; ; first = false {
+		tctx, cancel := context.WithTimeout(ctx, keeperMaxRetry)
+		_, err := k.store.Renew(tctx, k.keys, probeValue, time.Second)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil || lease.RefusesPubSub(err) {
+			if !first {
+				k.renewAll()
+			}
+			return
+		}
+		if !sleepCtx(ctx, pause.next()) {
+			return
+		}
+	}
 }
 
 // renewAll asks every guard the keeper watches to renew now. It runs in
@@ -239,12 +325,14 @@ func (k *keeper) run(ctx context.Context) {
 // for go out together: each is asked for with no slack left, and the
 // renewals already waiting for their batch are sent now too.
 func (k *keeper) renewAll() {
-	k.mu.Lock()
+	s := k.s
+	s.mu.Lock()
 	for g := range k.guards {
 		g.renewSoon()
 	}
-	k.mu.Unlock()
-	if b := proc.batchers.get(k.client); b != nil {
+	b := s.batcher
+	s.mu.Unlock()
+	if b != nil {
 		b.flushAll()
 	}
 }

@@ -2,9 +2,12 @@ package distlock_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +22,70 @@ import (
 // of the server answering again, and the waiter then holds the lock with
 // a larger token.
 func TestYoungHolderNoticesARestart(t *testing.T) {
+	srv := redistest.Start(t)
+	youngHolderNoticesRestart(t, srv.Client(), srv.Client(), "young", func(*distlock.Guard) { srv.Restart() })
+}
+
+// TestYoungHolderNoticesANodeRestart is TestYoungHolderNoticesARestart on a
+// Redis Cluster, where the node restarted is not the one of the client's
+// first lock: the client holds a young guard on one node, then the guard
+// under test on another, and the second node restarts empty. Its holder
+// is Lost within a round trip or two of the node answering again, the
+// waiter gets a larger token, and the guard on the other node stays
+// Acquired. (Before each client's session watched every slot its guards
+// live on, the one keeper's subscription lived on the node of the first
+// lock, and this holder learnt of the restart at its first renewal.)
+func TestYoungHolderNoticesANodeRestart(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	c := cl.Client()
+	other, err := distlock.NewMutex(c, "young-first")
+	require.NoError(t, err)
+	first, err := other.Lock(t.Context())
+	require.NoError(t, err)
+	name := "young-0"
+	for i := 1; cl.PrimaryOf(keyOf(t, c, name)) == cl.PrimaryOf(first.Key()); i++ {
+		name = "young-" + strconv.Itoa(i)
+	}
+	youngHolderNoticesRestart(t, c, cl.Client(), name, func(g *distlock.Guard) {
+		node := cl.PrimaryOf(g.Key())
+		node.Restart()
+		// A primary that rejoins after a restart refuses commands
+		// (CLUSTERDOWN) for two seconds, to let the cluster reconfigure it:
+		// it answers for its slots once its cluster state is ok.
+		require.True(t, pollEveryUntil(time.Millisecond, nodeRejoinBound, func() bool {
+			info, err := node.Do(t.Context(), "CLUSTER", "INFO")
+			if err != nil {
+				return false
+			}
+			text, err := info.ToString()
+			return err == nil && strings.Contains(text, "cluster_state:ok")
+		}), "the restarted node's cluster state is not ok after %v", nodeRejoinBound)
+	})
+	assert.Equal(t, distlock.Acquired, first.State(), "the guard on the node that did not restart")
+	_, err = first.Release(t.Context())
+	require.NoError(t, err)
+}
+
+// nodeRejoinBound bounds how long a restarted cluster node takes to answer
+// for its slots again (two seconds of its own, and a loaded machine).
+const nodeRejoinBound = 20 * time.Second
+
+// keyOf returns the Redis key of the lock name on c.
+func keyOf(t *testing.T, c rueidis.Client, name string) string {
+	t.Helper()
+	m, err := distlock.NewMutex(c, name)
+	require.NoError(t, err)
+	return m.Key()
+}
+
+// youngHolderNoticesRestart locks name on holder with the default TTL and
+// has a Mutex of name on waiter wait for it; half a second after the Lock
+// it calls restart, which restarts the server of the holder's guard empty
+// and returns once it answers. The holder must be Lost within
+// half a second of that, for the lease its renewal found gone, and the
+// waiter must then hold the lock with a larger token.
+func youngHolderNoticesRestart(t *testing.T, holderClient, waiterClient rueidis.Client, name string, restart func(*distlock.Guard)) {
+	t.Helper()
 	const (
 		// The promise: every holder learns of the restart within this of
 		// the server answering. Without the keeper's watch of young guards
@@ -27,10 +94,9 @@ func TestYoungHolderNoticesARestart(t *testing.T) {
 		restartIn = 500 * time.Millisecond // after the Lock
 		waitBound = 10 * time.Second       // for the waiter, and for the loss on a stalled machine
 	)
-	srv := redistest.Start(t)
-	holder, err := distlock.NewMutex(srv.Client(), "young")
+	holder, err := distlock.NewMutex(holderClient, name)
 	require.NoError(t, err)
-	waiter, err := distlock.NewMutex(srv.Client(), "young")
+	waiter, err := distlock.NewMutex(waiterClient, name)
 	require.NoError(t, err)
 	g, err := holder.Lock(t.Context())
 	require.NoError(t, err)
@@ -49,8 +115,8 @@ func TestYoungHolderNoticesARestart(t *testing.T) {
 	}()
 
 	time.Sleep(time.Until(locked.Add(restartIn))) // the scenario's timing, not a synchronisation
-	srv.Restart()
-	answering := time.Now() // Restart returns once the new server answers
+	restart(g)
+	answering := time.Now() // restart returns once the new server answers
 	select {
 	case <-g.Context().Done():
 	case <-time.After(waitBound):
@@ -64,6 +130,15 @@ func TestYoungHolderNoticesARestart(t *testing.T) {
 	assert.Less(t, took, within, "the holder learnt of the restart late")
 
 	r := <-waited
+	if r.err != nil && strings.Contains(r.err.Error(), "CLUSTERDOWN") {
+		// A waiter whose refresh of its place met the rejoining node's
+		// CLUSTERDOWN gave up (an error Redis answered with ends a Lock);
+		// it asks again now that the node answers.
+		t.Logf("the waiter gave up during the node's rejoin (%v); locking again", r.err)
+		ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+		defer cancel()
+		r.g, r.err = waiter.Lock(ctx)
+	}
 	require.NoError(t, r.err, "the waiter after the restart")
 	assert.Greater(t, r.g.Token(), g.Token(), "the waiter's token after the restart")
 	assert.Equal(t, distlock.Acquired, r.g.State())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 )
@@ -13,23 +12,21 @@ import (
 // one place with one owner: the package variable proc. It lives as long as
 // the process, and everything in it is removed once no call needs it:
 //
-//   - the waiting rooms (see wait.go), one per lock and client that a Lock
-//     call of this process waits for, with the room's subscription; a room
-//     goes a short linger after its last waiter leaves;
+//   - the sessions (session.go), one per client while the client has a
+//     live guard, a Lock call waiting in a room, or a room or restart
+//     watch that lingers after its last user: each holds what the
+//     client's locks share (the waiting rooms, the restart watch, the
+//     renewal batcher) and has one stop;
 //   - the work that acquire calls left to run in the background (a call in
 //     flight whose caller gave up, the clean-up of a call that gave up),
-//     and the end of a keeper or a batcher that is stopping, counted so
-//     that [Settle] can wait for it;
+//     and the end of a session's part or of a session that is stopping,
+//     counted so that [Settle] can wait for it;
 //   - the count of the guards' actors that run (one per guard past its
-//     first renewal, until its end or its final loss);
-//   - the keepers (keeper.go: one per client while it has a live guard,
-//     and a short linger after) and the batchers (batcher.go: one per
-//     client while a guard of it has an actor that renews through it).
+//     first renewal, until its end or its final loss).
 //
-// Nothing in it refers to a client once the last room, guard and actor of
-// that client have gone, the keeper's linger has passed and the background
-// work that used it has ended. Nothing a guard does waits for a keeper or
-// a batcher to stop.
+// Nothing in it refers to a client once the client's session has stopped
+// and the background work that used the client has ended. Nothing a guard
+// or a Lock call does waits for a session, or a part of one, to stop.
 type process struct {
 	// roomID names this process's waiting rooms in Redis: a waiter in line
 	// is told of its grant on the channel "<lock>:wake:<roomID>". It is
@@ -38,36 +35,23 @@ type process struct {
 	// for the lock) share it, and each wakes only its own waiters.
 	roomID string
 
-	rooms [64]roomSet // spread over shards so that unrelated locks do not contend
-	seed  maphash.Seed
+	// sessions hold what each client's locks share (session.go).
+	sessions sessionSet
 
 	work workCount
 
 	// actors counts the guards' actors that run (guardactor.go).
 	actors atomic.Int64
-
-	// keepers watch the clients' connections for their live guards
-	// (keeper.go).
-	keepers keeperSet
-
-	// batchers send the renewals of each client's guards in batches
-	// (batcher.go).
-	batchers batcherSet
 }
 
 // proc is the process's state.
-var proc = &process{roomID: newProcessID(), seed: maphash.MakeSeed()}
+var proc = &process{roomID: newProcessID()}
 
 // newProcessID returns 16 random hex digits.
 func newProcessID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported systems
 	return hex.EncodeToString(b[:])
-}
-
-// roomsFor returns the shard that holds k's room.
-func (p *process) roomsFor(k roomKey) *roomSet {
-	return &p.rooms[maphash.String(p.seed, k.lease)%uint64(len(p.rooms))]
 }
 
 // goWork runs f in a goroutine of its own as the process's background
@@ -138,9 +122,11 @@ func (w *workCount) wait(ctx context.Context) error {
 // Redis then forgets the place, and the lock passed to it, on its own within
 // the claim window (see [WithClaimWindow]). Calling Settle before exiting,
 // with a short timeout, lets the next waiter have the lock at once instead.
-// It also waits for the end of a client's keeper or renewal batcher that
-// is stopping (keeper.go, batcher.go): neither is waited for by the
-// Release or the final loss that left it without guards.
+// It also waits for the end of what a client's session (session.go) is
+// stopping: a waiting room's or a restart watch's subscription whose
+// linger has passed, and the session's own stop, which ends its renewal
+// batcher; nothing a Release, a final loss or a Lock does waits for those.
+// It does not wait for a linger to pass.
 // Settle is safe for concurrent use and needs no call to have given up: with
 // nothing in the background it returns nil at once. It waits on a signal,
 // not by polling. A nil ctx is refused, as Lock refuses it, with an

@@ -30,8 +30,9 @@ import (
 //
 // A room lives while a Lock call waits in it, and lingers for roomLinger
 // after that with its subscription, so that a lock taken over and over does
-// not subscribe at every turn. The rooms belong to the process's state (see
-// process.go).
+// not subscribe at every turn. The rooms of one client belong to its
+// session (session.go), which owns the linger and the subscriptions'
+// goroutines.
 
 // queue is the default way to wait: stand in the lock's line in Redis and
 // sleep until the lease is passed to us.
@@ -337,32 +338,22 @@ type roomKey struct {
 	lease  string
 }
 
-// roomSet is one shard of the process's rooms.
-type roomSet struct {
-	mu sync.Mutex
-	m  map[roomKey]*room
-}
-
-// room is one lock's waiting room for one client in this process. Its
-// fields are guarded by mu, except those set at creation.
+// room is one lock's waiting room for one client in this process, a part
+// of the client's session (session.go). Its fields are guarded by mu,
+// except those set at creation and those guarded by the session's mu.
 type room struct {
 	key   roomKey
-	set   *roomSet
+	s     *session
 	store store
 	keys  lease.Keys
 
-	mu      sync.Mutex
-	refs    int                // Lock calls waiting in it
-	waiters map[string]*waiter // by value
-	// The linger: lingering says that the timer linger (made the first
-	// time the room is left idle, then reused) will run lingered, which
-	// closes the room if it has been idle for roomLinger since idleSince.
-	// Entering the room does not stop the timer, and leaving it does not
-	// arm it again while it runs, so a lock passed back and forth between
-	// the waiters of this process costs no timer operation per hand-off.
-	linger    *time.Timer
-	lingering bool
+	// Under s.mu: the Lock calls waiting in it, and since when nobody
+	// has (the session's linger closes it roomLinger after that).
+	refs      int
 	idleSince time.Time
+
+	mu      sync.Mutex
+	waiters map[string]*waiter // by value
 
 	// The subscription. up reports whether announcements arrive; noPubSub
 	// that the server refused pub/sub, and the waiters poll.
@@ -394,116 +385,74 @@ type grantNote struct {
 }
 
 // enterRoom returns e's room and counts the caller in; the caller must
-// join it and leave it when done. When there is no room, it creates one if create is set
-// (fresh reports that it did) and returns nil otherwise.
+// join it and leave it when done. When there is no room, it creates one if
+// create is set (fresh reports that it did), in the session of e's client
+// (made if need be), and returns nil otherwise.
 func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
-	k := e.roomKey()
-	s := p.roomsFor(k)
-	s.mu.Lock()
+	s := p.sessions.lock(e, create)
+	if s == nil {
+		return nil, false
+	}
 	defer s.mu.Unlock()
-	r = s.m[k]
+	r = s.rooms[e.keys.Lease]
 	if r == nil {
 		if !create {
 			return nil, false
 		}
-		if s.m == nil {
-			s.m = make(map[roomKey]*room)
-		}
-		r = &room{key: k, set: s, store: e.store, keys: e.keys, waiters: make(map[string]*waiter)}
-		s.m[k] = r
+		r = &room{key: e.roomKey(), s: s, store: e.store, keys: e.keys, waiters: make(map[string]*waiter)}
+		s.rooms[e.keys.Lease] = r
 		fresh = true
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.refs++
 	return r, fresh
 }
 
 // lookupRoom returns k's room, if there is one.
 func (p *process) lookupRoom(k roomKey) *room {
-	s := p.roomsFor(k)
+	s := p.sessions.get(k.client)
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.m[k]
+	return s.rooms[k.lease]
 }
 
 // leave removes w and counts its caller out of the room, in one step. The
-// last one out closes the room: at once if it has no subscription, after
-// roomLinger otherwise.
+// last one out leaves the room idle: it goes at once if it has no
+// subscription, and lingers for roomLinger with it otherwise (see
+// session.go). It never waits.
 func (r *room) leave(w *waiter) {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	r.mu.Lock()
 	if r.waiters[w.value] == w {
 		delete(r.waiters, w.value)
 	}
-	r.refs--
-	idle, listening := r.refs == 0, r.listening
-	if idle && listening {
-		r.idleSince = time.Now()
-		if !r.lingering {
-			r.lingering = true
-			if r.linger == nil {
-				r.linger = time.AfterFunc(roomLinger, r.lingered)
-			} else {
-				r.linger.Reset(roomLinger)
-			}
-		}
-	}
+	listening := r.listening
 	r.mu.Unlock()
-	if idle && !listening {
-		r.close()
-	}
-}
-
-// lingered is the linger timer's function: it closes the room if nobody
-// has been in it for roomLinger, and otherwise runs again when that will
-// be the case, unless a caller is in the room (the last one out arms the
-// timer again).
-func (r *room) lingered() {
-	r.mu.Lock()
-	if r.refs > 0 {
-		r.lingering = false
-		r.mu.Unlock()
+	if r.refs--; r.refs > 0 {
 		return
 	}
-	if left := roomLinger - time.Since(r.idleSince); left > 0 {
-		r.linger.Reset(left)
-		r.mu.Unlock()
+	r.idleSince = time.Now()
+	if listening {
+		s.idle()
 		return
 	}
-	r.lingering = false
-	r.mu.Unlock()
-	r.closeAndWait()
+	s.dropRoom(r)
+	s.leftIdle()
 }
 
-// close removes an idle room and ends its subscription, unless a caller
-// entered it again meanwhile. It returns the channel that is closed when
-// the subscription goroutine has ended, or nil when it did not close the
-// room or the room never subscribed.
-func (r *room) close() <-chan struct{} {
-	r.set.mu.Lock()
-	defer r.set.mu.Unlock()
+// endSubscription ends the subscription of a room that has left its
+// session, if it has one, and waits for its goroutine to end (it
+// unsubscribes, bounded by lease's unsubscribe timeout).
+func (r *room) endSubscription() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.refs > 0 || r.set.m[r.key] != r {
-		return nil
-	}
-	delete(r.set.m, r.key)
-	if len(r.set.m) == 0 {
-		// A Go map never shrinks: drop an empty one, so that a process
-		// that waits for many different locks over time keeps nothing of
-		// the ones it no longer waits for.
-		r.set.m = nil
-	}
-	if r.cancelSub != nil {
-		r.cancelSub()
-	}
-	return r.subDone
-}
-
-// closeAndWait closes the room and waits for the subscription goroutine to
-// end (it unsubscribes, bounded by lease's unsubscribe timeout).
-func (r *room) closeAndWait() {
-	if done := r.close(); done != nil {
+	cancel, done := r.cancelSub, r.subDone
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
 		<-done
 	}
 }
@@ -518,18 +467,34 @@ func (r *room) join(value string) *waiter {
 }
 
 // listen starts the room's subscription, unless it runs already or the
-// server refused pub/sub. It reports whether announcements arrive now.
+// server refused pub/sub. It reports whether announcements arrive now. The
+// caller is in the room.
 func (r *room) listen() bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.listening && !r.noPubSub {
-		r.listening = true
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		r.cancelSub, r.subDone = cancel, done
-		go r.subscribe(ctx, done)
+	start, up := !r.listening && !r.noPubSub, r.up
+	r.mu.Unlock()
+	if start {
+		r.startSubscription()
 	}
-	return r.up
+	return up
+}
+
+// startSubscription starts the room's subscription as a goroutine of its
+// session, unless it runs already or the server refused pub/sub.
+func (r *room) startSubscription() {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.listening || r.noPubSub {
+		return
+	}
+	r.listening = true
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	r.cancelSub, r.subDone = cancel, done
+	s.spawn(func() { r.subscribe(ctx, done) })
 }
 
 // granted wakes the waiter for value, if it is in the room, and reports
@@ -575,32 +540,48 @@ func (r *room) setUp(up bool) {
 }
 
 // subscribe keeps the room subscribed to its wake channel, and closes done
-// when it stops: when ctx is cancelled by close, when the server refuses
-// pub/sub, or when the subscription ends while no Lock call waits in the
-// room. A room nobody waits in only keeps a subscription that is up (its
-// linger); it never sets one up again, so it sends nothing on a client
-// that its owner may have closed meanwhile. A Lock call that enters the
-// room later starts a new one (see listen).
+// when it stops: when ctx is cancelled (the room has left its session),
+// when the server refuses pub/sub, or when the subscription ends while no
+// Lock call waits in the room. A room nobody waits in only keeps a
+// subscription that is up (its linger); it never sets one up again, so it
+// sends nothing on a client that its owner may have closed meanwhile, and
+// it leaves its session then, without waiting out its linger: a closed
+// client ends its subscriptions, and its session goes with them. A Lock
+// call that enters the room later starts a new one (see listen).
 func (r *room) subscribe(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	resubscribe(ctx, &backoff{first: minResubscribe, most: maxResubscribe}, func() error {
 		return r.store.Subscribe(ctx, r.keys, proc.roomID, func() { r.setUp(true) }, func(value string, token int64) {
 			r.granted(value, grantNote{token: token})
 		})
-	}, func(noPubSub bool) bool {
-		r.setUp(false)
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		switch {
-		case noPubSub:
-			r.noPubSub, r.listening = true, false
-			return false // the waiters poll
-		case r.refs == 0:
-			r.listening = false
-			return false
-		}
+	}, r.down)
+}
+
+// down is the room's subscription's answer to its end (see resubscribe):
+// the waiters are told to poll, and it subscribes again while a Lock call
+// waits in the room and the server allows pub/sub.
+func (r *room) down(noPubSub bool) (again bool) {
+	r.setUp(false)
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idle := r.refs == 0
+	r.mu.Lock()
+	if noPubSub || idle {
+		r.listening = false
+	}
+	if noPubSub {
+		r.noPubSub = true // the waiters poll
+	}
+	r.mu.Unlock()
+	if !noPubSub && !idle {
 		return true
-	})
+	}
+	if idle && s.rooms[r.key.lease] == r {
+		s.dropRoom(r)
+		s.leftIdle()
+	}
+	return false
 }
 
 // resubscribe runs subscribe until ctx ends. Each time it returns for
@@ -614,16 +595,21 @@ func resubscribe(ctx context.Context, pause *backoff, subscribe func() error, do
 		if ctx.Err() != nil {
 			return
 		}
-		if !down(errors.Is(err, lease.ErrNoPubSub)) {
+		if !down(errors.Is(err, lease.ErrNoPubSub)) || !sleepCtx(ctx, pause.next()) {
 			return
 		}
-		t := time.NewTimer(pause.next())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
+	}
+}
+
+// sleepCtx waits for d to pass, and reports false if ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
