@@ -73,8 +73,21 @@ func TestSafety01Contention(t *testing.T) {
 						time.Sleep(time.Millisecond)
 						h.sample()
 					}
+					left, start := time.Until(h.g.Deadline()), time.Now()
 					if _, err := h.release(); err != nil {
-						t.Errorf("%s: Release: %v", c.name, err)
+						// The final delete gives up when the lease ends (a
+						// passed lease's deadline is its claim window): a
+						// process kept from running for longer than the lease
+						// had left cannot send it, or read its answer, in time.
+						// No breach: the lease expires on its own, and
+						// requireClean checks the history for overlaps.
+						if late := w.delayed(start, time.Now()); late >= left {
+							t.Logf("%s: Release: %v, with %v of the lease left when it began and a scheduling delay of %v meanwhile: the machine's doing",
+								c.name, err, left.Round(time.Millisecond), late.Round(time.Millisecond))
+						} else {
+							t.Errorf("%s: Release: %v, with %v of the lease left when it began and a scheduling delay of only %v meanwhile",
+								c.name, err, left.Round(time.Millisecond), late.Round(time.Millisecond))
+						}
 					}
 				}
 			})

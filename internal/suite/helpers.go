@@ -288,15 +288,29 @@ func lockRetrying(t *testing.T, ctx context.Context, m *distlock.Mutex, failed *
 	})
 }
 
-// await returns the outcome, failing the test if it takes longer than within.
+// await returns the outcome, failing the test if it takes longer than
+// within plus the scheduling delay a probe measured meanwhile.
 func await(t *testing.T, ch <-chan outcome, within time.Duration, what string) outcome {
 	t.Helper()
-	select {
-	case o := <-ch:
-		return o
-	case <-time.After(within):
-		t.Fatalf("%s: no result within %v", what, within)
-		return outcome{}
+	p := newSchedProbe()
+	defer p.close()
+	start := time.Now()
+	timer := time.NewTimer(within)
+	defer timer.Stop()
+	for {
+		select {
+		case o := <-ch:
+			return o
+		case now := <-timer.C:
+			late := p.delay(start, now)
+			if rest := within + late - time.Since(start); rest > 0 {
+				timer.Reset(rest) // the machine kept this process from running meanwhile
+				continue
+			}
+			t.Fatalf("%s: no result within %v plus the scheduling delay the probe measured meanwhile, %v",
+				what, within, late.Round(time.Millisecond))
+			return outcome{}
+		}
 	}
 }
 
@@ -321,8 +335,9 @@ func inLine(t *testing.T, srv *redistest.Server, key string) int64 {
 // waitInLine waits until n waiters stand in the line of the lock at key.
 func waitInLine(t *testing.T, srv *redistest.Server, key string, n int64) {
 	t.Helper()
-	require.Eventually(t, func() bool { return inLine(t, srv, key) == n }, eventually, pollEvery,
-		"waiting for %d in line at %s", n, key)
+	waitUntil(t, eventually, func() bool { return inLine(t, srv, key) == n }, func() string {
+		return fmt.Sprintf("waiting for %d in line at %s: %d there", n, key, inLine(t, srv, key))
+	})
 }
 
 // wakeChannels returns the wake channels of the lock at key that have a
@@ -398,11 +413,14 @@ func requireNothingLeft(t *testing.T, lib Library, srv *redistest.Server, key st
 		}
 		return lib.Rooms(key)
 	}
-	require.Eventually(t, func() bool {
-		return !exists(t, srv, key+":queue") && !exists(t, srv, key+":waiters") &&
-			len(wakeChannels(t, srv, key)) == 0 && rooms() == 0
-	}, eventually, pollEvery, "left behind: queue %v, waiters %v, subscriptions %v, rooms %d",
-		exists(t, srv, key+":queue"), exists(t, srv, key+":waiters"), wakeChannels(t, srv, key), rooms())
+	left := func() bool {
+		return exists(t, srv, key+":queue") || exists(t, srv, key+":waiters") ||
+			len(wakeChannels(t, srv, key)) > 0 || rooms() > 0
+	}
+	waitUntil(t, eventually, func() bool { return !left() }, func() string {
+		return fmt.Sprintf("W5: left behind: queue %v, waiters %v, subscriptions %v, rooms %d",
+			exists(t, srv, key+":queue"), exists(t, srv, key+":waiters"), wakeChannels(t, srv, key), rooms())
+	})
 }
 
 // cpuTime returns the CPU time this process has used.
