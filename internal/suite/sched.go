@@ -216,3 +216,19 @@ func waitUntil(t *testing.T, within time.Duration, cond func() bool, what func()
 		}
 	}
 }
+
+// SchedProbe is a schedProbe for the tests of other packages (the goredis
+// module's own): a bound those tests check is widened by what it measured,
+// and only by that.
+type SchedProbe struct{ p *schedProbe }
+
+// StartSchedProbe starts a probe that runs until t ends.
+func StartSchedProbe(t *testing.T) SchedProbe { return SchedProbe{startSchedProbe(t)} }
+
+// Delay returns the worst scheduling delay the probe saw between from and
+// to, once it has woken after to (see schedProbe.delay).
+func (p SchedProbe) Delay(from, to time.Time) time.Duration { return p.p.delay(from, to) }
+
+// RenewalBudget is how long a guard of a lease of ttl can be kept from
+// running without losing it (see renewalBudget).
+func RenewalBudget(ttl time.Duration) time.Duration { return renewalBudget(ttl) }
