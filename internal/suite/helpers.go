@@ -289,29 +289,19 @@ func lockRetrying(t *testing.T, ctx context.Context, m *distlock.Mutex, failed *
 }
 
 // await returns the outcome, failing the test if it takes longer than
-// within plus the scheduling delay a probe measured meanwhile.
+// within plus the scheduling delay a probe measured meanwhile (waitUntil).
 func await(t *testing.T, ch <-chan outcome, within time.Duration, what string) outcome {
 	t.Helper()
-	p := newSchedProbe()
-	defer p.close()
-	start := time.Now()
-	timer := time.NewTimer(within)
-	defer timer.Stop()
-	for {
+	var o outcome
+	waitUntil(t, within, func() bool {
 		select {
-		case o := <-ch:
-			return o
-		case now := <-timer.C:
-			late := p.delay(start, now)
-			if rest := within + late - time.Since(start); rest > 0 {
-				timer.Reset(rest) // the machine kept this process from running meanwhile
-				continue
-			}
-			t.Fatalf("%s: no result within %v plus the scheduling delay the probe measured meanwhile, %v",
-				what, within, late.Round(time.Millisecond))
-			return outcome{}
+		case o = <-ch:
+			return true
+		default:
+			return false
 		}
-	}
+	}, func() string { return what + ": no result" })
+	return o
 }
 
 // notYet checks that ch has no outcome now.
