@@ -792,7 +792,17 @@ func TestSafetySemaphoreHolderPaused(t *testing.T) {
 		}
 
 		resumed, first := resumeAndStop(t, s.child, "the helper")
-		assert.ElementsMatch(t, []string{"h1", "w1"}, s.holders(), "the permits' holders in Redis")
+		if holders := s.holders(); !assert.ObjectsAreEqual([]string{"h1", "w1"}, slices.Sorted(slices.Values(holders))) {
+			// A permit of h1's or w1's may have gone with a lease that
+			// the machine took (a loss under starvation): the history
+			// is checked first, and the test skips only if it is clean
+			// and the scheduling delay was at least a renewal's budget.
+			if s.held[0].lossCount() > 0 || h1.lossCount() > 0 {
+				s.finish(t, h1)
+				s.skipIfStarved(t, h1.granted, renewalBudget(s.ttl), fmt.Sprintf("the permits' holders in Redis are %v, not h1 and w1, after h1 or w1 lost its lease", holders))
+			}
+			assert.Failf(t, "the permits' holders in Redis", "%v, want h1 and w1 (losses: h1 %d, w1 %d)", holders, s.held[0].lossCount(), h1.lossCount())
+		}
 		s.finish(t, h1)
 		r := s.checkWith(label("sem-7", "stopped"), s.config)
 		assert.Equal(t, permits, r.Peak, "the permits were never all held at once")

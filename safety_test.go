@@ -588,7 +588,13 @@ func TestSafety07HolderPaused(t *testing.T) {
 			assert.False(t, c.OK, "the helper's %v after the resume was accepted", c)
 		}
 		v, ok := w.leaseValue()
-		require.True(t, ok, "the helper's release deleted b's key")
+		if !ok && hb.lossCount() > 0 {
+			// b's own lease may have ended under starvation: the history
+			// is checked first, and the test skips only if it is clean and
+			// the scheduling delay was at least a renewal's budget.
+			w.skipIfStarved(t, hb.granted, renewalBudget(w.ttl), "b's lease key is gone after b lost its lease")
+		}
+		require.True(t, ok, "SAFETY BREACH (L5) unless b's lease lapsed: b's lease key is gone after the helper's release (b's losses: %d)", hb.lossCount())
 		assert.True(t, strings.HasPrefix(v, "b#"), "lease value %q", v)
 		hb.mustRelease(t, distlock.Released)
 		r := w.requireClean(label("7", "stopped"))
