@@ -39,7 +39,7 @@ const (
 // each set is taken in one script per slot, one after the other.
 func mcFair(t *testing.T, cl *redistest.Cluster) {
 	names := spreadNames(t, cl, fairNames)
-	runFair(t, func() rueidis.Client { return cl.Client() }, names, 20*time.Second)
+	runFair(t, func() rueidis.Client { return cl.Client() }, names, time.Duration(runs(t, 1))*5*time.Second) // 20 s at DISTLOCK_SOAK=4
 }
 
 // TestMultiMutexFairStandalone runs it on one server, where each set is

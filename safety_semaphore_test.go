@@ -666,8 +666,39 @@ func (s *semWorld) w1After(t *testing.T, kill bool) (h1 *holding, at, expiry his
 	w1 := s.waiters[0]
 	s.waiters = s.waiters[1:]
 	h1, at, expiry = faultHelper(t, s.child, kill, w1, "w1 never acquired")
-	assert.GreaterOrEqual(t, history.At(h1.granted), expiry, "w1 acquired before the helper's lease could expire")
+	if history.At(h1.granted) >= expiry {
+		return h1, at, expiry
+	}
+	// Before the helper's lease could expire, w1 can only have had the
+	// permit of a holder of this process whose lease had ended (a loss
+	// under starvation). If none had, it is a breach of the bound.
+	var lapsed []string
+	s.poll(slack, func() bool { lapsed = s.lapsedBy(h1.granted); return len(lapsed) > 0 })
+	if len(lapsed) > 0 {
+		t.Logf("w1 acquired %v before the helper's lease could expire, after the lease of %v had ended: not a breach, w1 had that permit",
+			expiry.Sub(history.At(h1.granted)), lapsed)
+		return h1, at, expiry
+	}
+	t.Errorf("SAFETY BREACH: w1 acquired %v before the helper's lease could expire, while every other holder of the %d permits still held its lease (the holders in Redis: %v)",
+		expiry.Sub(history.At(h1.granted)), permits, s.holders())
 	return h1, at, expiry
+}
+
+// lapsedBy names the holders of s.held whose lease had expired by at, t_s +
+// T counted from the loss each reported.
+func (s *semWorld) lapsedBy(at time.Time) []string {
+	var names []string
+	for _, h := range s.held {
+		h.mu.Lock()
+		for _, l := range h.losses {
+			if !h.expiry(l).After(at) {
+				names = append(names, fmt.Sprintf("%s (expired %v before)", h.c.name, at.Sub(h.expiry(l)).Round(time.Millisecond)))
+				break
+			}
+		}
+		h.mu.Unlock()
+	}
+	return names
 }
 
 // finish releases every holding of the scenario (the helper's already
@@ -761,7 +792,17 @@ func TestSafetySemaphoreHolderPaused(t *testing.T) {
 		}
 
 		resumed, first := resumeAndStop(t, s.child, "the helper")
-		assert.ElementsMatch(t, []string{"h1", "w1"}, s.holders(), "the permits' holders in Redis")
+		if holders := s.holders(); !assert.ObjectsAreEqual([]string{"h1", "w1"}, slices.Sorted(slices.Values(holders))) {
+			// A permit of h1's or w1's may have gone with a lease that
+			// the machine took (a loss under starvation): the history
+			// is checked first, and the test skips only if it is clean
+			// and the scheduling delay was at least a renewal's budget.
+			if s.held[0].lossCount() > 0 || h1.lossCount() > 0 {
+				s.finish(t, h1)
+				s.skipIfStarved(t, h1.granted, renewalBudget(s.ttl), fmt.Sprintf("the permits' holders in Redis are %v, not h1 and w1, after h1 or w1 lost its lease", holders))
+			}
+			assert.Failf(t, "the permits' holders in Redis", "%v, want h1 and w1 (losses: h1 %d, w1 %d)", holders, s.held[0].lossCount(), h1.lossCount())
+		}
 		s.finish(t, h1)
 		r := s.checkWith(label("sem-7", "stopped"), s.config)
 		assert.Equal(t, permits, r.Peak, "the permits were never all held at once")

@@ -73,8 +73,21 @@ func TestSafety01Contention(t *testing.T) {
 						time.Sleep(time.Millisecond)
 						h.sample()
 					}
+					left, start := time.Until(h.g.Deadline()), time.Now()
 					if _, err := h.release(); err != nil {
-						t.Errorf("%s: Release: %v", c.name, err)
+						// The final delete gives up when the lease ends (a
+						// passed lease's deadline is its claim window): a
+						// process kept from running for longer than the lease
+						// had left cannot send it, or read its answer, in time.
+						// No breach: the lease expires on its own, and
+						// requireClean checks the history for overlaps.
+						if late := w.delayed(start, time.Now()); late >= left {
+							t.Logf("%s: Release: %v, with %v of the lease left when it began and a scheduling delay of %v meanwhile: the machine's doing",
+								c.name, err, left.Round(time.Millisecond), late.Round(time.Millisecond))
+						} else {
+							t.Errorf("%s: Release: %v, with %v of the lease left when it began and a scheduling delay of only %v meanwhile",
+								c.name, err, left.Round(time.Millisecond), late.Round(time.Millisecond))
+						}
 					}
 				}
 			})
@@ -575,7 +588,13 @@ func TestSafety07HolderPaused(t *testing.T) {
 			assert.False(t, c.OK, "the helper's %v after the resume was accepted", c)
 		}
 		v, ok := w.leaseValue()
-		require.True(t, ok, "the helper's release deleted b's key")
+		if !ok && hb.lossCount() > 0 {
+			// b's own lease may have ended under starvation: the history
+			// is checked first, and the test skips only if it is clean and
+			// the scheduling delay was at least a renewal's budget.
+			w.skipIfStarved(t, hb.granted, renewalBudget(w.ttl), "b's lease key is gone after b lost its lease")
+		}
+		require.True(t, ok, "SAFETY BREACH (L5) unless b's lease lapsed: b's lease key is gone after the helper's release (b's losses: %d)", hb.lossCount())
 		assert.True(t, strings.HasPrefix(v, "b#"), "lease value %q", v)
 		hb.mustRelease(t, distlock.Released)
 		r := w.requireClean(label("7", "stopped"))

@@ -80,5 +80,12 @@ func TestSuiteSemaphore(t *testing.T)  { suite.Semaphore(t, rueidisLib) }
 func TestSuiteElection(t *testing.T)   { suite.Election(t, rueidisLib) }
 func TestSuiteRWMutex(t *testing.T)    { suite.RWMutex(t, rueidisLib) }
 func TestSuiteReplicaAck(t *testing.T) { suite.ReplicaAck(t, rueidisLib) }
-func TestSuiteCluster(t *testing.T)    { suite.Cluster(t, rueidisLib) }
-func TestSuiteSentinel(t *testing.T)   { suite.Sentinel(t, rueidisLib) }
+
+// The Cluster and Sentinel groups spend most of their time waiting for
+// servers of their own (a cluster's creation, a failover, the sentinels'
+// vote), measure nothing of this process and count no rooms (the rooms of
+// a lock are counted by name, whatever the client), so they run beside the
+// other parallel tests, after the groups above, as in the goredis module.
+
+func TestSuiteCluster(t *testing.T)  { t.Parallel(); suite.Cluster(t, rueidisLib) }
+func TestSuiteSentinel(t *testing.T) { t.Parallel(); suite.Sentinel(t, rueidisLib) }

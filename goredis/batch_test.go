@@ -13,6 +13,7 @@ import (
 	"github.com/distkit-go/distlock"
 	"github.com/distkit-go/distlock/goredis"
 	"github.com/distkit-go/distlock/internal/redistest"
+	"github.com/distkit-go/distlock/internal/suite"
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -64,6 +65,8 @@ func TestRingRenewsPerLock(t *testing.T) {
 	ctx := ctxFor(t, 10*time.Second)
 	const ttl = 600 * time.Millisecond
 	obs := &renewCounter{}
+	probe := suite.StartSchedProbe(t)
+	from := time.Now()
 	var guards []*distlock.Guard
 	for i := range 20 {
 		m, err := goredis.NewMutex(ring, "ring:"+strconv.Itoa(i), distlock.WithTTL(ttl), distlock.WithObserver(obs))
@@ -74,10 +77,20 @@ func TestRingRenewsPerLock(t *testing.T) {
 	}
 	const rounds = 4
 	time.Sleep(rounds * ttl / 3)
+	states := make([]distlock.State, len(guards))
 	for i, g := range guards {
-		assert.Equal(t, distlock.Acquired, g.State(), "guard %d", i)
+		states[i] = g.State()
 		_, err := g.Release(ctx)
 		require.NoError(t, err)
+	}
+	if late, budget := probe.Delay(from, time.Now()), suite.RenewalBudget(ttl); late >= budget && (obs.failures.Load() > 0 || obs.lost.Load() > 0) {
+		// A guard kept from running for longer than its renewal had to
+		// spare loses its lease: the machine's doing, not a breach.
+		t.Skipf("%d renewals failed and %d guards were lost, but the probe measured a scheduling delay of %v, at least the %v a renewal had to spare",
+			obs.failures.Load(), obs.lost.Load(), late.Round(time.Millisecond), budget)
+	}
+	for i, st := range states {
+		assert.Equal(t, distlock.Acquired, st, "guard %d", i)
 	}
 	assert.GreaterOrEqual(t, obs.renewals.Load(), int64((rounds-1)*len(guards)))
 	assert.Zero(t, obs.failures.Load(), "failed renewals")

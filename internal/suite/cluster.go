@@ -490,10 +490,25 @@ func keysOf(hs []held) []string {
 
 // checkKept checks that every lock in hs is still held: no guard reported
 // Lost, each reports Acquired with a live context, and nobody else can take
-// the lock.
-func checkKept(t *testing.T, c Client, w *lossWatch, hs []held) {
+// the lock. A loss or a failed renewal since from, while p measured at
+// least the time it had to spare (a renewal's budget; for a renewal alone,
+// the replica's acknowledgement timeout), may be the machine's doing: the
+// test then releases every guard and skips, saying so.
+func checkKept(t *testing.T, p *schedProbe, from time.Time, c Client, w *lossWatch, hs []held) {
 	t.Helper()
 	_, errs, lost := w.snapshot()
+	if len(lost) > 0 || len(errs) > 0 {
+		budget := renewalBudget(clusterTTL)
+		if len(lost) == 0 {
+			budget = ackTimeout
+		}
+		if late := p.delay(from, time.Now()); late >= budget {
+			for _, h := range hs {
+				_, _ = h.g.Release(context.WithoutCancel(t.Context()))
+			}
+		}
+		skipIfStarved(t, p, from, budget, fmt.Sprintf("%d guards reported Lost and %d renewals failed (%v)", len(lost), len(errs), errs))
+	}
 	assert.Empty(t, lost, "guards reported Lost")
 	assert.Empty(t, errs, "renewals failed")
 	for _, h := range hs {
@@ -536,6 +551,7 @@ func clusterFailoverKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluster,
 	for i := range 12 {
 		names = append(names, fmt.Sprint("failover-", i))
 	}
+	p, from := startSchedProbe(t), time.Now()
 	hs := holdAcross(t, c, w, names...)
 	old := cl.PrimaryOf(hs[0].g.Key())
 	replica := cl.ReplicasOf(old)
@@ -559,10 +575,10 @@ func clusterFailoverKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluster,
 	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
 	defer cancelWaiter()
 	waiter := lockAsync(t, waiterCtx, newMutex(t, lib.Connect(t, target), onOld[0].name))
-	require.Eventually(t, func() bool {
+	waitUntil(t, eventually, func() bool {
 		n, err := old.MustDo("ZCARD", onOld[0].g.Key()+":queue").ToInt64()
 		return err == nil && n == 1
-	}, eventually, pollEvery, "the waiter never stood in line")
+	}, func() string { return "the waiter never stood in line" })
 
 	base, _, _ = w.snapshot()
 	cl.Failover(replica[0])
@@ -571,7 +587,7 @@ func clusterFailoverKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluster,
 	// Every guard renews twice more, without a single failure, and the
 	// moved leases are on the new primary.
 	w.waitRenewals(t, keys, base, 2)
-	checkKept(t, c, w, hs)
+	checkKept(t, p, from, c, w, hs)
 	for _, h := range onOld {
 		assert.Equal(t, []string{h.g.Key()}, keysOn(t, replica[0], h.g.Key()), "lease on the new primary")
 	}
@@ -595,6 +611,7 @@ func clusterFailoverKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluster,
 // over.
 func clusterReshardingKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluster, c Client) {
 	w := newLossWatch()
+	p, from := startSchedProbe(t), time.Now()
 	hs := holdAcross(t, c, w, "reshard-plain", "reshard-acked", "reshard-release")
 	keys := keysOf(hs)
 	base, _, _ := w.snapshot()
@@ -605,10 +622,10 @@ func clusterReshardingKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluste
 	waiterCtx, cancelWaiter := context.WithCancel(t.Context())
 	defer cancelWaiter()
 	waiter := lockAsync(t, waiterCtx, newMutex(t, lib.Connect(t, Target{Cluster: cl.Addrs()}), hs[2].name))
-	require.Eventually(t, func() bool {
+	waitUntil(t, eventually, func() bool {
 		n, err := cl.PrimaryOf(keys[2]).MustDo("ZCARD", keys[2]+":queue").ToInt64()
 		return err == nil && n == 1
-	}, eventually, pollEvery, "the waiter never stood in line")
+	}, func() string { return "the waiter never stood in line" })
 
 	var migs []*redistest.Migration
 	for i, k := range keys {
@@ -696,7 +713,7 @@ func clusterReshardingKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluste
 
 	base, _, _ = w.snapshot()
 	w.waitRenewals(t, keysOf(moving), base, 2)
-	checkKept(t, c, w, moving)
+	checkKept(t, p, from, c, w, moving)
 	for i, h := range moving {
 		assert.NotEqual(t, migs[i].From(), cl.PrimaryOf(h.g.Key()), "slot of %s did not move", h.name)
 		assert.Equal(t, distlock.Released, release(t, h.g))

@@ -288,16 +288,20 @@ func lockRetrying(t *testing.T, ctx context.Context, m *distlock.Mutex, failed *
 	})
 }
 
-// await returns the outcome, failing the test if it takes longer than within.
+// await returns the outcome, failing the test if it takes longer than
+// within plus the scheduling delay a probe measured meanwhile (waitUntil).
 func await(t *testing.T, ch <-chan outcome, within time.Duration, what string) outcome {
 	t.Helper()
-	select {
-	case o := <-ch:
-		return o
-	case <-time.After(within):
-		t.Fatalf("%s: no result within %v", what, within)
-		return outcome{}
-	}
+	var o outcome
+	waitUntil(t, within, func() bool {
+		select {
+		case o = <-ch:
+			return true
+		default:
+			return false
+		}
+	}, func() string { return what + ": no result" })
+	return o
 }
 
 // notYet checks that ch has no outcome now.
@@ -321,8 +325,9 @@ func inLine(t *testing.T, srv *redistest.Server, key string) int64 {
 // waitInLine waits until n waiters stand in the line of the lock at key.
 func waitInLine(t *testing.T, srv *redistest.Server, key string, n int64) {
 	t.Helper()
-	require.Eventually(t, func() bool { return inLine(t, srv, key) == n }, eventually, pollEvery,
-		"waiting for %d in line at %s", n, key)
+	waitUntil(t, eventually, func() bool { return inLine(t, srv, key) == n }, func() string {
+		return fmt.Sprintf("waiting for %d in line at %s: %d there", n, key, inLine(t, srv, key))
+	})
 }
 
 // wakeChannels returns the wake channels of the lock at key that have a
@@ -398,11 +403,14 @@ func requireNothingLeft(t *testing.T, lib Library, srv *redistest.Server, key st
 		}
 		return lib.Rooms(key)
 	}
-	require.Eventually(t, func() bool {
-		return !exists(t, srv, key+":queue") && !exists(t, srv, key+":waiters") &&
-			len(wakeChannels(t, srv, key)) == 0 && rooms() == 0
-	}, eventually, pollEvery, "left behind: queue %v, waiters %v, subscriptions %v, rooms %d",
-		exists(t, srv, key+":queue"), exists(t, srv, key+":waiters"), wakeChannels(t, srv, key), rooms())
+	left := func() bool {
+		return exists(t, srv, key+":queue") || exists(t, srv, key+":waiters") ||
+			len(wakeChannels(t, srv, key)) > 0 || rooms() > 0
+	}
+	waitUntil(t, eventually, func() bool { return !left() }, func() string {
+		return fmt.Sprintf("W5: left behind: queue %v, waiters %v, subscriptions %v, rooms %d",
+			exists(t, srv, key+":queue"), exists(t, srv, key+":waiters"), wakeChannels(t, srv, key), rooms())
+	})
 }
 
 // cpuTime returns the CPU time this process has used.

@@ -226,16 +226,26 @@ func mutexLostWhenKeyDeleted(t *testing.T, lib Library) {
 func mutexLostWhenOverwritten(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	m := newMutex(t, connect(t, lib, srv), "res", distlock.WithTTL(shortTTL))
+	p := startSchedProbe(t)
 	g, err := m.Lock(t.Context())
 	require.NoError(t, err)
+	locked := time.Now()
 
 	// An operator (or a bug elsewhere) hands the key to someone else.
 	srv.MustDo("SET", m.Key(), "intruder#1", "PX", "60000")
 	waitState(t, g, distlock.Lost)
 	var le *distlock.LostError
 	require.ErrorAs(t, context.Cause(g.Context()), &le)
-	assert.Equal(t, distlock.LostRefused, le.Reason)
-	assert.Equal(t, "intruder#1", le.Holder)
+	if late, budget := p.delay(locked, time.Now()), renewalBudget(shortTTL); le.Reason != distlock.LostRefused && late >= budget {
+		// The guard's deadline came before a renewal could be sent and
+		// answered: the machine's doing, and a loss all the same (no
+		// breach). Release must still spare the new holder's key.
+		t.Logf("lost for %v, not refused: the probe measured a scheduling delay of %v, at least the %v a renewal had to spare",
+			le.Reason, late.Round(time.Millisecond), budget)
+	} else {
+		assert.Equal(t, distlock.LostRefused, le.Reason, "the reason of the loss (scheduling delay meanwhile %v)", late.Round(time.Millisecond))
+		assert.Equal(t, "intruder#1", le.Holder)
+	}
 
 	assert.Equal(t, distlock.Lost, release(t, g))
 	v, ok := get(t, srv, m.Key())

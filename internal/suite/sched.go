@@ -29,8 +29,9 @@ const probeTick = 5 * time.Millisecond
 // which shows a goroutine kept waiting behind others while the probe's own
 // ran on time.
 type schedProbe struct {
-	stop chan struct{} // closed to stop the goroutine
-	done chan struct{} // closed when the goroutine has returned
+	stop     chan struct{} // closed to stop the goroutine
+	stopOnce sync.Once
+	done     chan struct{} // closed when the goroutine has returned
 
 	mu    sync.Mutex
 	wakes []probeWake
@@ -47,17 +48,27 @@ type probeWake struct {
 
 // startSchedProbe starts a probe that runs until t ends.
 func startSchedProbe(t *testing.T) *schedProbe {
+	p := newSchedProbe()
+	t.Cleanup(p.close)
+	return p
+}
+
+// newSchedProbe starts a probe that runs until its close.
+func newSchedProbe() *schedProbe {
 	p := &schedProbe{stop: make(chan struct{}), done: make(chan struct{}), woke: make(chan struct{})}
 	p.due = time.Now().Add(probeTick)
 	waits := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
 	var counts []uint64
 	worstWait(waits, &counts) // the baseline: only waits from now on count
 	go p.run(waits, counts)
-	t.Cleanup(func() {
-		close(p.stop)
-		<-p.done
-	})
 	return p
+}
+
+// close stops the probe's goroutine and waits for it; a second close does
+// nothing.
+func (p *schedProbe) close() {
+	p.stopOnce.Do(func() { close(p.stop) })
+	<-p.done
 }
 
 func (p *schedProbe) run(waits []metrics.Sample, counts []uint64) {
@@ -177,3 +188,47 @@ func skipIfStarved(t *testing.T, p *schedProbe, from time.Time, budget time.Dura
 // running without losing it: its deadline comes ttl minus the margin after
 // a renewal's send, and the next renewal is due a third of ttl after it.
 func renewalBudget(ttl time.Duration) time.Duration { return ttl - ttl/3 - margin(ttl) }
+
+// waitUntil polls cond every pollEvery until it holds. It fails t with
+// what() (read then, so that it can say the state at the end) and what
+// the probe measured, once cond has not held for within plus the scheduling
+// delay a probe measured meanwhile: on a loaded machine the thing awaited
+// (a waiter joining the line, a room lingering out) can be late by what
+// the machine kept this process from running, and only by that.
+func waitUntil(t *testing.T, within time.Duration, cond func() bool, what func() string) {
+	t.Helper()
+	p := newSchedProbe()
+	defer p.close()
+	start := time.Now()
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for !cond() {
+		now := <-tick.C
+		if now.Sub(start) < within {
+			continue
+		}
+		if late := p.delay(start, now); time.Since(start) >= within+late {
+			if cond() {
+				return
+			}
+			t.Fatalf("%s: not within %v plus the scheduling delay the probe measured meanwhile, %v",
+				what(), within, late.Round(time.Millisecond))
+		}
+	}
+}
+
+// SchedProbe is a schedProbe for the tests of other packages (the goredis
+// module's own): a bound those tests check is widened by what it measured,
+// and only by that.
+type SchedProbe struct{ p *schedProbe }
+
+// StartSchedProbe starts a probe that runs until t ends.
+func StartSchedProbe(t *testing.T) SchedProbe { return SchedProbe{startSchedProbe(t)} }
+
+// Delay returns the worst scheduling delay the probe saw between from and
+// to, once it has woken after to (see schedProbe.delay).
+func (p SchedProbe) Delay(from, to time.Time) time.Duration { return p.p.delay(from, to) }
+
+// RenewalBudget is how long a guard of a lease of ttl can be kept from
+// running without losing it (see renewalBudget).
+func RenewalBudget(ttl time.Duration) time.Duration { return renewalBudget(ttl) }

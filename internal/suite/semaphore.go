@@ -189,7 +189,11 @@ func sortPair(p []int) []int {
 func semCrashedHolders(t *testing.T, lib Library) {
 	srv := redistest.Start(t)
 	p := startSchedProbe(t)
-	const ttl = 700 * time.Millisecond
+	// Both waiters must stand in line before the leases end, each on a
+	// client of its own: at 700 ms, a loaded machine (load 12 on two
+	// cores) took longer, and both got a permit before the second was
+	// seen in line.
+	const ttl = 2 * time.Second
 	key := "distlock:{crash}"
 	// Two crashed holders of the two permits, written by hand; read the
 	// clock before: their leases cannot end before written + ttl.
