@@ -1747,9 +1747,21 @@ func starveOnce(t *testing.T) {
 	// Then the guards' own part: renewals sent on time, and no Lost that a
 	// confirmed write should have prevented (see starveJudge).
 	judge := newStarveJudge(ttl, timers, wires)
+	// The probe samples the scheduler every probeEvery; in a burst of a
+	// thousand renewals, now and then one waits for a CPU longer than any
+	// sample saw (beside two busy loops: 2 of 23,902 renewals, 27 and 50 ms
+	// late against 22 and 31 ms allowed). So a few in a thousand are said,
+	// and more fail: a timer that drifts under load (what this checks) makes
+	// many late, not one in ten thousand. A late renewal that cost a lease
+	// fails below in any case (false_lost).
 	lateRenewals := judge.lateRenewals(starvedUntil)
-	assert.Empty(t, lateRenewals[:min(len(lateRenewals), 5)], "%d renewals sent late by more than the scheduling "+
-		"delay explains", len(lateRenewals))
+	if len(lateRenewals) > 0 {
+		t.Logf("%d renewals sent late by more than the scheduling delay explains (the first five): %v",
+			len(lateRenewals), lateRenewals[:min(len(lateRenewals), 5)])
+	}
+	assert.LessOrEqual(t, int64(len(lateRenewals))*1000, obs.renewals.Load(),
+		"%d renewals sent late by more than the scheduling delay explains, over one in a thousand: %v",
+		len(lateRenewals), lateRenewals[:min(len(lateRenewals), 5)])
 	obs.mu.Lock()
 	lost := append([]starveLoss(nil), obs.lost...)
 	renewals, failed, cause := obs.renewals.Load(), obs.failed.Load(), obs.cause

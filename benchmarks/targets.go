@@ -107,6 +107,12 @@ func printTargets(w io.Writer, results []scenarioResult, ctxs []string) {
 				}
 				xs := g.of(figs, ctx)
 				if len(xs) == 0 {
+					// No round gave this figure (a row of it made no
+					// acquisition within its round: a starved machine, or
+					// a round too short for the client's first connect).
+					// Said, not left out, so that a missing figure is seen.
+					rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | – | **no figure**: no round had one |",
+						g.scenario, ctxLabel(ctx), g.figure, g.target()))
 					continue
 				}
 				verdict := "–"
