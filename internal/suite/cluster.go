@@ -2,7 +2,9 @@ package suite
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -508,6 +510,18 @@ func checkKept(t *testing.T, p *schedProbe, from time.Time, c Client, w *lossWat
 			}
 		}
 		skipIfStarved(t, p, from, budget, fmt.Sprintf("%d guards reported Lost and %d renewals failed (%v)", len(lost), len(errs), errs))
+		if late := p.delay(from, time.Now()); len(lost) == 0 && late >= ackTimeout/3 && allTimeouts(errs) {
+			// The servers wait for CPUs as this process does, and the
+			// probe sees only this process: on a machine loaded enough to
+			// keep it from running for a third of the replicas' timeout, a
+			// failover's renewals may time out on the servers' side (the
+			// new replica syncing). A renewal that timed out is reported
+			// and sent again while the lease holds (L1b); the guards are
+			// checked below to be Acquired, and nobody else to get in.
+			t.Logf("%d renewals timed out (%v) while the probe measured a scheduling delay of %v: a loaded machine; "+
+				"no guard was Lost", len(errs), errs, late.Round(time.Millisecond))
+			errs = nil
+		}
 	}
 	assert.Empty(t, lost, "guards reported Lost")
 	assert.Empty(t, errs, "renewals failed")
@@ -718,4 +732,16 @@ func clusterReshardingKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluste
 		assert.NotEqual(t, migs[i].From(), cl.PrimaryOf(h.g.Key()), "slot of %s did not move", h.name)
 		assert.Equal(t, distlock.Released, release(t, h.g))
 	}
+}
+
+// allTimeouts reports whether every error in errs is a call's deadline
+// (its context's, or the client's own timeout).
+func allTimeouts(errs []error) bool {
+	for _, err := range errs {
+		var ne net.Error
+		if !errors.Is(err, context.DeadlineExceeded) && (!errors.As(err, &ne) || !ne.Timeout()) {
+			return false
+		}
+	}
+	return true
 }
