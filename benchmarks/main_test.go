@@ -27,7 +27,9 @@ func TestMain(m *testing.M) {
 // fresh connection (every job drained by then ends the wait at once; only
 // a stuck one waits all of it).
 const (
-	smokeRound = 20 * time.Millisecond
+	// 50 ms: beside two busy loops, a peer's round of 20 ms once ended
+	// before its workers had made a single call.
+	smokeRound = 50 * time.Millisecond
 	smokeDrain = drainTimeout
 )
 
