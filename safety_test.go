@@ -1759,9 +1759,6 @@ func starveOnce(t *testing.T) {
 		t.Logf("%d renewals sent late by more than the scheduling delay explains (the first five): %v",
 			len(lateRenewals), lateRenewals[:min(len(lateRenewals), 5)])
 	}
-	assert.LessOrEqual(t, int64(len(lateRenewals))*1000, obs.renewals.Load(),
-		"%d renewals sent late by more than the scheduling delay explains, over one in a thousand: %v",
-		len(lateRenewals), lateRenewals[:min(len(lateRenewals), 5)])
 	obs.mu.Lock()
 	lost := append([]starveLoss(nil), obs.lost...)
 	renewals, failed, cause := obs.renewals.Load(), obs.failed.Load(), obs.cause
@@ -1796,10 +1793,19 @@ func starveOnce(t *testing.T) {
 		"worst_renewal_round_trip_ms", judge.worstRenewal(), "renewal_budget_ms", renewalBudget(ttl),
 		"worst_probe_late_ms", late, "worst_sched_wait_ms", wait)
 	if falseLost == 0 && excused > 0 {
-		t.Skipf("the machine was too slow for %d leases of %v: %d losses, each after a renewal that was sent on "+
-			"time but answered too late for its deadline (worst round trip %v, budget %v); no false Lost, and L1 "+
-			"held on all %d samples", locks, ttl, excused, judge.worstRenewal(), renewalBudget(ttl), r.Samples)
+		// So slow a machine that renewals were answered after their
+		// deadlines starves the sending too, in bursts the probe's samples
+		// can miss (beside two busy loops: 40 renewals of one burst sent
+		// about 90 ms late, while round trips took up to 1.1 s): the late
+		// sends are said, and the scenario is not judged on them.
+		t.Skipf("the machine was too slow for %d leases of %v: %d losses, each after a renewal answered too late "+
+			"for its deadline (worst round trip %v, budget %v); %d renewals sent later than the probe explains; "+
+			"no false Lost, and L1 held on all %d samples", locks, ttl, excused, judge.worstRenewal(),
+			renewalBudget(ttl), len(lateRenewals), r.Samples)
 	}
+	assert.LessOrEqual(t, int64(len(lateRenewals))*1000, obs.renewals.Load(),
+		"%d renewals sent late by more than the scheduling delay explains, over one in a thousand: %v",
+		len(lateRenewals), lateRenewals[:min(len(lateRenewals), 5)])
 }
 
 // failoverRig is a primary, a replica that reaches it through a fault
