@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -734,12 +733,11 @@ func clusterReshardingKeepsLocks(t *testing.T, lib Library, cl *redistest.Cluste
 	}
 }
 
-// allTimeouts reports whether every error in errs is a call's deadline
-// (its context's, or the client's own timeout).
+// allTimeouts reports whether every error in errs is a call's deadline:
+// its context's, or the client's own timeout (lease.IsTimeout).
 func allTimeouts(errs []error) bool {
 	for _, err := range errs {
-		var ne net.Error
-		if !errors.Is(err, context.DeadlineExceeded) && (!errors.As(err, &ne) || !ne.Timeout()) {
+		if !errors.Is(err, context.DeadlineExceeded) && !lease.IsTimeout(err) {
 			return false
 		}
 	}
