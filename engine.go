@@ -182,9 +182,6 @@ func (e *engine) logger() *slog.Logger { return e.log.With("key", e.keys.Lease) 
 // before building any.
 func (e *engine) debug() bool { return e.log.Enabled(context.Background(), slog.LevelDebug) }
 
-// roomKey names the waiting room of this lock on this client.
-func (e *engine) roomKey() roomKey { return roomKey{client: e.client, lease: e.keys.Lease} }
-
 // cleanup cancels value (see lease.Client.Cancel) after an acquire call
 // gave up with something of value possibly in Redis: a lease written by an
 // attempt whose reply it did not see, a lease passed to it while it waited,
@@ -225,7 +222,7 @@ func (e *engine) cleanup(ctx context.Context, value string, background bool) boo
 	case r.Deleted:
 		e.logger().Info("distlock: deleted a lease that a call gave up on")
 	}
-	deliverPasses(e.roomKey(), r, sent)
+	deliverPasses(e, r, sent)
 	return true
 }
 

@@ -588,7 +588,7 @@ func (l *guardActor) downgraded(m downgradedMsg) {
 		req.reply.Send(fmt.Errorf("distlock: downgrading %s: %w", e.keys.Lease, ErrReleased))
 	case m.err == nil && m.ok:
 		g.downgraded.Store(true)
-		deliverPasses(e.roomKey(), m.passes, m.sent)
+		deliverPasses(e, m.passes, m.sent)
 		if e.debug() {
 			g.logger().Debug("distlock: downgraded to a read hold", "granted", len(m.passes.Passes()))
 		}

@@ -60,7 +60,7 @@ func (e *engine) release(ctx context.Context, value string, void bool) (lease.Re
 	}
 	// The release passed the lock to the next in line; if that waiter is
 	// in this process, it wakes now rather than at the announcement.
-	deliverPasses(e.roomKey(), r, sent)
+	deliverPasses(e, r, sent)
 	return r, err
 }
 

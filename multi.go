@@ -257,7 +257,7 @@ func (s *lockSet) ngroups() int { return len(s.groups) - 1 }
 // releases rs of the names from index at on made.
 func (s *lockSet) deliver(at int, rs []lease.Release, sent time.Time) {
 	for i, r := range rs {
-		deliverPasses(s.engine(at+i).roomKey(), r, sent)
+		deliverPasses(s.engine(at+i), r, sent)
 	}
 }
 

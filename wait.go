@@ -332,17 +332,10 @@ func (a *acquirer) wait(d time.Duration, w *waiter) (wakeReason, grantNote, erro
 // roomLinger is how long an idle room keeps its subscription.
 const roomLinger = 250 * time.Millisecond
 
-// roomKey identifies the room of one lock on one client.
-type roomKey struct {
-	client any // the rueidis client (or a test store)
-	lease  string
-}
-
 // room is one lock's waiting room for one client in this process, a part
 // of the client's session (session.go). Its fields are guarded by mu,
 // except those set at creation and those guarded by the session's mu.
 type room struct {
-	key   roomKey
 	s     *session
 	store store
 	keys  lease.Keys
@@ -399,7 +392,7 @@ func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
 		if !create {
 			return nil, false
 		}
-		r = &room{key: e.roomKey(), s: s, store: e.store, keys: e.keys, waiters: make(map[string]*waiter)}
+		r = &room{s: s, store: e.store, keys: e.keys, waiters: make(map[string]*waiter)}
 		s.rooms[e.keys.Lease] = r
 		fresh = true
 	}
@@ -407,15 +400,14 @@ func (p *process) enterRoom(e *engine, create bool) (r *room, fresh bool) {
 	return r, fresh
 }
 
-// lookupRoom returns k's room, if there is one.
-func (p *process) lookupRoom(k roomKey) *room {
-	s := p.sessions.get(k.client)
+// lookupRoom returns e's room, if there is one.
+func (p *process) lookupRoom(e *engine) *room {
+	s := p.sessions.lock(e, false)
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.rooms[k.lease]
+	return s.rooms[e.keys.Lease]
 }
 
 // leave removes w and counts its caller out of the room, in one step. The
@@ -577,7 +569,7 @@ func (r *room) down(noPubSub bool) (again bool) {
 	if !noPubSub && !idle {
 		return true
 	}
-	if idle && s.rooms[r.key.lease] == r {
+	if idle && s.rooms[r.keys.Lease] == r {
 		s.dropRoom(r)
 		s.leftIdle()
 	}
@@ -623,11 +615,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // caller has finished its release and parked, or after another processor
 // has stolen it (which the runtime does only after a pause), and the
 // caller goes on as soon as a processor is free.
-func deliverPasses(k roomKey, r lease.Release, sent time.Time) {
-	if r.Passed.Value == "" {
-		return
+func deliverPasses(e *engine, r lease.Release, sent time.Time) {
+	ours := r.Passed.Room == proc.roomID
+	for _, p := range r.More {
+		ours = ours || p.Room == proc.roomID
 	}
-	room := proc.lookupRoom(k)
+	if r.Passed.Value == "" || !ours {
+		return // (a pass to another process's waiter: nothing to look up)
+	}
+	room := proc.lookupRoom(e)
 	if room == nil {
 		return
 	}

@@ -65,7 +65,7 @@ func TestDeliverPassesWakesTheWaiter(t *testing.T) {
 	defer r.leave(w)
 	sent := time.Now()
 	rel := lease.Release{Deleted: true, Passed: lease.Pass{Value: "next", Token: 7, Room: proc.roomID}}
-	deliverPasses(e.roomKey(), rel, sent)
+	deliverPasses(e, rel, sent)
 	select {
 	case n := <-w.grant:
 		require.Equal(t, grantNote{token: 7, sent: sent}, n)
@@ -79,7 +79,7 @@ func TestDeliverPassesWakesTheWaiter(t *testing.T) {
 	}
 	elsewhere := rel
 	elsewhere.Passed.Room = "another process"
-	deliverPasses(e.roomKey(), elsewhere, sent)
+	deliverPasses(e, elsewhere, sent)
 	select {
 	case n := <-w.grant:
 		t.Fatalf("woken by a pass to another process's room: %+v", n)
@@ -89,7 +89,7 @@ func TestDeliverPassesWakesTheWaiter(t *testing.T) {
 	// another process, the next to w.
 	several := elsewhere
 	several.More = []lease.Pass{{Value: "next", Token: 8, Room: proc.roomID}}
-	deliverPasses(e.roomKey(), several, sent)
+	deliverPasses(e, several, sent)
 	select {
 	case n := <-w.grant:
 		require.Equal(t, grantNote{token: 8, sent: sent}, n)
@@ -98,7 +98,7 @@ func TestDeliverPassesWakesTheWaiter(t *testing.T) {
 	}
 	for _, rel := range []lease.Release{rel, several} {
 		allocs := testing.AllocsPerRun(100, func() {
-			deliverPasses(e.roomKey(), rel, sent)
+			deliverPasses(e, rel, sent)
 			<-w.grant
 		})
 		require.Zero(t, allocs, "allocations per pass delivered, %d passes", len(rel.Passes()))
