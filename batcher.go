@@ -116,7 +116,6 @@ type batcher struct {
 	wake chan struct{} // one slot: something is due before armed
 	ctx  context.Context
 	stop context.CancelFunc
-	done chan struct{} // closed when run has returned
 	// calls counts the batches in flight and their deadline timers' runs
 	// (armed or running), which run waits for when the batcher stops.
 	calls sync.WaitGroup
@@ -200,7 +199,7 @@ func (e *engine) renewSlack(period time.Duration) time.Duration {
 func newBatcher(store batchRenewer) *batcher {
 	ctx, stop := context.WithCancel(context.Background())
 	return &batcher{store: store, groups: make(map[string]*askGroup),
-		wake: make(chan struct{}, 1), ctx: ctx, stop: stop, done: make(chan struct{})}
+		wake: make(chan struct{}, 1), ctx: ctx, stop: stop}
 }
 
 // newAsk returns the ask of a member that renews value's lease of keys
@@ -329,8 +328,6 @@ func (b *batcher) flushAll() {
 // latest arrives, until the batcher stops; then it answers whatever is
 // still pending and waits for its calls in flight.
 func (b *batcher) run() {
-	defer proc.work.done() // taken by its session's stop, which alone stops it
-	defer close(b.done)
 	t := newStoppedTimer()
 	defer t.Stop()
 	for {

@@ -412,11 +412,14 @@ func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value
 func batcherOf(t *testing.T, s *batchStore) *batcher {
 	t.Helper()
 	b := newBatcher(s)
-	go b.run()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.run()
+	}()
 	t.Cleanup(func() {
-		proc.work.add(1) // given back by run, as when a session stops it
 		b.stop()
-		<-b.done
+		<-done
 	})
 	return b
 }

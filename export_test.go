@@ -93,3 +93,18 @@ func newMutex(key string, opts []Option) (*Mutex, error) {
 // waiter of this process hears of its grant on [lease.Keys.WakeChannel] of
 // it.
 func RoomID() string { return proc.roomID }
+
+// get returns client's session, or nil; the session may stop as soon as
+// get returns.
+func (ss *sessionSet) get(client any) *session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.m[client]
+}
+
+// len returns how many sessions the process has.
+func (ss *sessionSet) len() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.m)
+}

@@ -109,21 +109,6 @@ func (ss *sessionSet) lock(e *engine, create bool) *session {
 	return s
 }
 
-// get returns client's session, or nil; the session may stop as soon as
-// get returns.
-func (ss *sessionSet) get(client any) *session {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.m[client]
-}
-
-// len returns how many sessions the process has.
-func (ss *sessionSet) len() int {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return len(ss.m)
-}
-
 // spawn runs f in a goroutine of the session, which its stop waits for.
 // The caller holds s.mu.
 func (s *session) spawn(f func()) {
@@ -145,7 +130,7 @@ func (s *session) exited() {
 	}
 	s.mu.Unlock()
 	if last {
-		proc.work.done() // taken by stopLocked
+		proc.work.done() // taken by stopIfEmpty
 	}
 }
 
@@ -223,7 +208,7 @@ func (s *session) lingered() {
 // dropRoom takes r out of the session. The caller holds s.mu, and ends r's
 // subscription (if it has one) once it has let go of it.
 func (s *session) dropRoom(r *room) {
-	delete(s.rooms, r.key.lease)
+	delete(s.rooms, r.keys.Lease)
 }
 
 // dropKeeper takes k out of the session. The caller holds s.mu, and stops
@@ -258,8 +243,7 @@ func (s *session) stopIfEmpty() bool {
 		s.lingering = false
 	}
 	if s.batcher != nil {
-		proc.work.add(1) // given back by the batcher's run
-		s.batcher.stop()
+		s.batcher.stop() // its run is one of the session's goroutines
 	}
 	if s.running == 0 {
 		close(s.done)
@@ -295,6 +279,9 @@ func (s *session) batcherFor(e *engine) *batcher {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopped {
+		return nil // (its renewals go alone; a live guard keeps its session)
+	}
 	if s.batcher == nil {
 		s.batcher = newBatcher(br)
 		s.spawn(s.batcher.run)
