@@ -483,22 +483,22 @@ func (b *batcher) send(bt *renewBatch) {
 }
 
 // armExpiry answers the members of bt whose deadline has come by now, and
-// arms bt's timer for the earliest deadline of the others that comes
-// before the call's own (the latest: the call's context ends it). It is
+// arms bt's timer for the earliest deadline of the others, the call's own
+// included (a client may let the call run past it). It is
 // called by send, before the call, and by the timer. Each arming counts in
 // b.calls until its run ends or send stops it. The caller holds b.mu.
 func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 	var next time.Time
-	callEnd, _ := bt.ctx.Deadline()
 	for _, a := range bt.asks {
 		switch {
 		case a.batch != bt || a.answered || a.gone || a.deadline.IsZero():
 		case !now.Before(a.deadline):
 			a.answer(a.expired())
 			bt.left()
-		case (callEnd.IsZero() || a.deadline.Before(callEnd)) && (next.IsZero() || a.deadline.Before(next)):
-			// (A call without a deadline has a member without one; the
-			// others are still answered at theirs.)
+		case next.IsZero() || a.deadline.Before(next):
+			// Those whose deadline is the call's too: not every client
+			// ends a call at its context's deadline (go-redis waits out
+			// its ReadTimeout), and a member's wait ends at its own.
 			next = a.deadline
 		}
 	}

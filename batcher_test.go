@@ -568,6 +568,48 @@ func TestBatcherDropsMembersThatLeft(t *testing.T) {
 	})
 }
 
+// TestBatcherLateReplyOfABatchLeft: an actor asks with one ask for every
+// renewal. Its renewal's batch is stuck (a connection that holds the call
+// and answers it late, whatever its deadline); at its deadline the member
+// is answered DeadlineExceeded and asks again with the same ask, and the
+// new batch is in flight when the stuck one's reply lands. That late
+// reply answers nothing: the ask is the new batch's, whose own answer it
+// gets.
+func TestBatcherLateReplyOfABatchLeft(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		s := newBatchStore()
+		stuck := make(chan struct{})
+		s.set(func(s *batchStore) { s.stuck = stuck; s.holders["a"] = "va" })
+		b := batcherOf(t, s)
+		start := time.Now()
+		k := lease.Keys{Lease: "a"}
+		a := b.newAsk(&k, "va", fakeTTL, make(chan struct{}, 1))
+		b.ask(&a, start.Add(100*time.Millisecond), start.Add(10*time.Millisecond), start)
+		<-a.wake
+		require.True(t, a.ready.Load())
+		require.ErrorIs(t, a.ans.err, context.DeadlineExceeded, "the first ask, at its deadline")
+		assert.Equal(t, start.Add(100*time.Millisecond), time.Now())
+
+		gate := make(chan struct{})
+		s.set(func(s *batchStore) { s.stuck, s.gate = nil, gate })
+		again := time.Now()
+		b.ask(&a, again.Add(time.Second), again.Add(10*time.Millisecond), again)
+		time.Sleep(20 * time.Millisecond)
+		require.Len(t, s.calls(), 2, "the second ask's batch is in flight")
+		close(stuck) // the first batch's reply lands now
+		synctest.Wait()
+		assert.False(t, a.ready.Load(), "answered by the reply of a batch it had left")
+		assert.Empty(t, a.wake, "woken by the reply of a batch it had left")
+
+		close(gate)
+		<-a.wake
+		require.True(t, a.ready.Load())
+		require.NoError(t, a.ans.err)
+		assert.True(t, a.ans.r.OK, "the second batch's answer")
+		assert.Equal(t, s.calls()[1].sent, a.ans.sent, "dated from the second batch")
+	})
+}
+
 // TestBatcherDueAtOnceAndFlush checks that a renewal asked for with its
 // latest already past is sent at once, with every renewal pending then,
 // and that flushAll (the keeper's restart poke) sends every pending
