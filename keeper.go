@@ -287,7 +287,7 @@ const probeValue = "keeper-probe"
 
 // probe renews probeValue's lease on the keeper's lock, which no lease
 // holds, until the server answers it with anything but an error that says
-// "not now" (see lease.RefusesPubSub for those), pausing between tries as
+// "not now" (lease.SaysNotNow), pausing between tries as
 // the subscription does; if it was refused "not now" first, every guard
 // renews again then. It ends when ctx does. Each try is bounded by
 // keeperMaxRetry.
@@ -305,7 +305,7 @@ func (k *keeper) probe(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil || lease.RefusesPubSub(err) {
+		if err == nil || lease.IsReply(err) && !lease.SaysNotNow(err) {
 			if !first {
 				k.renewAll()
 			}

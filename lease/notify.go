@@ -64,16 +64,24 @@ func isUnknownCommand(err error) bool {
 // that is moving, a cluster or a primary that is down, a server loading
 // its data. After those, subscribing again can work.
 func RefusesPubSub(err error) bool {
+	return IsReply(err) && !SaysNotNow(err)
+}
+
+// SaysNotNow reports whether err is an error reply that says "not here" or
+// "not now" (a redirection, a slot that is moving, a cluster or a primary
+// that is down, a server loading its data): asking again, later or
+// elsewhere, can work.
+func SaysNotNow(err error) bool {
 	re, ok := replyError(err)
 	if !ok {
 		return false
 	}
 	for _, code := range [...]string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN"} {
 		if re.prefix(code) {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // SubscribeLeader listens for the changes of holder that an election's
