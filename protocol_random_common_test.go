@@ -141,6 +141,10 @@ type roundKind struct {
 	// granted, if not nil, runs when a waiter's call returned h, before
 	// the hold.
 	granted func(h *holding)
+	// watch, if not nil, records the grant of g to wt and watches its
+	// guard in place of client.watch (which records one key's history):
+	// a MultiMutex's guard holds several keys.
+	watch func(wt *rwaiter, g *distlock.Guard) heldGuard
 	// read reads the lease and the line once.
 	read func(ctx context.Context, admin rueidis.Client) (lineSample, error)
 	// modeOf, if not nil, returns the mode of the waiter named name (a
@@ -559,22 +563,33 @@ func (r *round) runWaiter(ctx context.Context, wt *rwaiter) {
 		wt.gaveUp = now
 	}
 	r.mu.Unlock()
-	var h *holding
-	if g != nil {
+	var h heldGuard
+	var hl *holding
+	switch {
+	case g != nil && r.kind.watch != nil:
+		h = r.kind.watch(wt, g)
+	case g != nil:
 		c := &client{w: r.w, name: wt.name}
 		if r.kind.modeOf != nil {
 			c.mode = r.kind.modeOf(wt.name)
 		}
-		h = c.watch(g)
+		hl = c.watch(g)
+		h = hl
 	}
 	close(wt.done)
 	if h == nil {
 		return
 	}
-	if r.kind.granted != nil {
-		r.kind.granted(h)
+	if hl != nil && r.kind.granted != nil {
+		r.kind.granted(hl)
 	}
 	r.hold(wt, h)
+}
+
+// heldGuard is a watched guard that a holder releases: a holding, or a
+// MultiMutex's guard watched on each of its keys.
+type heldGuard interface {
+	release() (distlock.State, error)
 }
 
 // hold keeps h for wt's hold time, then releases it. A holder in a
@@ -583,7 +598,7 @@ func (r *round) runWaiter(ctx context.Context, wt *rwaiter) {
 // business); a holder in a killed process releases at once, into the void,
 // and its lease expires on its own; a holder in a process whose requests
 // are held releases as usual, and its release lands when the hold ends.
-func (r *round) hold(wt *rwaiter, h *holding) {
+func (r *round) hold(wt *rwaiter, h heldGuard) {
 	until := time.Now().Add(wt.hold)
 	timer := time.NewTimer(wt.hold)
 	defer timer.Stop()
@@ -611,7 +626,7 @@ func (r *round) hold(wt *rwaiter, h *holding) {
 }
 
 // release releases h and notes what Release returned.
-func (r *round) release(wt *rwaiter, h *holding) {
+func (r *round) release(wt *rwaiter, h heldGuard) {
 	st, err := h.release()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -938,7 +953,11 @@ func (r *round) checkOrder(rec lineRecord) {
 // the release returned, no release passed it anything meanwhile (which
 // takes it out of line), and its calls prove its place alive when the
 // release ran (see placeHeld). This needs no timing margin.
-func (r *round) checkPasses(rec lineRecord) {
+func (r *round) checkPasses(rec lineRecord) { r.checkPassesOf(rec, r.samples, r.kind.figure) }
+
+// checkPassesOf is checkPasses on the samples of one lease (a MultiMutex's
+// round has one line per name), with figure lines under scenario.
+func (r *round) checkPassesOf(rec lineRecord, samples []lineSample, scenario string) {
 	var breaches []string
 	releases, passed, checked := 0, 0, 0
 	for _, c := range rec.releases() {
@@ -947,11 +966,11 @@ func (r *round) checkPasses(rec lineRecord) {
 			passed++
 			continue
 		}
-		i := sort.Search(len(r.samples), func(i int) bool { return !r.samples[i].end.Before(c.start) }) - 1
+		i := sort.Search(len(samples), func(i int) bool { return !samples[i].end.Before(c.start) }) - 1
 		if i < 0 {
 			continue
 		}
-		s := r.samples[i]
+		s := samples[i]
 		releaser := lease.Owner(c.value)
 		for _, v := range s.line {
 			x := r.byName[lease.Owner(v)]
@@ -969,7 +988,7 @@ func (r *round) checkPasses(rec lineRecord) {
 			}
 		}
 	}
-	figure(r.t, r.kind.figure+"-passes", "releases", releases, "passed", passed, "unpassed_with_waiters_checked", checked,
+	figure(r.t, scenario+"-passes", "releases", releases, "passed", passed, "unpassed_with_waiters_checked", checked,
 		"breaches", len(breaches))
 	assert.Empty(r.t, breaches, "W1: releases that freed %s and left a live waiter in line", r.kind.unit)
 }
@@ -983,7 +1002,11 @@ func (r *round) checkPasses(rec lineRecord) {
 // plus any Redis pause (for the semaphore, both widened by the scheduling
 // delay measured over the stretch). It also checks that, away from faults,
 // a waiter's call returned soon after a release passed it the grant.
-func (r *round) checkIdle(rec lineRecord) {
+func (r *round) checkIdle(rec lineRecord) { r.checkIdleOf(rec, r.samples, r.kind.figure) }
+
+// checkIdleOf is checkIdle on the samples of one lease (a MultiMutex's
+// round has one line per name), with figure lines under scenario.
+func (r *round) checkIdleOf(rec lineRecord, samples []lineSample, scenario string) {
 	t := r.t
 	dead := func(v string, at time.Time) bool {
 		x := r.byName[lease.Owner(v)]
@@ -1016,16 +1039,16 @@ func (r *round) checkIdle(rec lineRecord) {
 	var breaches []string
 	var worstQuiet, worstFaulted time.Duration
 	stretches := 0
-	for i := 0; i < len(r.samples); {
-		if !idle(r.samples[i]) {
+	for i := 0; i < len(samples); {
+		if !idle(samples[i]) {
 			i++
 			continue
 		}
 		j := i
-		for j+1 < len(r.samples) && idle(r.samples[j+1]) {
+		for j+1 < len(samples) && idle(samples[j+1]) {
 			j++
 		}
-		first, last := r.samples[i], r.samples[j]
+		first, last := samples[i], samples[j]
 		d := last.at.Sub(first.end)
 		stretches++
 		late := r.late(first.at, last.end)
@@ -1087,7 +1110,7 @@ func (r *round) checkIdle(rec lineRecord) {
 		breaches = append(breaches, fmt.Sprintf("the median hand-off from another process, no fault near, took %v "+
 			"(of %d)", median, len(remote)))
 	}
-	figure(t, r.kind.figure+"-W1", "idle_stretches", stretches, "handoffs_quiet", handOffs, "handoffs_remote_quiet", len(remote),
+	figure(t, scenario+"-W1", "idle_stretches", stretches, "handoffs_quiet", handOffs, "handoffs_remote_quiet", len(remote),
 		"handoff_median_remote_quiet", median, "idle_max_quiet", worstQuiet, "idle_max_faulted", worstFaulted,
 		"handoff_max_quiet", worst, "bound_quiet", randomIdleQuiet, "bound_faulted", randomIdleFaulted)
 	assert.Empty(t, breaches, "W1: %s sat idle while a live waiter stood in line", r.kind.unit)

@@ -193,14 +193,18 @@ func runRandomRound(t *testing.T, seed uint64, ops int) {
 	}
 	moved, drainedIn := r.run(ops)
 
-	rec := newLockRecord(clients)
+	wires := make([]*wire, len(clients))
+	for i, c := range clients {
+		wires[i] = c.wire
+	}
+	rec := newLockRecord(wires)
 	report := w.check("random")
 	assert.NoError(t, report.Err(), "L1-L3")
 	r.checkGiveUps()
 	r.checkOrder(rec)
 	r.checkPasses(rec)
 	r.checkIdle(rec)
-	r.checkLeaseLeft(keys, clients)
+	r.checkLeaseLeft(keys, wires)
 	r.checkLeftovers(keys, false, keys.Fence)
 
 	acquired, cancelled, killed, failed := r.tally()
@@ -221,7 +225,7 @@ func runRandomRound(t *testing.T, seed uint64, ops int) {
 // could not reach Redis (its process was cut off) while its place had not
 // yet lapsed. Nobody renews such a lease, so it lasts at most its claim
 // window (checkLeftovers then sees it go).
-func (r *round) checkLeaseLeft(keys lease.Keys, clients []*client) {
+func (r *round) checkLeaseLeft(keys lease.Keys, wires []*wire) {
 	t, srv := r.t, r.w.srv
 	v, held := get(t, srv, keys.Lease)
 	if !held {
@@ -238,8 +242,8 @@ func (r *round) checkLeaseLeft(keys lease.Keys, clients []*client) {
 		return
 	}
 	var calls strings.Builder
-	for idx, cl := range clients {
-		for _, c := range cl.wire.find(func(c wireCall) bool { return c.value == v }) {
+	for idx, wr := range wires {
+		for _, c := range wr.find(func(c wireCall) bool { return c.value == v }) {
 			fmt.Fprintf(&calls, "p%d %v [%s..%s ok=%v err=%v token=%d] ", idx, c.kind,
 				c.start.Format("05.000000"), c.end.Format("05.000000"), c.ok, c.err, c.token)
 		}
@@ -262,11 +266,12 @@ type lockRecord struct {
 	released []releaseCallOf
 }
 
-// newLockRecord gathers the wire record of the processes' clients.
-func newLockRecord(clients []*client) *lockRecord {
+// newLockRecord gathers the wire record of the processes (one wire each,
+// by process).
+func newLockRecord(wires []*wire) *lockRecord {
 	rec := &lockRecord{calls: make(map[string][]wireCall), passes: make(map[string][]pass)}
-	for idx, cl := range clients {
-		for _, c := range cl.wire.find(func(wireCall) bool { return true }) {
+	for idx, wr := range wires {
+		for _, c := range wr.find(func(wireCall) bool { return true }) {
 			switch {
 			case leftInLine(c):
 				name := lease.Owner(c.value)
