@@ -70,6 +70,9 @@ const (
 	// its replies flow. Its holders release as usual: the release lands
 	// when the hold ends.
 	procHeld
+	// procDelayed: every byte it sends or receives is delayed
+	// (faultproxy.Delay). Its holders release as usual.
+	procDelayed
 )
 
 // rproc is a process: one rueidis client behind one proxy.
@@ -116,6 +119,9 @@ type rwaiter struct {
 // lineSample is one read of the lease and the line.
 type lineSample struct {
 	at, end time.Time
+	// now is the server's clock when the sample ran, in whole
+	// milliseconds (the semaphore's and read-write lock's samplers only).
+	now     time.Time
 	fence   int64           // the last token issued (the semaphore's sampler only)
 	holders []lease.Holding // the lease's live values (with what is left of each, the semaphore's only)
 	line    []string        // the queue's values, first first
@@ -286,9 +292,11 @@ func (r *round) pending() []string {
 // move makes one random move, then lets a random moment pass. Out of a
 // thousand: 420 start a waiter, 140 cancel one; in a stormy phase 30 drop
 // every subscription, 30 reset a process's connections, 40 partition a
-// process, 40 pause Redis, kind.killOdds kill a process and 40 hold a
-// process's requests for a while (delayed delivery); the rest, and the
-// faults in a calm phase, let a longer moment pass.
+// process, 40 pause Redis, kind.killOdds kill a process, 40 hold a
+// process's requests for a while (delayed delivery), 30 drop a process's
+// replies for a while (its requests reach Redis) and 30 delay every byte
+// of a process by a few milliseconds for a while; the rest, and the faults
+// in a calm phase, let a longer moment pass.
 func (r *round) move(calm bool) {
 	t := r.t
 	gap := time.Duration(r.rng.Int64N(int64(randomGap)))
@@ -351,6 +359,33 @@ func (r *round) move(calm bool) {
 			r.setState(p, procHeld)
 			r.fault("hold", p.idx, func() { p.proxy.Set(faultproxy.Up, faultproxy.Hold) }, d, func() {
 				p.proxy.Set(faultproxy.Up, faultproxy.Pass)
+				r.setState(p, procUp)
+			})
+		}
+	case n < 770+r.kind.killOdds:
+		// Replies lost: what the process sends lands, and it hears nothing
+		// back until its connections are reset at the end (a stream that
+		// lost bytes is broken), as a partition of the downlink alone.
+		if p := r.pickProc(procUp); p != nil {
+			d := randomPartitionMin + time.Duration(r.rng.Int64N(int64(randomPartitionMax-randomPartitionMin)))
+			r.setState(p, procPartitioned)
+			r.fault("drop", p.idx, func() { p.proxy.Set(faultproxy.Down, faultproxy.Blackhole) }, d, func() {
+				p.proxy.Heal()
+				r.setState(p, procUp)
+			})
+		}
+	case n < 800+r.kind.killOdds:
+		// A slow path: every chunk either way waits a few milliseconds.
+		if p := r.pickProc(procUp); p != nil {
+			d := randomPartitionMin + time.Duration(r.rng.Int64N(int64(randomPartitionMax-randomPartitionMin)))
+			lag := randomDelayMin + time.Duration(r.rng.Int64N(int64(randomDelayMax-randomDelayMin)))
+			r.setState(p, procDelayed)
+			r.fault("delay", p.idx, func() {
+				p.proxy.SetDelay(faultproxy.Up, lag)
+				p.proxy.SetDelay(faultproxy.Down, lag)
+				p.proxy.SetBoth(faultproxy.Delay)
+			}, d, func() {
+				p.proxy.SetBoth(faultproxy.Pass)
 				r.setState(p, procUp)
 			})
 		}
@@ -606,7 +641,7 @@ func (r *round) hold(wt *rwaiter, h heldGuard) {
 		r.mu.Lock()
 		s, changed := wt.proc.state, wt.proc.changed
 		r.mu.Unlock()
-		live := s == procUp || s == procHeld
+		live := s == procUp || s == procHeld || s == procDelayed
 		if s == procKilled || (live && !time.Now().Before(until)) {
 			break
 		}

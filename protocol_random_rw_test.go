@@ -55,7 +55,8 @@ const (
 
 // rwSampleScript reads, in one step, the last token, the live holders with
 // what is left of each lease (ms) and whether it holds alone ("w" or "r":
-// a Mutex's or an Election's string is a "w"), and the line.
+// a Mutex's or an Election's string is a "w"), the line, and the server's
+// clock (ms).
 const rwSampleScript = `
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
@@ -78,7 +79,7 @@ elseif typ == 'hash' then
     end
   end
 end
-return {redis.call('GET', KEYS[2]) or '', h, redis.call('ZRANGE', KEYS[3], 0, -1)}
+return {redis.call('GET', KEYS[2]) or '', h, redis.call('ZRANGE', KEYS[3], 0, -1), now}
 `
 
 // TestRandomRWMutex runs randomized rounds of RLock and Lock calls of an
@@ -137,8 +138,11 @@ func runRWRound(t *testing.T, seed uint64, ops int) {
 		read: func(ctx context.Context, admin rueidis.Client) (lineSample, error) {
 			var s lineSample
 			arr, err := script.Exec(ctx, admin, []string{keys.Lease, keys.Fence, keys.Queue}, nil).ToArray()
-			if err != nil || len(arr) != 3 {
+			if err != nil || len(arr) != 4 {
 				return s, fmt.Errorf("sample: %v (%d values)", err, len(arr))
+			}
+			if ms, err := arr[3].AsInt64(); err == nil {
+				s.now = time.UnixMilli(ms)
 			}
 			if f, _ := arr[0].ToString(); f != "" {
 				s.fence, _ = strconv.ParseInt(f, 10, 64)

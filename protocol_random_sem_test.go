@@ -103,7 +103,7 @@ type semRound struct {
 }
 
 // semSampleScript reads, in one step, the last token, the live holders with
-// what is left of each lease (ms), and the line.
+// what is left of each lease (ms), the line, and the server's clock (ms).
 const semSampleScript = `
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
@@ -115,7 +115,7 @@ if redis.call('TYPE', KEYS[1]).ok == 'zset' then
     table.insert(h, string.format('%.0f', tonumber(r[i + 1]) - now))
   end
 end
-return {redis.call('GET', KEYS[2]) or '', h, redis.call('ZRANGE', KEYS[3], 0, -1)}
+return {redis.call('GET', KEYS[2]) or '', h, redis.call('ZRANGE', KEYS[3], 0, -1), now}
 `
 
 func runSemRound(t *testing.T, seed uint64, ops int) {
@@ -136,8 +136,11 @@ func runSemRound(t *testing.T, seed uint64, ops int) {
 		read: func(ctx context.Context, admin rueidis.Client) (lineSample, error) {
 			var s lineSample
 			arr, err := script.Exec(ctx, admin, []string{keys.Lease, keys.Fence, keys.Queue}, nil).ToArray()
-			if err != nil || len(arr) != 3 {
+			if err != nil || len(arr) != 4 {
 				return s, fmt.Errorf("sample: %v (%d values)", err, len(arr))
+			}
+			if ms, err := arr[3].AsInt64(); err == nil {
+				s.now = time.UnixMilli(ms)
 			}
 			if f, _ := arr[0].ToString(); f != "" {
 				s.fence, _ = strconv.ParseInt(f, 10, 64)
@@ -843,8 +846,16 @@ func (cs semCalls) grantedBy(x *rwaiter) (time.Time, bool) {
 // grantedBy returns the latest time by which the lease that h saw was
 // granted: by the end of the sample, and at least a claim window before
 // the lease ends (a pass lasts the claim window, a grant or a renewal the
-// TTL, which is longer).
+// TTL, which is longer). The end of the lease is the server's clock when
+// the sample ran plus what was left of it; a script sets it to its own
+// clock rounded up to the millisecond plus the lease, so the bound is
+// never before the grant. (A sampler that does not read the server's clock
+// has the sample's start instead, which is early by the time the sample
+// took to reach Redis: a slow sample makes that bound too early.)
 func (h heldSeen) grantedBy() time.Time {
+	if !h.s.now.IsZero() {
+		return earlier(h.s.end, h.s.now.Add(h.left-randomClaim))
+	}
 	return earlier(h.s.end, h.s.at.Add(h.left-randomClaim+clockSlop))
 }
 
@@ -1166,4 +1177,37 @@ func TestSemRecordHolds(t *testing.T) {
 		}), "L1: %v", report.L1)
 		assert.Len(t, report.Regrants, 1)
 	})
+}
+
+// TestSemRecordUnnamedPass replays, on the record alone, the false W2
+// report of TestRandomRWMutex seed 1798000000000000022 (the W2 reports of
+// TestRandomSemaphore seeds 1797100000000002074 and 1797500000000001036
+// had the same shape): B's acquire call, finding the lock free, passed it
+// to A, first in line, and granted B beside it in the same script; the
+// reply names B's grant alone. A was cut off and never claimed the pass,
+// so only the sampler saw A's grant, in a sample that took 2.6 ms on a
+// loaded machine. Dated by the end of that sample, A's grant seemed to
+// come after B's, and B to have overtaken A. The sample's server clock
+// and what was left of A's lease date the grant within a millisecond:
+// a lease passed in line lasts the claim window from the pass.
+func TestSemRecordUnnamedPass(t *testing.T) {
+	r := newRecordRound(t, true)
+	us := func(ms, us int) time.Time { return r.ms(ms).Add(time.Duration(us) * time.Microsecond) }
+	va, vb := lease.NewValue("p1.w14"), lease.NewValue("p2.w15")
+	tokenB := us(400, 726).UnixMicro()
+	a := &rwaiter{name: "p1.w14", proc: &rproc{idx: 1}, start: r.ms(0), seq: 0, returned: r.ms(600), gaveUp: r.ms(600),
+		cancelled: true}
+	b := &rwaiter{name: "p2.w15", proc: &rproc{idx: 2}, start: r.ms(300), seq: 1, returned: r.ms(402), token: tokenB}
+	r.waiters, r.joined = []*rwaiter{a, b}, []*rwaiter{a, b}
+	r.byName[a.name], r.byName[b.name] = a, b
+	r.kind.unit = "the lock"
+	r.call(acquireCall, va, 0, 1, func(c *semCall) { c.rank, c.fence = 2, r.ms(-100).UnixMicro() })
+	r.call(acquireCall, va, 250, 251, func(c *semCall) { c.rank, c.fence = 0, r.ms(-100).UnixMicro() })
+	r.call(acquireCall, vb, 400, 401, func(c *semCall) { c.ok, c.token = true, tokenB })
+	// The lease passed to A ends at the pass's millisecond, rounded up,
+	// plus the claim window; the sample ran at 401 ms of the server's clock.
+	r.samples = []lineSample{{at: us(401, 205), end: us(403, 838), now: r.ms(401), holders: []lease.Holding{
+		{Value: va, TTL: randomClaim}, {Value: vb, TTL: safetyTTL},
+	}}}
+	r.checkOrder(r.calls())
 }

@@ -81,6 +81,9 @@ const (
 	randomPartitionMax = 700 * time.Millisecond
 	randomPauseMin     = 20 * time.Millisecond
 	randomPauseMax     = 200 * time.Millisecond
+	// A slow path delays each chunk by this much, either way.
+	randomDelayMin = 5 * time.Millisecond
+	randomDelayMax = 60 * time.Millisecond
 )
 
 // Timing of the protocol under test and the bounds the test holds it to.
