@@ -1019,6 +1019,9 @@ func (r *round) checkPassesOf(rec lineRecord, samples []lineSample, scenario str
 			if placeHeld(rec.inLine(x.name), randomClaim, c.start.Add(-clockSlop), c.end.Add(clockSlop)) {
 				breaches = append(breaches, fmt.Sprintf("%s's release at %s freed %s and passed nothing on, "+
 					"while %s waited in line with a live place", releaser, c.start.Format("15:04:05.000000"), r.kind.unit, x.name))
+				r.t.Logf("W1 pass breach: release [%s..%s]; line %v in the sample %s..%s; %s; %s; %s; faults near: %v",
+					c.start.Format("05.000000"), c.end.Format("05.000000"), s.line, s.at.Format("05.000000"), s.end.Format("05.000000"),
+					rec.describe(x.name), rec.describe(releaser), r.describe(x.name), r.faultsAt(s.at.Add(-randomClaim), c.end))
 				break
 			}
 		}
