@@ -39,6 +39,7 @@ package distlock_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,7 +174,7 @@ func runMultiRound(t *testing.T, seed uint64, ops int) {
 	for _, name := range r.names {
 		keys := r.keys[name]
 		wires := r.wiresOf(keys.Lease)
-		rec := &multiLockRecord{lockRecord: newLockRecord(wires), r: r, key: keys.Lease}
+		rec := &multiLockRecord{lockRecord: newLockRecord(wires), r: r, key: keys.Lease, wires: wires}
 		scenario := "random-multi-" + name
 		r.checkPassesOf(rec, r.samples[name], scenario)
 		r.checkIdleOf(rec, r.samples[name], scenario)
@@ -368,8 +369,29 @@ func (h *setHolding) release() (distlock.State, error) {
 // rest), and under the token its guard holds for the name.
 type multiLockRecord struct {
 	*lockRecord
-	r   *multiRound
-	key string
+	r     *multiRound
+	key   string
+	wires []*wire // the name's, by process
+}
+
+// describe lists every call of the waiter named name on this name, what
+// its call asked for and its guard's tokens, for failure messages.
+func (rec *multiLockRecord) describe(name string) string {
+	var b strings.Builder
+	rec.r.mu.Lock()
+	fmt.Fprintf(&b, "%s asked for %v, holds %v:", name, rec.r.wants[name], rec.r.tokens[name])
+	rec.r.mu.Unlock()
+	for idx, wr := range rec.wires {
+		for _, c := range wr.find(func(c wireCall) bool { return lease.Owner(c.value) == name }) {
+			fmt.Fprintf(&b, " [p%d %v %s..%s ttl=%v claim=%v ok=%v err=%v token=%d passed=%s/%d heard=%v outOfLine=%v]", idx, c.kind,
+				c.start.Format("05.000000"), c.end.Format("05.000000"), c.ttl, c.claim, c.ok, c.err, c.token,
+				lease.Owner(c.passed), c.passToken, c.passHeard, c.outOfLine)
+		}
+	}
+	for _, p := range rec.passes[name] {
+		fmt.Fprintf(&b, " [passed %d at %s by p%d]", p.token, time.UnixMicro(p.token).Format("05.000000"), p.from)
+	}
+	return b.String()
 }
 
 func (rec *multiLockRecord) lastPass(x *rwaiter) (token int64, from int, ok bool) {
@@ -451,19 +473,37 @@ type setCall struct {
 
 // classifySet recognises a set's scripts (lease.Client.AcquireAll,
 // ReleaseAll, CancelAll) by their keys: six per lock, a fencing key second
-// in each six, more than one lock. (A set of one lock is sent the same
-// keys as a Mutex's: the round's sets have two names at least.) An
-// acquire's first argument is its TTL, a release's the value.
+// in each six. An acquire's first argument is its TTL, a release's the
+// value. A set of one lock is sent six keys, as a Mutex's acquire and
+// Cancel are, and told apart by its arguments: a Mutex's acquire that
+// stands in line sends its kind ("" or "1") second where a set's sends its
+// claim window, and a Mutex's Cancel sends three arguments where a set's
+// sends two (a set's Release one, a Mutex's five keys). A set that gives
+// back the names it reached sends only those: one, when it gives up in
+// the line of its first name. (A single attempt at a set of one lock,
+// its TTL alone, looks like a Mutex's; the round makes none.)
 func classifySet(args []string) (setCall, bool) {
 	var c setCall
 	if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
 		return c, false
 	}
 	n, err := strconv.Atoi(args[2])
-	if err != nil || n < 12 || n%6 != 0 || len(args) < 3+n+1 {
+	if err != nil || n < 6 || n%6 != 0 || len(args) < 3+n+1 {
 		return c, false
 	}
 	keys, argv := args[3:3+n], args[3+n:]
+	if n == 6 {
+		_, ttlErr := strconv.ParseInt(argv[0], 10, 64)
+		claim, claimErr := int64(0), error(nil)
+		if len(argv) > 1 {
+			claim, claimErr = strconv.ParseInt(argv[1], 10, 64)
+		}
+		acquire := ttlErr == nil && len(argv) > 1 && claimErr == nil && claim > 1
+		release := ttlErr != nil && len(argv) <= 2
+		if !acquire && !release {
+			return c, false
+		}
+	}
 	for i := 0; i < n; i += 6 {
 		if !strings.HasSuffix(keys[i+1], ":fence") {
 			return c, false
@@ -579,4 +619,50 @@ func (mw *multiWire) doSet(ctx context.Context, cmd rueidis.Completed, send send
 		}
 	}
 	return res
+}
+
+// TestClassifySet: the wire of TestRandomMultiMutex tells a set's scripts
+// from a Mutex's, a set of one lock included. Seeds 1798100000000000010
+// and 1798100000000000039 reported a release that passed nothing on
+// although a waiter stood in line: a set cancelled in the line of its
+// first name gives back that name alone, and its CancelAll of one lock,
+// read as a Mutex's Cancel, had its pass missed (the set's reply puts a
+// count of passes before them).
+func TestClassifySet(t *testing.T) {
+	keys := func(names ...string) []string {
+		var out []string
+		for _, name := range names {
+			k, err := lease.NewKeys(distlock.DefaultNamespace, name)
+			require.NoError(t, err)
+			out = append(out, k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake, k.Void("v#1"))
+		}
+		return out
+	}
+	eval := func(keys []string, argv ...string) []string {
+		return slices.Concat([]string{"EVALSHA", "sha", strconv.Itoa(len(keys))}, keys, argv)
+	}
+	five := keys("a")[:5]
+	for _, c := range []struct {
+		name string
+		args []string
+		set  bool
+		kind callKind
+	}{
+		{"set acquire", eval(keys("a", "b"), "1000", "500", "room", "0"), true, acquireCall},
+		{"set acquire of one lock", eval(keys("a"), "1000", "500", "room", "0", "0"), true, acquireCall},
+		{"set release", eval(keys("a", "b"), "v#1"), true, releaseCall},
+		{"set cancel of one lock", eval(keys("a"), "v#1", "1000"), true, releaseCall},
+		{"set release of one lock", eval(keys("a"), "v#1"), true, releaseCall},
+		{"mutex acquire in line", eval(keys("a"), "1000", "", "500", "room", "0"), false, 0},
+		{"election acquire in line", eval(keys("a"), "1000", "1", "500", "room", "0"), false, 0},
+		{"mutex cancel", eval(keys("a"), "v#1", "", "1000"), false, 0},
+		{"mutex release", eval(five, "v#1"), false, 0},
+	} {
+		got, ok := classifySet(c.args)
+		assert.Equal(t, c.set, ok, c.name)
+		if ok {
+			assert.Equal(t, c.kind, got.kind, c.name)
+			assert.Equal(t, "v#1", got.value, c.name)
+		}
+	}
 }
