@@ -1,13 +1,16 @@
 package distlock_test
 
-// The machinery that TestRandomProtocol (protocol_random_test.go) and
-// TestRandomSemaphore (protocol_random_sem_test.go) share: the processes
-// and their proxies, the random moves and faults and their record, the
-// waiters' calls and holds, the sampler of the lease and the line, and the
-// checks of the line (W1, W2, W3, W5) that read the same things in both.
-// What differs between the two tests is in a roundKind (what a waiter
-// calls, how the lease is read) and a lineRecord (how the wire record of
-// the round answers the checks' questions).
+// The machinery that the randomized rounds share (TestRandomProtocol in
+// protocol_random_test.go, TestRandomSemaphore, TestRandomRWMutex and
+// TestRandomMultiMutex in protocol_random_sem_test.go, _rw_test.go and
+// _multi_test.go): the processes and their proxies, the random moves and
+// faults and their record, the waiters' calls and holds, the sampler of
+// the lease and the line, and the checks of the line (W1, W2, W3, W5) that
+// read the same things in all. What differs between the tests is in a
+// roundKind (what a waiter calls, how its guard is watched, how the lease
+// is read) and a lineRecord (how the wire record of the round answers the
+// checks' questions); a MultiMutex's round runs the checks of the line
+// once per name, on that name's samples and record.
 
 import (
 	"context"
