@@ -38,6 +38,7 @@ package distlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -98,18 +99,18 @@ type multiRound struct {
 	keys     map[string]lease.Keys       // by name
 	wires    []*multiWire                // by process
 	counters map[string]*history.Counter // by name
-	samples  map[string][]lineSample     // by name, each sample's own reading
+	perName  map[string][]lineSample     // samples by name, each sample's own reading
 	wants    map[string][]string         // by waiter: the lease keys it asked for, in the set's order
 	tokens   map[string]map[string]int64 // by waiter and lease key: its guard's token
 	calls    map[string]int              // calls by face, for the figure
-	mu       sync.Mutex                  // guards samples, wants, tokens and calls
+	recMu    sync.Mutex                  // guards perName, wants, tokens and calls (round.mu is the round's)
 	books    map[string]*tokenBook       // by lease key, shared by the processes
 }
 
 func runMultiRound(t *testing.T, seed uint64, ops int) {
 	w := newWorld(t, safetyTTL)
 	r := &multiRound{keys: map[string]lease.Keys{}, counters: map[string]*history.Counter{},
-		samples: map[string][]lineSample{}, wants: map[string][]string{}, tokens: map[string]map[string]int64{},
+		perName: map[string][]lineSample{}, wants: map[string][]string{}, tokens: map[string]map[string]int64{},
 		calls: map[string]int{}, books: map[string]*tokenBook{}}
 	var sampleKeys []string
 	for i := range multiRandomNames {
@@ -136,15 +137,15 @@ func runMultiRound(t *testing.T, seed uint64, ops int) {
 			if err != nil || len(arr) != 2*len(r.names) {
 				return all, fmt.Errorf("sample: %v (%d values)", err, len(arr))
 			}
-			r.mu.Lock()
-			defer r.mu.Unlock()
+			r.recMu.Lock()
+			defer r.recMu.Unlock()
 			for i, name := range r.names {
 				s := lineSample{at: at, end: end}
 				if v, _ := arr[2*i].ToString(); v != "" {
 					s.holders = []lease.Holding{{Value: v}}
 				}
 				s.line, _ = arr[2*i+1].AsStrSlice()
-				r.samples[name] = append(r.samples[name], s)
+				r.perName[name] = append(r.perName[name], s)
 				all.holders = append(all.holders, s.holders...)
 				all.line = append(all.line, s.line...)
 			}
@@ -176,8 +177,8 @@ func runMultiRound(t *testing.T, seed uint64, ops int) {
 		wires := r.wiresOf(keys.Lease)
 		rec := &multiLockRecord{lockRecord: newLockRecord(wires), r: r, key: keys.Lease, wires: wires}
 		scenario := "random-multi-" + name
-		r.checkPassesOf(rec, r.samples[name], scenario)
-		r.checkIdleOf(rec, r.samples[name], scenario)
+		r.checkPassesOf(rec, r.perName[name], scenario)
+		r.checkIdleOf(rec, r.perName[name], scenario)
 		r.checkLeaseLeft(keys, wires)
 	}
 	for _, name := range r.names {
@@ -187,7 +188,7 @@ func runMultiRound(t *testing.T, seed uint64, ops int) {
 	acquired, cancelled, killed, failed := r.tally()
 	longest := 0
 	for _, name := range r.names {
-		for _, s := range r.samples[name] {
+		for _, s := range r.perName[name] {
 			longest = max(longest, len(s.line))
 		}
 	}
@@ -229,10 +230,10 @@ func (r *multiRound) newCall(p *rproc, name string) func(context.Context) (*dist
 		require.NoError(t, err)
 		call, order = m.Lock, []string{r.keys[names[0]].Lease}
 	}
-	r.mu.Lock()
+	r.recMu.Lock()
 	r.wants[name] = order
 	r.calls[face]++
-	r.mu.Unlock()
+	r.recMu.Unlock()
 	return call
 }
 
@@ -261,9 +262,9 @@ func (r *multiRound) wiresOf(key string) []*wire {
 // every State sample and event is recorded on each name, under that
 // name's token.
 func (r *multiRound) watch(wt *rwaiter, g *distlock.Guard) heldGuard {
-	r.mu.Lock()
+	r.recMu.Lock()
 	keys := r.wants[wt.name]
-	r.mu.Unlock()
+	r.recMu.Unlock()
 	h := &setHolding{r: r, name: wt.name, g: g, watching: make(chan struct{})}
 	now := time.Now()
 	for _, key := range keys {
@@ -274,12 +275,12 @@ func (r *multiRound) watch(wt *rwaiter, g *distlock.Guard) heldGuard {
 		h.keys, h.tokens = append(h.keys, key), append(h.tokens, token)
 		r.w.rec.Add(history.Op{Kind: history.Granted, At: history.At(now), Key: key, Client: wt.name, Token: token})
 	}
-	r.mu.Lock()
+	r.recMu.Lock()
 	r.tokens[wt.name] = map[string]int64{}
 	for i, key := range h.keys {
 		r.tokens[wt.name][key] = h.tokens[i]
 	}
-	r.mu.Unlock()
+	r.recMu.Unlock()
 	if h.sample() {
 		for i, key := range h.keys {
 			c := r.counters[r.nameOf(key)]
@@ -340,7 +341,9 @@ func (h *setHolding) watch(ctx context.Context) {
 			switch {
 			case ev.State == distlock.Lost:
 				h.record(history.Op{Kind: history.Lost, At: history.At(ev.Time)})
-			case ev.State == distlock.Acquired && !first && ev.Err == nil:
+			case ev.State == distlock.Acquired && !first && !errors.Is(ev.Err, distlock.ErrRenewFailed):
+				// As holding.event: a failed renewal while the lease holds
+				// is a report, not a change of state.
 				h.record(history.Op{Kind: history.Regained, At: history.At(ev.Time)})
 			}
 			first = false
@@ -378,9 +381,9 @@ type multiLockRecord struct {
 // its call asked for and its guard's tokens, for failure messages.
 func (rec *multiLockRecord) describe(name string) string {
 	var b strings.Builder
-	rec.r.mu.Lock()
+	rec.r.recMu.Lock()
 	fmt.Fprintf(&b, "%s asked for %v, holds %v:", name, rec.r.wants[name], rec.r.tokens[name])
-	rec.r.mu.Unlock()
+	rec.r.recMu.Unlock()
 	for idx, wr := range rec.wires {
 		for _, c := range wr.find(func(c wireCall) bool { return lease.Owner(c.value) == name }) {
 			fmt.Fprintf(&b, " [p%d %v %s..%s ttl=%v claim=%v ok=%v err=%v token=%d passed=%s/%d heard=%v outOfLine=%v]", idx, c.kind,
@@ -395,9 +398,9 @@ func (rec *multiLockRecord) describe(name string) string {
 }
 
 func (rec *multiLockRecord) lastPass(x *rwaiter) (token int64, from int, ok bool) {
-	rec.r.mu.Lock()
+	rec.r.recMu.Lock()
 	wants, held := rec.r.wants[x.name], rec.r.tokens[x.name][rec.key]
-	rec.r.mu.Unlock()
+	rec.r.recMu.Unlock()
 	if len(wants) == 0 || wants[len(wants)-1] != rec.key || held == 0 {
 		return 0, 0, false
 	}
