@@ -106,15 +106,12 @@ func TestDeliverPassesWakesTheWaiter(t *testing.T) {
 	}
 }
 
-// keepingLineStore is a lineStore whose calls end at their context's
-// deadline (as rueidis's do), and which records the goroutine each
-// AcquireOrQueue call of a value ran on, the first call of each value.
+// keepingLineStore is a lineStore that records the goroutine the first
+// AcquireOrQueue call of each value ran on.
 type keepingLineStore struct {
 	*lineStore
 	firstCallOn map[string]int64 // by value
 }
-
-func (s *keepingLineStore) KeepsDeadlines() bool { return true }
 
 func (s *keepingLineStore) AcquireOrQueue(ctx context.Context, k lease.Keys, value string, ttl time.Duration, p lease.Place) (lease.Grant, error) {
 	s.mu.Lock()
