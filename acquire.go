@@ -286,11 +286,15 @@ func replyDeadline(sent time.Time, ttl time.Duration) time.Time {
 // caller asks again or fails.
 //
 // When nothing can end the call early (ctx can never be done, there is no
-// wait limit, the caller does not stand in line yet, and the client ends
-// the call at dl by itself, as rueidis does), call sends it on
-// the caller's goroutine: that is an uncontended Lock or TryLock with a
-// context such as context.Background(), and it costs no goroutine and no
-// hand-off.
+// wait limit, nothing of the caller's value is in Redis yet, so no grant
+// can come to it before this call's reply, and the client ends the call at
+// dl by itself, as rueidis does), call sends it on the caller's goroutine:
+// that is an uncontended Lock or TryLock with a context such as
+// context.Background(), or the first call of such a Lock that waits, and
+// it costs no goroutine and no hand-off. (A grant to the caller needs this
+// call to have put it in line, so its reply is on its way; a grant that
+// reaches the room meanwhile waits in the waiter's one-slot channel and is
+// acted on once the call returns.)
 //
 // Otherwise the call runs in a goroutine of the process's background work,
 // and the caller waits for it, for ctx and for the wait limit: when one of
@@ -308,7 +312,7 @@ func replyDeadline(sent time.Time, ttl time.Duration) time.Time {
 func (a *acquirer) call(dl time.Time, p *lease.Place) (grant lease.Grant, err, stop error) {
 	e := a.e
 	keeps := e.keepsDeadlines()
-	if a.ctx.Done() == nil && a.limit.IsZero() && a.waiter == nil && keeps {
+	if a.ctx.Done() == nil && a.limit.IsZero() && (a.waiter == nil || !a.dirty) && keeps {
 		ctx, cancel := context.WithDeadline(a.ctx, dl)
 		defer cancel()
 		if p == nil {

@@ -421,9 +421,11 @@
 //
 // An uncontended Lock and Release with a context that cannot be cancelled
 // (context.Background(), or the context.WithoutCancel(ctx) of the Release
-// idiom) run on the caller's goroutine and start none; with a cancellable
-// Lock context they start one. Every goroutine distlock starts has one
-// owner, a stop and a wait:
+// idiom) run on the caller's goroutine and start none, and so does the
+// call with which such a Lock stands in a held lock's line; with a
+// cancellable Lock context they start one, and so does each later call of
+// a Lock in line (a refresh of its place, which a grant may overtake).
+// Every goroutine distlock starts has one owner, a stop and a wait:
 //
 //	goroutine                        owner           stop                          wait
 //	guard's actor (from its first    the guard       its end; a refused renewal    Guard.Done (for its end)

@@ -127,6 +127,12 @@ func (s *lineStore) CancelDedicated(ctx context.Context, k lease.Keys, value str
 	return s.Cancel(ctx, k, value, ttl)
 }
 
+// KeepsDeadlines implements lease.DeadlineKeeper: the store ends a call at
+// its context's deadline, as the rueidis client does (a call of a memory
+// store never waits anyway), so the cycle takes the paths it takes on
+// rueidis.
+func (s *lineStore) KeepsDeadlines() bool { return true }
+
 // Subscribe confirms at once: grants reach the waiters from the releases'
 // replies.
 func (s *lineStore) Subscribe(ctx context.Context, k lease.Keys, room string, ready func(), granted func(string, int64)) error {

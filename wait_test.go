@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"context"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -102,5 +103,82 @@ func TestDeliverPassesWakesTheWaiter(t *testing.T) {
 			<-w.grant
 		})
 		require.Zero(t, allocs, "allocations per pass delivered, %d passes", len(rel.Passes()))
+	}
+}
+
+// keepingLineStore is a lineStore that records the goroutine the first
+// AcquireOrQueue call of each value ran on.
+type keepingLineStore struct {
+	*lineStore
+	firstCallOn map[string]int64 // by value
+}
+
+func (s *keepingLineStore) AcquireOrQueue(ctx context.Context, k lease.Keys, value string, ttl time.Duration, p lease.Place) (lease.Grant, error) {
+	s.mu.Lock()
+	if _, ok := s.firstCallOn[value]; !ok {
+		s.firstCallOn[value] = goid()
+	}
+	s.mu.Unlock()
+	return s.lineStore.AcquireOrQueue(ctx, k, value, ttl, p)
+}
+
+// TestFirstCallInLineRunsOnTheCallersGoroutine: a Lock whose context
+// cannot end sends its first call on its own goroutine even when a room
+// of this process waits for the lock already (the contended case: every
+// waiter but the first finds the room), since nothing of its value is in
+// Redis yet and no grant can come to it before that call's reply. It
+// costs no goroutine and no hand-off per contended acquisition. The
+// grants still reach every waiter, in order.
+func TestFirstCallInLineRunsOnTheCallersGoroutine(t *testing.T) {
+	s := &keepingLineStore{lineStore: newLineStore(), firstCallOn: map[string]int64{}}
+	mutex := func() *Mutex {
+		m, err := newMutex("first-call", nil)
+		require.NoError(t, err)
+		m.e.client, m.e.store = s, s
+		return m
+	}
+	holder := mutex()
+	g, err := holder.Lock(context.Background())
+	require.NoError(t, err)
+
+	type result struct {
+		value string
+		on    int64
+		err   error
+	}
+	results := make(chan result, 2)
+	waiter := func() {
+		m := mutex()
+		on := goid()
+		g, err := m.Lock(context.Background())
+		if err != nil {
+			results <- result{err: err}
+			return
+		}
+		results <- result{value: g.value, on: on}
+		_, err = g.Release(context.Background())
+		if err != nil {
+			results <- result{err: err}
+		}
+	}
+	go waiter()
+	s.waitInLine()
+	require.Eventually(t, func() bool { return proc.lookupRoom(&holder.e) != nil }, 5*time.Second, time.Millisecond,
+		"the first waiter's room")
+	go waiter() // finds the room of the first
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.line) == 2
+	}, 5*time.Second, time.Millisecond, "both waiters in line")
+	_, err = g.Release(context.Background())
+	require.NoError(t, err)
+	for range 2 {
+		r := <-results
+		require.NoError(t, r.err)
+		s.mu.Lock()
+		on := s.firstCallOn[r.value]
+		s.mu.Unlock()
+		require.Equal(t, r.on, on, "the goroutine of the first call in line of %s", r.value)
 	}
 }

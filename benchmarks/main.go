@@ -74,6 +74,10 @@
 //     same round with the same context; × own client: over the bare commands
 //     sent through the library's own client (rueidis or go-redis);
 //   - wait p50, p99, worst: from calling Lock to holding the lock;
+//   - hand-off p50, p90 (contended scenarios): from the end of one hold's
+//     work (its release about to be called) to the next holder's Lock
+//     return, whoever it is; a fair lock's rate is about 1 / (hold +
+//     hand-off), so this is the lock's own share of the critical path;
 //   - fairness (contended scenarios): the fewest acquisitions of one
 //     contender over the most;
 //   - cmds/op: Redis commands per acquisition, counted on the client (a

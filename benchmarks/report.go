@@ -19,6 +19,8 @@ import (
 type figures struct {
 	ops              float64 // acquisitions per second
 	p50, p99, worst  time.Duration
+	handoff50        time.Duration // median hand-off (handoffsOf); 0 without one
+	handoff90        time.Duration
 	fairness         float64 // fewest / most acquisitions of one contender
 	cmds             float64 // commands per acquisition, on the wire
 	hookCmds         float64 // processed per acquisition, by a go-redis hook
@@ -41,6 +43,11 @@ func figuresOf(s sample, hold time.Duration) figures {
 	slices.Sort(waits)
 	f.p50, f.p99 = waits[(n-1)/2], waits[int(0.99*float64(n-1))]
 	f.worst = max(f.worst, waits[n-1])
+	if m := len(s.handoffs); m > 0 {
+		gaps := slices.Clone(s.handoffs)
+		slices.Sort(gaps)
+		f.handoff50, f.handoff90 = gaps[(m-1)/2], gaps[int(0.9*float64(m-1))]
+	}
 	if most := slices.Max(s.acq); most > 0 {
 		f.fairness = float64(slices.Min(s.acq)) / float64(most)
 	}
@@ -164,7 +171,8 @@ func printHeader(cfg config, admin rueidis.Client) {
 		"and a round whose bare rate is below %.1f × the best round's (same scenario and ctx) is named as loaded. "+
 		"ops/s: Lock + Release pairs per second; × bare: ops/s over bare's, same round and ctx; "+
 		"× own client: over the bare commands on the library's own client (bare or bare-goredis); "+
-		"wait: from calling Lock to holding (the worst includes a job still waiting at the round's end, counted to the end); fairness: fewest / most acquisitions of one contender; "+
+		"wait: from calling Lock to holding (the worst includes a job still waiting at the round's end, counted to the end); "+
+		"hand-off (contended scenarios): from the end of one hold's work (its release about to be called) to the next holder's Lock return, across all contenders; fairness: fewest / most acquisitions of one contender; "+
 		"cmds/op: commands sent per acquisition, counted on the client's connections (a script is one; a new connection's handshake and a subscription's commands included); "+
 		"hook cmds/op (go-redis rows): commands go-redis processed per acquisition, counted by a hook on the client (each command of a pipeline, a retried command once; no pub/sub or handshake commands); "+
 		"Redis CPU/op: the server's used_cpu_sys+used_cpu_user (INFO cpu) over the round; "+
@@ -338,6 +346,10 @@ var columns = []column{
 	{head: "wait p50", of: perRound(func(f figures) float64 { return float64(f.p50) }, nil)},
 	{head: "wait p99", summary: true, of: perRound(func(f figures) float64 { return float64(f.p99) }, nil)},
 	{head: "worst wait", of: perRound(func(f figures) float64 { return float64(f.worst) }, func(f figures) bool { return f.worst > 0 })},
+	{head: "hand-off p50", shared: true,
+		of: perRound(func(f figures) float64 { return float64(f.handoff50) }, func(f figures) bool { return f.handoff50 > 0 })},
+	{head: "hand-off p90", shared: true,
+		of: perRound(func(f figures) float64 { return float64(f.handoff90) }, func(f figures) bool { return f.handoff90 > 0 })},
 	{head: "fairness", shared: true, format: fixed(2), higherIsBetter: true, summary: true,
 		of: perRound(func(f figures) float64 { return f.fairness }, nil)},
 	{head: "cmds/op", format: fixed(2), of: perRound(func(f figures) float64 { return f.cmds }, nil)},

@@ -123,17 +123,20 @@ type sample struct {
 	acq        []int // per contender
 	waits      []time.Duration
 	unfinished []time.Duration
-	cmds       int64
-	hookCmds   int64 // processed by go-redis, by its hook (0 on rueidis)
-	redisCPU   time.Duration
-	redisCmds  commandStats  // with -commandstats: INFO commandstats over the round
-	clientCPU  time.Duration // holds included
-	gaveUp     int
-	stuck      int
-	late       int // jobs that held the lock only after the end
-	overlaps   int
-	errs       []string
-	stuckKeys  []string
+	// handoffs, in a contended scenario, are the gaps between one hold's
+	// end and the next hold's start (handoffsOf).
+	handoffs  []time.Duration
+	cmds      int64
+	hookCmds  int64 // processed by go-redis, by its hook (0 on rueidis)
+	redisCPU  time.Duration
+	redisCmds commandStats  // with -commandstats: INFO commandstats over the round
+	clientCPU time.Duration // holds included
+	gaveUp    int
+	stuck     int
+	late      int // jobs that held the lock only after the end
+	overlaps  int
+	errs      []string
+	stuckKeys []string
 	// keys describes the round's keys in Redis, after a round with an
 	// error or a stuck job: those of the first stuck job's key, or of the
 	// round's first key.
@@ -348,12 +351,12 @@ func measureLocal(sc scenario, lib *library, v variant, tag string, d time.Durat
 	start := time.Now().Add(localLead)
 	spec := roundSpec{
 		Lib: v.lib, Ctx: v.ctx, Keys: sc.keys(v, tag), Hold: sc.hold,
-		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: cfg.drain,
+		Start: start.UnixNano(), End: start.Add(d).UnixNano(), Drain: cfg.drain, Spans: sc.shared,
 	}
 	redis := watchRedis([]rueidis.Client{admin}, start, start.Add(d), cfg.commandstats)
 	r := runLocal(lib, spec)
 	u := <-redis
-	s := sample{elapsed: d, redisCPU: u.cpu, redisCmds: u.cmds}
+	s := sample{elapsed: d, redisCPU: u.cpu, redisCmds: u.cmds, handoffs: handoffsOf(r.Spans)}
 	s.add(r)
 	s.describeKeys(admin, spec.Keys[0])
 	return s
@@ -425,6 +428,7 @@ func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d time.Dur
 	u := <-redis
 	s.redisCPU, s.redisCmds = u.cpu, u.cmds
 	s.describeKeys(admin, spec.Keys[0])
+	s.handoffs = handoffsOf(spans)
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.Held, b.Held) })
 	for i := 1; i < len(spans); i++ {
 		if spans[i].Held < spans[i-1].Freed {
@@ -432,6 +436,26 @@ func measureHelpers(sc scenario, hs []*helper, v variant, tag string, d time.Dur
 		}
 	}
 	return s, nil
+}
+
+// handoffsOf returns the hand-offs of a round's holds of one key: for
+// each hold but the first, the time from the end of the hold before it
+// (the holder's work done, its release about to be called) to its start
+// (the next holder's Lock returned), in the order of the holds. Holds that
+// overlap (counted as such elsewhere) give no hand-off. A fair lock's
+// rate is about 1 / (hold + hand-off), so this is where a contended
+// scenario's time goes besides the holds: the release's round trip, the
+// pass in Redis, the next holder's wake-up.
+func handoffsOf(spans []span) []time.Duration {
+	spans = slices.Clone(spans)
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.Held, b.Held) })
+	var gaps []time.Duration
+	for i := 1; i < len(spans); i++ {
+		if g := spans[i].Held - spans[i-1].Freed; g >= 0 {
+			gaps = append(gaps, time.Duration(g))
+		}
+	}
+	return gaps
 }
 
 // redisUsage is what the server spent over a round.
