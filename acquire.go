@@ -430,13 +430,16 @@ var errNoted = errors.New("distlock: passed the lock while asking for it")
 // If the grant came too late to trust (the lease deadline counted from sent
 // has passed), it returns neither, and the caller asks again: the lease
 // still holds its value, so the next call grants it anew with a fresh send
-// time.
+// time, and if the caller gives up instead, it cancels that lease.
 func (a *acquirer) granted(token int64, sent time.Time, ttl time.Duration) (*Guard, error) {
 	if a.ctx.Err() != nil {
 		a.dirty = true
 		return nil, a.e.ctxError(a.ctx)
 	}
 	if !time.Now().Before(leaseDeadline(sent, ttl)) {
+		// The lease holds a.value in Redis all the same: if the call that
+		// should renew it fails, the acquire gives up and cancels it.
+		a.dirty = true
 		return nil, nil
 	}
 	return a.e.newGuard(a.ctx, a.value, token, a.attempts-1, sent, ttl, a.uncertain), nil

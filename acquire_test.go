@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/distkit-go/distlock/lease"
 )
 
 // One attempt waits for its reply no longer than MaxReplyWait, however
@@ -182,5 +184,38 @@ func TestNoReplyFromClientThatIgnoresDeadlines(t *testing.T) {
 		assert.Equal(t, fakeTTL-margin(fakeTTL), time.Since(start), "how long TryLock waited")
 		require.NoError(t, Settle(context.Background()))
 		assert.Equal(t, clientTimeout, time.Since(start), "when the call left behind ended")
+	})
+}
+
+// A grant whose reply comes too late to trust still holds the caller's
+// value in Redis. When the call that should have renewed it fails instead
+// (Redis answers with an error), TryLock gives up, and it must cancel that
+// lease on its way out, not leave it to block the lock for a whole TTL.
+func TestLateGrantIsCancelledWhenTheNextCallFails(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		f := &fakeStore{}
+		calls := 0
+		f.acquireFn = func(context.Context) error {
+			f.mu.Lock()
+			calls++
+			n := calls
+			f.mu.Unlock()
+			if n == 1 {
+				// The grant is made, but its reply comes at the lease's
+				// deadline counted from the send: too late to use.
+				time.Sleep(fakeTTL - margin(fakeTTL))
+				return nil
+			}
+			return lease.NewReplyError("ERR something went wrong", nil)
+		}
+		_, err := fakeMutex(t, f).TryLock(context.Background())
+		require.Error(t, err)
+		assert.True(t, lease.IsReply(err), "the second call's error is reported: %v", err)
+		require.NoError(t, Settle(context.Background()))
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.Equal(t, 2, calls)
+		assert.Empty(t, f.holder, "the late grant's lease was left in Redis")
+		assert.Len(t, f.voided, 1, "the late grant's value was not cancelled")
 	})
 }
