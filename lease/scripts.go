@@ -265,7 +265,8 @@ end
 // check passes before its first write: the lease is a string not holding
 // value; the fencing key holds a token that can be followed (or none);
 // value is not void (when n says only the lease exists, neither the line
-// nor the void key does); the line is a sorted set (ZSCORE) and the
+// nor the void key does; when value has a place, the line exists, so n
+// says whether the void key does, and only a caller not in line asks); the line is a sorted set (ZSCORE) and the
 // waiters' key a hash (HSET, the first write, fails on another type and
 // writes nothing). Otherwise it has written nothing and the full path
 // decides, and says what is wrong.
@@ -295,13 +296,15 @@ var (
 if n > 0 and ARGV[3] then
   local cur = redis.pcall('GET', KEYS[1])
   local raw = redis.pcall('GET', KEYS[2])
-  if type(cur) == 'string' and cur ~= value and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
-      and (n == 1 or redis.call('EXISTS', KEYS[6]) == 0) then
-    local fresh, rank = n == 1, false
-    if not fresh then
-      rank = redis.pcall('ZRANK', KEYS[3], value)
-    end
-    if type(rank) ~= 'table' and (rank or ` + seenLua + `) then
+  local fresh, rank = n == 1, false
+  local behind = type(cur) == 'string' and cur ~= value and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
+  if behind and not fresh then
+    rank = redis.pcall('ZRANK', KEYS[3], value)
+  end
+  -- A place in line (rank) says that the line exists besides the lease,
+  -- so n says whether the void key does.
+  if behind and type(rank) ~= 'table' and (fresh or rank and n == 2 or not rank and redis.call('EXISTS', KEYS[6]) == 0) then
+    if rank or ` + seenLua + ` then
       local t, us
 ` + leanClockLua + `
       local keep = ARGV[3] + 0
