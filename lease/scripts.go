@@ -16,11 +16,13 @@ import "strconv"
 
 // The scripts share one key layout, so that the helpers below can name the
 // keys by position: KEYS[1] lease, KEYS[2] fencing key, KEYS[3] queue,
-// KEYS[4] waiters, KEYS[5] wake channel prefix (a channel, declared as a key
-// so that Redis Cluster checks that it shares the lease's slot and answers
-// TRYAGAIN while the slot moves), and for the scripts that take one KEYS[6],
-// the value's void key (see [Keys.Void]). The protocol they implement is
-// described in doc.go.
+// KEYS[4] waiters, and for the scripts that take one KEYS[5], the value's
+// void key (see [Keys.Void]). The protocol they implement is described in
+// doc.go. A room's wake channel is KEYS[1] .. ':wake:' .. room (see
+// [Keys.Wake]), as an election's is KEYS[1] .. ':leader': a channel is no
+// data that a Cluster's slot migration moves, and it shares the lease's
+// hash tag, so declaring it, as the scripts did until issue 31, bought no
+// check and cost every acquire and release about 1,300 instructions.
 
 // retentionMs is FenceRetention in ms, as the scripts write it: a Lua
 // string literal, since Redis turns a number passed to redis.call into a
@@ -47,7 +49,7 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 // includer declares token, s and now (set to the clock in µs).
 //
 // cancelLua is where the full path of a release starts for Cancel
-// (KEYS[6], the void key, given): it takes value out of line (only Cancel
+// (KEYS[5], the void key, given): it takes value out of line (only Cancel
 // can find its value there: a holder's value left the line when it was
 // granted) and marks it void for ARGV[3] ms, after the delete (at
 // maxmemory Redis refuses a script's first write unless it frees memory,
@@ -136,9 +138,9 @@ end
 	cancelLua = `
 --[[ cancelLua: needs deleted leave value; defines err out ]]
 local err
-if KEYS[6] then
+if KEYS[5] then
   err = leave(value)
-  redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+  redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
 end
 local out = {deleted}
 if err then
@@ -249,9 +251,9 @@ end
 `
 	leanWakeLua = `
 --[[ leanWakeLua: needs msg room; defines r ]]
-local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
+local r = redis.pcall('SPUBLISH', KEYS[1] .. ':wake:' .. room, msg)
 if type(r) == 'table' and r.err then
-  redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
+  redis.pcall('PUBLISH', KEYS[1] .. ':wake:' .. room, msg)
 end
 `
 )
@@ -279,7 +281,7 @@ end
 // own number format.
 //
 // leanPassLua is the lean path of releaseScript for a release of value's
-// string when someone is in line (line), for Release (not Cancel: KEYS[6]
+// string when someone is in line (line), for Release (not Cancel: KEYS[5]
 // absent): the first place in line, if it is an exclusive one (a Mutex's
 // or an Election's entry, without a mode) that has not lapsed, gets the
 // lease for its claim window with a new token, and its room is told, as
@@ -303,7 +305,7 @@ if n > 0 and ARGV[3] then
   end
   -- A place in line (rank) says that the line exists besides the lease,
   -- so n says whether the void key does.
-  if behind and type(rank) ~= 'table' and (fresh or rank and n == 2 or not rank and redis.call('EXISTS', KEYS[6]) == 0) then
+  if behind and type(rank) ~= 'table' and (fresh or rank and n == 2 or not rank and redis.call('EXISTS', KEYS[5]) == 0) then
     if rank or ` + seenLua + ` then
       local t, us
 ` + leanClockLua + `
@@ -319,7 +321,7 @@ end
 `
 	leanPassLua = `
 --[[ leanPassLua: needs line ]]
-if line and not KEYS[6] then
+if line and not KEYS[5] then
 ` + leanHeadLua + `
   if room and m == 'x' then
 ` + leanSetTokenLua + `
@@ -368,7 +370,7 @@ end
 var (
 	leanSemQueueLua = `
 --[[ leanSemQueueLua: needs n value ]]
-if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[6]) == 0) then
+if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[5]) == 0) then
   local raw = redis.pcall('GET', KEYS[2])
   if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
     local t, us
@@ -394,7 +396,7 @@ end
 `
 	leanSemPassLua = `
 --[[ leanSemPassLua: needs deleted now t us ]]
-if not KEYS[6] and redis.call('ZCARD', KEYS[1]) + 1 == ARGV[2] + 0 then
+if not KEYS[5] and redis.call('ZCARD', KEYS[1]) + 1 == ARGV[2] + 0 then
 ` + leanHeadLua + `
   local raw = room and redis.pcall('GET', KEYS[2])
   if room and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$')) then
@@ -455,7 +457,7 @@ if n > 0 and ARGV[3] then
     local e = f and string.match(f, '^(%d+) %d+$')
     local raw = e and redis.pcall('GET', KEYS[2])
     if e and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
-        and (n == 1 or redis.call('EXISTS', KEYS[6]) == 0) then
+        and (n == 1 or redis.call('EXISTS', KEYS[5]) == 0) then
       local t, us
 ` + leanClockLua + `
       local ms = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -479,7 +481,7 @@ end
 `
 	leanRWPassLua = `
 --[[ leanRWPassLua: needs deleted gone line t ]]
-if gone and line and not KEYS[6] then
+if gone and line and not KEYS[5] then
 ` + leanHeadLua + `
   local exclusive = room and m ~= 'r'
   local raw = exclusive and redis.pcall('GET', KEYS[2])
@@ -512,7 +514,7 @@ end
 func voidLua(reply string) string {
 	return `
 --[[ voidLua: needs err leave value ]]
-if redis.call('EXISTS', KEYS[6]) == 1 then
+if redis.call('EXISTS', KEYS[5]) == 1 then
   err = leave(value)
   if err then
     return err
@@ -755,7 +757,7 @@ local function passTo(last, now, v, claim, room)
   redis.call('SET', KEYS[2], text, 'PX', ` + retentionMs + `)
   redis.call('ZREM', KEYS[3], v)
   redis.call('HDEL', KEYS[4], v)
-  publish(KEYS[5] .. ':' .. room, text .. '\n' .. v)
+  publish(KEYS[1] .. ':wake:' .. room, text .. '\n' .. v)
   announce(token, v)
   return token
 end
@@ -1154,7 +1156,7 @@ return out
 // one is stale and refused with rank -1, see staleLua). A lock's Acquire
 // sends ARGV[1] alone: a missing ARGV[2] is no election, a missing ARGV[3]
 // a caller that does not stand in line. The acquisition's value is not an argument: it is
-// the end of its void key, KEYS[6], after KEYS[1] .. ":void:" (each
+// the end of its void key, KEYS[5], after KEYS[1] .. ":void:" (each
 // argument costs Redis more than cutting it out of the key).
 //
 // Reply: the token, a number alone, when the lease is now the caller's, for
@@ -1163,7 +1165,10 @@ return out
 // holder's remaining lease (-1 when the key has no expiry, -2 when there is
 // none), rank the caller's place in line (0 first; -1 when it does not stand
 // in line), ticket the score of that place, and fence the last token issued
-// when the script ran.
+// when the script ran. The lean path of a caller that stands in line
+// (leanQueueLua, and the semaphore's and read-write lock's) gives the same
+// as text, "<pttl> <rank> <ticket> <fence> <holder>" (parseWaiting), which
+// Redis builds for less than a table.
 //
 // The lease is granted to the caller when it is free and nobody alive stands
 // in line ahead of the caller, and when it already holds the caller's value
@@ -1194,9 +1199,9 @@ return out
 // refused (TryLock) 56k; standing in line behind a string 107k (behind
 // readers 222k).
 var acquireScript = newScript(`
-local value = string.sub(KEYS[6], #KEYS[1] + 7)
+local value = string.sub(KEYS[5], #KEYS[1] + 7)
 -- The common case: a free lease, nobody in line, a value not void.
-local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6])
+local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5])
 if n == 0 then
 ` + leanSetTokenLua + `
   if token and ` + seenLua + ` then
@@ -1239,7 +1244,9 @@ announcing = ARGV[2] == '1'
 // {deleted, token, waiter value, room, ...}: deleted is 1 when the lease
 // held the value and was deleted; each triple names a waiter the lock was
 // passed to (one exclusive waiter, or the run of readers of a read-write
-// lock at the head of the line). A lease that was already free is passed
+// lock at the head of the line); the lean pass to one waiter gives the
+// same as text, "<deleted> <token> <room> <value>" (parsePass), which
+// Redis builds for less than a table. A lease that was already free is passed
 // on as well, so that a waiter who gives up also unblocks a line whose
 // grant lapsed, or the readers behind it. The full path (lockReleaseLua)
 // is a read-write lock's too, and drops the value's hold in the hash if it
@@ -1276,11 +1283,11 @@ if cur == value then
       msg = msg .. '\n'
 ` + leanAnnounceLua + `
     end
-    if KEYS[6] then
+    if KEYS[5] then
       -- After the delete: at maxmemory Redis refuses a script's first
       -- write unless it frees memory, and the delete must not depend on
       -- the marker.
-      redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+      redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
     end
     return 1
   end
@@ -1381,10 +1388,10 @@ return {0, cur}
 // line behind readers 212k. The full path reads every holder (HGETALL),
 // so it grows with the number of readers; the common cases do not.
 var rwAcquireScript = newScript(`
-local value = string.sub(KEYS[6], #KEYS[1] + 7)
+local value = string.sub(KEYS[5], #KEYS[1] + 7)
 -- The common cases: nobody in line, a value not void, and a free lock or,
 -- for a reader, one that readers hold (the mark, and no writer).
-local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6])
+local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5])
 local free = n == 0
 if n == 1 and ARGV[2] == 'r' then
   -- (A value that holds already keeps its token: the full path.)
@@ -1422,7 +1429,8 @@ mode, want = ARGV[2], 'rwmutex'
 //
 // Reply: deleted alone (1 when the caller held the lock and its lease had
 // not ended) when nobody stands in line, or {deleted, token, value, room,
-// ...} with a triple per waiter granted.
+// ...} with a triple per waiter granted (a lean pass to one waiter: the
+// text "<deleted> <token> <room> <value>", as releaseScript's).
 //
 // It starts with the common case, nobody in line: HMGET, TIME, DEL (a
 // writer, or the last reader) or HLEN and HDEL (a reader among others),
@@ -1454,8 +1462,8 @@ if not h.err and h[2] then
 end
 local line = not h.err and redis.call('EXISTS', KEYS[3]) == 1
 if not h.err and not line then
-  if KEYS[6] then
-    redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+  if KEYS[5] then
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
   end
   return deleted
 end
@@ -1546,9 +1554,9 @@ return out
 // Cost per call (as for acquireScript): a free permit 106k, 7.9 µs; all
 // permits held, standing in line 137k.
 var semAcquireScript = newScript(`
-local value = string.sub(KEYS[6], #KEYS[1] + 7)
+local value = string.sub(KEYS[5], #KEYS[1] + 7)
 -- The common case: nobody in line, a value not void, a free permit.
-local n = redis.call('EXISTS', KEYS[3], KEYS[6])
+local n = redis.call('EXISTS', KEYS[3], KEYS[5])
 if n == 0 then
   -- ZCARD counts the holders whose lease has ended too, so fewer than
   -- permits means one is free; it fails on a lease key that is no sorted
@@ -1646,7 +1654,8 @@ return waiting(rank, ticket)
 // Reply: deleted, a number alone, when nobody is in line; otherwise
 // {deleted, token, value, room, token, value, room, ...}: deleted is
 // 1 when the caller held a permit whose lease had not ended, followed by one
-// triple per waiter a permit was passed to.
+// triple per waiter a permit was passed to (a lean pass of one permit: the
+// text "<deleted> <token> <room> <value>", as releaseScript's).
 //
 // It starts by dropping the ended holders and the caller's permit, and
 // returns at once when nobody stands in line (TIME, ZREMRANGEBYSCORE, ZREM,
@@ -1669,8 +1678,8 @@ if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 
 end
 local deleted = redis.call('ZREM', KEYS[1], value)
 if redis.call('EXISTS', KEYS[3]) == 0 then
-  if KEYS[6] then
-    redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+  if KEYS[5] then
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
   end
   return deleted
 end
