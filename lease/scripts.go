@@ -1195,9 +1195,9 @@ return out
 // it had not run.
 //
 // Cost per call (callgrind instructions and µs in Redis; COSTS.md,
-// scripts/script-cost): the common case 72k, 5.1 µs (an election's 80k);
-// refused (TryLock) 56k; standing in line behind a string 107k (behind
-// readers 222k).
+// scripts/script-cost): the common case 68k, 5.1 µs (an election's 80k);
+// refused (TryLock) 56k; standing in line behind a string 106k (behind
+// readers 222k); a refresh of its place 120k.
 var acquireScript = newScript(`
 local value = string.sub(KEYS[5], #KEYS[1] + 7)
 -- The common case: a free lease, nobody in line, a value not void.
@@ -1262,9 +1262,9 @@ announcing = ARGV[2] == '1'
 // without the helpers too (leanPassLua). Otherwise the full path goes on
 // from what that part found (deleted, gone).
 //
-// Cost per call (as for acquireScript): the common case 37k, 2.5 µs
+// Cost per call (as for acquireScript): the common case 35k, 2.5 µs
 // (Cancel's 53k; an election's 51k); passing the lease to an exclusive
-// waiter 120k (to a reader 194k).
+// waiter 111k (to a reader 194k).
 var releaseScript = newScript(`
 -- The common case: the lease holds the value, and nobody is in line.
 local value = ARGV[1]
