@@ -203,9 +203,6 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 		}
 	}
 	res, w := c.exec(ctx, s, k.all(value), args)
-	if res.kind == replyString {
-		return parseWaiting(res.s)
-	}
 	token, arr, err := scriptReply(res)
 	if err != nil {
 		return Grant{}, kindError(k, err)
@@ -236,27 +233,6 @@ func (c *Client) acquire(ctx context.Context, k Keys, value string, ttl time.Dur
 	}
 	g.Rank, g.Ticket, g.Fence = int(rank), ticket, fence
 	return g, nil
-}
-
-// parseWaiting reads the reply of an acquire's lean contended path, for a
-// caller not granted: "<pttl> <rank> <ticket> <fence> <holder>", the
-// elements of the full path's {0, pttl, holder, rank, ticket, fence} as
-// one string, which Redis builds for some 5,000 instructions less than a
-// table (COSTS.md). The holder comes last, since a value may hold spaces.
-func parseWaiting(s string) (Grant, error) {
-	var f [4]int64
-	for i := range f {
-		sp := strings.IndexByte(s, ' ')
-		if sp < 0 {
-			return Grant{}, fmt.Errorf("%w to acquire: %d fields in a text reply", ErrProtocol, i+1)
-		}
-		n, err := strconv.ParseInt(s[:sp], 10, 64)
-		if err != nil {
-			return Grant{}, fmt.Errorf("%w to acquire: %q is not an integer", ErrProtocol, s[:sp])
-		}
-		f[i], s = n, s[sp+1:]
-	}
-	return Grant{HolderTTL: time.Duration(f[0]) * time.Millisecond, Holder: s, Rank: int(f[1]), Ticket: f[2], Fence: f[3]}, nil
 }
 
 // scriptOf returns the script of k's kind: lock's (a Mutex's, an
@@ -449,11 +425,7 @@ func (c *Client) release(ctx context.Context, k Keys, keys []string, value, void
 	for range releaseTries {
 		var deleted int64
 		var arr []Reply
-		res := run(ctx, s, keys, args)
-		if res.kind == replyString {
-			return parsePass(res.s)
-		}
-		deleted, arr, err = scriptReply(res)
+		deleted, arr, err = scriptReply(run(ctx, s, keys, args))
 		switch {
 		case err == nil && arr == nil:
 			return Release{Deleted: deleted == 1}, nil
@@ -500,22 +472,6 @@ func parseRelease(arr []Reply) (Release, error) {
 		return Release{}, err
 	}
 	return r, nil
-}
-
-// parsePass reads the reply of a release's lean path that passed the lock
-// to one waiter: "<deleted> <token> <room> <value>", parseRelease's
-// {deleted, token, value, room} as one string (a table would cost Redis
-// some 6,000 instructions more; COSTS.md). The value comes last, since it
-// may hold spaces; a room has none.
-func parsePass(s string) (Release, error) {
-	deleted, rest, ok1 := strings.Cut(s, " ")
-	token, rest, ok2 := strings.Cut(rest, " ")
-	room, value, ok3 := strings.Cut(rest, " ")
-	tok, err := strconv.ParseInt(token, 10, 64)
-	if !ok1 || !ok2 || !ok3 || err != nil || deleted != "0" && deleted != "1" {
-		return Release{}, fmt.Errorf("%w to release: %q", ErrProtocol, s)
-	}
-	return Release{Deleted: deleted == "1", Passed: Pass{Value: value, Token: tok, Room: room}}, nil
 }
 
 // addPasses reads the {token, value, room} triples of a release's reply

@@ -367,11 +367,7 @@ local stop = function(i, r, out)
       redis.call('DEL', lk)
     end
   end
-  if type(r) == 'string' then
-    -- The text reply of a lock's lean path (parseWaiting), as a table.
-    local pttl, rank, ticket, fence, holder = string.match(r, '^(%-?%d+) (%-?%d+) (%d+) (%d+) (.*)$')
-    r = {0, pttl + 0, holder, rank + 0, ticket + 0, fence + 0}
-  elseif r.err then
+  if r.err then
     return r
   end
   if not ARGV[2] then
@@ -458,14 +454,6 @@ for i = 1, n do
   if type(r) == 'number' then
     out[#out + 1] = r
     out[#out + 1] = 0
-  elseif type(r) == 'string' then
-    -- The text reply of a lock's lean pass (parsePass).
-    local deleted, token, room, v = string.match(r, '^(%d) (%d+) (%S+) (.*)$')
-    out[#out + 1] = deleted + 0
-    out[#out + 1] = 1
-    out[#out + 1] = token + 0
-    out[#out + 1] = v
-    out[#out + 1] = room
   elseif r.err then
     return r
   else

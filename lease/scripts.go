@@ -313,7 +313,7 @@ if n > 0 and ARGV[3] then
       local ok = redis.pcall('HSET', KEYS[4], value, string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + keep) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
       if type(ok) == 'number' then
 ` + leanPlaceLua + `
-        return redis.call('PTTL', KEYS[1]) .. ' ' .. rank .. ' ' .. ticket .. ' ' .. (raw or '0') .. ' ' .. cur
+        return {0, redis.call('PTTL', KEYS[1]), cur, rank, ticket + 0, raw and raw + 0 or 0}
       end
     end
   end
@@ -334,7 +334,7 @@ if line and not KEYS[5] then
       if ARGV[2] == '1' then
 ` + leanAnnounceLua + `
       end
-      return '1 ' .. s .. ' ' .. room .. ' ' .. v
+      return {1, token, v, room}
     end
 ` + leanUnsetTokenLua + `
   end
@@ -388,7 +388,7 @@ if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[5]) == 0) then
       if type(ok) == 'number' then
 ` + leanPlaceLua + `
         local soon = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
-        return soon[2] - ms .. ' ' .. rank .. ' ' .. ticket .. ' ' .. (raw or '0') .. ' ' .. soon[1]
+        return {0, soon[2] - ms, soon[1], rank, ticket + 0, raw and raw + 0 or 0}
       end
     end
   end
@@ -413,7 +413,7 @@ if not KEYS[5] and redis.call('ZCARD', KEYS[1]) + 1 == ARGV[2] + 0 then
       redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
       local msg = s .. '\n' .. v
 ` + leanWakeLua + `
-      return deleted .. ' ' .. s .. ' ' .. room .. ' ' .. v
+      return {deleted, token, v, room}
     end
   end
 end
@@ -473,7 +473,7 @@ if n > 0 and ARGV[3] then
         if redis.call('PTTL', KEYS[1]) < keep then
           redis.call('PEXPIRE', KEYS[1], ARGV[3])
         end
-        return e - ms .. ' ' .. rank .. ' ' .. ticket .. ' ' .. (raw or '0') .. ' ' .. writer
+        return {0, e - ms, writer, rank, ticket + 0, raw and raw + 0 or 0}
       end
     end
   end
@@ -500,7 +500,7 @@ if gone and line and not KEYS[5] then
       redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
       local msg = s .. '\n' .. v
 ` + leanWakeLua + `
-      return deleted .. ' ' .. s .. ' ' .. room .. ' ' .. v
+      return {deleted, token, v, room}
     end
   end
 end
@@ -1165,10 +1165,7 @@ return out
 // holder's remaining lease (-1 when the key has no expiry, -2 when there is
 // none), rank the caller's place in line (0 first; -1 when it does not stand
 // in line), ticket the score of that place, and fence the last token issued
-// when the script ran. The lean path of a caller that stands in line
-// (leanQueueLua, and the semaphore's and read-write lock's) gives the same
-// as text, "<pttl> <rank> <ticket> <fence> <holder>" (parseWaiting), which
-// Redis builds for less than a table.
+// when the script ran.
 //
 // The lease is granted to the caller when it is free and nobody alive stands
 // in line ahead of the caller, and when it already holds the caller's value
@@ -1244,9 +1241,7 @@ announcing = ARGV[2] == '1'
 // {deleted, token, waiter value, room, ...}: deleted is 1 when the lease
 // held the value and was deleted; each triple names a waiter the lock was
 // passed to (one exclusive waiter, or the run of readers of a read-write
-// lock at the head of the line); the lean pass to one waiter gives the
-// same as text, "<deleted> <token> <room> <value>" (parsePass), which
-// Redis builds for less than a table. A lease that was already free is passed
+// lock at the head of the line). A lease that was already free is passed
 // on as well, so that a waiter who gives up also unblocks a line whose
 // grant lapsed, or the readers behind it. The full path (lockReleaseLua)
 // is a read-write lock's too, and drops the value's hold in the hash if it
@@ -1429,8 +1424,7 @@ mode, want = ARGV[2], 'rwmutex'
 //
 // Reply: deleted alone (1 when the caller held the lock and its lease had
 // not ended) when nobody stands in line, or {deleted, token, value, room,
-// ...} with a triple per waiter granted (a lean pass to one waiter: the
-// text "<deleted> <token> <room> <value>", as releaseScript's).
+// ...} with a triple per waiter granted.
 //
 // It starts with the common case, nobody in line: HMGET, TIME, DEL (a
 // writer, or the last reader) or HLEN and HDEL (a reader among others),
@@ -1654,8 +1648,7 @@ return waiting(rank, ticket)
 // Reply: deleted, a number alone, when nobody is in line; otherwise
 // {deleted, token, value, room, token, value, room, ...}: deleted is
 // 1 when the caller held a permit whose lease had not ended, followed by one
-// triple per waiter a permit was passed to (a lean pass of one permit: the
-// text "<deleted> <token> <room> <value>", as releaseScript's).
+// triple per waiter a permit was passed to.
 //
 // It starts by dropping the ended holders and the caller's permit, and
 // returns at once when nobody stands in line (TIME, ZREMRANGEBYSCORE, ZREM,
