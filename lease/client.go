@@ -250,7 +250,7 @@ func (k Keys) scriptOf(lock, sem, rw *Script) *Script {
 // all returns the keys of the acquire and release scripts, in their order,
 // with value's void key last.
 func (k Keys) all(value string) []string {
-	return []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake, k.Void(value)}
+	return []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.Void(value)}
 }
 
 // ErrBadPermits is returned for a semaphore's [Keys] whose Permits is
@@ -370,7 +370,7 @@ const releaseTries = 8
 // lease, a retry reports it as no longer holding value (and the grant that
 // call made is announced on the waiter's channel only).
 func (c *Client) Release(ctx context.Context, k Keys, value string) (Release, error) {
-	return c.release(ctx, k, []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake}, value, "", c.run)
+	return c.release(ctx, k, []string{k.Lease, k.Fence, k.Queue, k.Waiters}, value, "", c.run)
 }
 
 // Cancel gives value up for good, after an acquire with it whose outcome

@@ -93,8 +93,16 @@ func TestScriptCost(t *testing.T) {
 	e := newCostEnv(t, srv.Client())
 	e.srv = srv
 	// Rounds alternate between the paths, so that a change in the load of
-	// the machine falls on all of them alike.
-	const rounds = 5
+	// the machine falls on all of them alike. DISTLOCK_SCRIPT_COST_ROUNDS
+	// sets how many (default 5; 0 leaves the µs columns out, for a quick
+	// count of instructions).
+	rounds := 5
+	if s := os.Getenv("DISTLOCK_SCRIPT_COST_ROUNDS"); s != "" {
+		var err error
+		if rounds, err = strconv.Atoi(s); err != nil || rounds < 0 {
+			t.Fatalf("DISTLOCK_SCRIPT_COST_ROUNDS=%q: want a count, 0 or more", s)
+		}
+	}
 	type timing struct{ serial, inFlight, server []float64 }
 	times := map[string]*timing{}
 	for _, p := range paths {

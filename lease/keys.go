@@ -38,10 +38,13 @@ type Keys struct {
 	Waiters string
 	// Wake is the prefix of the sharded pub/sub channels on which grants are
 	// announced: a waiting room (one per process, client and lock) listens
-	// on Wake + ":" + its id. See [Keys.WakeChannel].
+	// on Wake + ":" + its id. See [Keys.WakeChannel]. The scripts publish
+	// on Lease + ":wake:" + the room, so it must be Lease + ":wake", as
+	// [NewKeys] makes it.
 	Wake string
 	// Leader is the sharded pub/sub channel on which an election announces
-	// every change of its leader (see [Keys.Election]).
+	// every change of its leader (see [Keys.Election]); the scripts publish
+	// on Lease + ":leader", as [NewKeys] makes it.
 	Leader string
 	// Permits is 0 for a lock, whose lease is a string holding the one
 	// holder's value, and n >= 1 for a semaphore of n permits, whose lease

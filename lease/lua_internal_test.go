@@ -98,7 +98,7 @@ func TestFreeNamesFindsAMissingLocal(t *testing.T) {
 var luaPieces = map[string]string{
 	"seenLua": seenLua, "leanAnnounceLua": leanAnnounceLua, "cancelLua": cancelLua,
 	"leanPadLua": leanPadLua, "leanClockLua": leanClockLua, "leanNextTokenLua": leanNextTokenLua,
-	"leanTokenLua": leanTokenLua, "leanPlaceLua": leanPlaceLua, "leanHeadLua": leanHeadLua,
+	"leanTokenLua": leanTokenLua, "leanSetTokenLua": leanSetTokenLua, "leanUnsetTokenLua": leanUnsetTokenLua, "leanPlaceLua": leanPlaceLua, "leanHeadLua": leanHeadLua,
 	"leanWakeLua": leanWakeLua, "leanQueueLua": leanQueueLua, "leanPassLua": leanPassLua,
 	"leanSemQueueLua": leanSemQueueLua, "leanSemPassLua": leanSemPassLua,
 	"leanRWQueueLua": leanRWQueueLua, "leanRWPassLua": leanRWPassLua,

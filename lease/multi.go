@@ -111,12 +111,12 @@ func (c *Client) checkSet(ks []Keys) error {
 	return nil
 }
 
-// setKeys lays out the keys of a set's scripts: each lock's six keys, as
+// setKeys lays out the keys of a set's scripts: each lock's five keys, as
 // the lock's own scripts take them (see Keys.all).
 func setKeys(ks []Keys, value string) []string {
-	keys := make([]string, 0, 6*len(ks))
+	keys := make([]string, 0, 5*len(ks))
 	for _, k := range ks {
-		keys = append(keys, k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake, k.Void(value))
+		keys = append(keys, k.Lease, k.Fence, k.Queue, k.Waiters, k.Void(value))
 	}
 	return keys
 }
@@ -321,8 +321,8 @@ func parseSetRelease(arr []Reply, n int) ([]Release, error) {
 // function of that lock's keys, and stops at the first that is not
 // granted (see [Client.AcquireAll]).
 //
-// KEYS: each lock's six keys, as acquireScript takes them (lease, fence,
-// queue, waiters, wake, void). ARGV[1] the TTL in ms; to stand in line
+// KEYS: each lock's five keys, as acquireScript takes them (lease, fence,
+// queue, waiters, void). ARGV[1] the TTL in ms; to stand in line
 // ARGV[2] the claim window in ms, ARGV[3] the room, ARGV[4] the ticket (0
 // for a new place), and ARGV[4 + i] the seen token of lock i (from 1; see
 // [Place.SetSeen]; absent or "0": none), which becomes acquireScript's
@@ -341,14 +341,14 @@ var acquireAllScript = newScript(`
 local acquire = function(KEYS, ARGV)
 ` + acquireScript.Source() + `
 end
-local n = #KEYS / 6
+local n = #KEYS / 5
 local args = {ARGV[1]}
 if ARGV[2] then
   args = {ARGV[1], '', ARGV[2], ARGV[3], ARGV[4]}
 end
 local lock = function(i)
-  local b = 6 * (i - 1)
-  return {KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]}
+  local b = 5 * (i - 1)
+  return {KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5]}
 end
 -- stop replies for lock i, not granted (r, acquireScript's reply), or an
 -- error; out holds the reply's start, the tokens of the locks before it
@@ -358,9 +358,9 @@ end
 -- value (nobody alive was ahead in their lines a moment ago, so the delete
 -- needs no pass).
 local stop = function(i, r, out)
-  local value = string.sub(KEYS[6], #KEYS[1] + 7)
+  local value = string.sub(KEYS[5], #KEYS[1] + 7)
   for j = 1, i - 1 do
-    local lk = KEYS[6 * (j - 1) + 1]
+    local lk = KEYS[5 * (j - 1) + 1]
     if ARGV[2] then
       redis.call('PEXPIRE', lk, ARGV[2])
     elseif redis.call('GET', lk) == value then
@@ -390,13 +390,13 @@ if not ARGV[2] and n > 1 then
   -- shortcut: the loop below grants each lock as acquireScript decides.
   local all = {}
   for i = 1, n do
-    local b = 6 * (i - 1)
-    all[3 * i - 2], all[3 * i - 1], all[3 * i] = KEYS[b + 1], KEYS[b + 3], KEYS[b + 6]
+    local b = 5 * (i - 1)
+    all[3 * i - 2], all[3 * i - 1], all[3 * i] = KEYS[b + 1], KEYS[b + 3], KEYS[b + 5]
   end
   if redis.call('EXISTS', unpack(all)) > 0 then
     for i = 1, n do
       local k = lock(i)
-      if redis.call('EXISTS', k[1], k[3], k[6]) > 0 then
+      if redis.call('EXISTS', k[1], k[3], k[5]) > 0 then
         local r = acquire(k, args)
         if type(r) ~= 'number' then
           return stop(i, r, nil)
@@ -429,7 +429,7 @@ return out
 // releaseAllScript runs releaseScript's body for each lock of a set, as a
 // function of that lock's keys (see [Client.ReleaseAll]).
 //
-// KEYS: each lock's six keys, as for acquireAllScript. ARGV[1] the value,
+// KEYS: each lock's five keys, as for acquireAllScript. ARGV[1] the value,
 // ARGV[2] for a Cancel how long the void key lasts, in ms. Reply: for
 // each lock, deleted (1 or 0), the number of passes, and a {token, value,
 // room} triple per pass; an error reply of one lock's release stops the
@@ -438,17 +438,17 @@ var releaseAllScript = newScript(`
 local release = function(KEYS, ARGV)
 ` + releaseScript.Source() + `
 end
-local n = #KEYS / 6
+local n = #KEYS / 5
 local args = {ARGV[1]}
 if ARGV[2] then
   args = {ARGV[1], '', ARGV[2]}
 end
 local out = {}
 for i = 1, n do
-  local b = 6 * (i - 1)
-  local k = {KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5]}
+  local b = 5 * (i - 1)
+  local k = {KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4]}
   if ARGV[2] then
-    k[6] = KEYS[b + 6]
+    k[5] = KEYS[b + 5]
   end
   local r = release(k, args)
   if type(r) == 'number' then

@@ -120,7 +120,7 @@ func (c *Client) Downgrade(ctx context.Context, k Keys, value string, ttl time.D
 	if err := k.check(); err != nil {
 		return false, Release{}, err
 	}
-	res := c.run(ctx, rwDowngradeScript, []string{k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake}, []string{value, ms(ttl)})
+	res := c.run(ctx, rwDowngradeScript, []string{k.Lease, k.Fence, k.Queue, k.Waiters}, []string{value, ms(ttl)})
 	n, arr, err := scriptReply(res)
 	switch {
 	case err != nil:

@@ -16,11 +16,13 @@ import "strconv"
 
 // The scripts share one key layout, so that the helpers below can name the
 // keys by position: KEYS[1] lease, KEYS[2] fencing key, KEYS[3] queue,
-// KEYS[4] waiters, KEYS[5] wake channel prefix (a channel, declared as a key
-// so that Redis Cluster checks that it shares the lease's slot and answers
-// TRYAGAIN while the slot moves), and for the scripts that take one KEYS[6],
-// the value's void key (see [Keys.Void]). The protocol they implement is
-// described in doc.go.
+// KEYS[4] waiters, and for the scripts that take one KEYS[5], the value's
+// void key (see [Keys.Void]). The protocol they implement is described in
+// doc.go. A room's wake channel is KEYS[1] .. ':wake:' .. room (see
+// [Keys.Wake]), as an election's is KEYS[1] .. ':leader': a channel is no
+// data that a Cluster's slot migration moves, and it shares the lease's
+// hash tag, so declaring it, as the scripts did until issue 31, bought no
+// check and cost every acquire and release about 1,300 instructions.
 
 // retentionMs is FenceRetention in ms, as the scripts write it: a Lua
 // string literal, since Redis turns a number passed to redis.call into a
@@ -47,7 +49,7 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 // includer declares token, s and now (set to the clock in µs).
 //
 // cancelLua is where the full path of a release starts for Cancel
-// (KEYS[6], the void key, given): it takes value out of line (only Cancel
+// (KEYS[5], the void key, given): it takes value out of line (only Cancel
 // can find its value there: a holder's value left the line when it was
 // granted) and marks it void for ARGV[3] ms, after the delete (at
 // maxmemory Redis refuses a script's first write unless it frees memory,
@@ -69,6 +71,61 @@ var retentionMs = "'" + strconv.FormatInt(FenceRetention.Milliseconds(), 10) + "
 // clock in µs), t and us; token is nil when the fencing key holds no token
 // that can be followed (fence's rule) or the next token would pass
 // 2^53-1, and the full path is left to say so.
+//
+// leanSetTokenLua is leanTokenLua for a lock's grant, with the read of the
+// fencing key and the write of the token in one call: it reads the clock,
+// writes its µs to the fencing key with SET ... GET, which hands back what
+// the key held (raw), and then makes the token from raw as leanTokenLua
+// does, writing it again in the rare case that the clock has not passed
+// the last token. That spares a GET (some 3,500 instructions) on the
+// lock's commonest grants: a free lock's, and a release's pass. A call
+// that brings a seen token (ARGV[6]) is checked against the fencing key
+// before anything is written (seenLua; a stale call writes nothing), so
+// for it the piece only reads the key, and wrote is false: the includer
+// writes the token when it grants. The includer that then does not grant
+// (token nil: raw is no token that can be followed, or the next token
+// would pass 2^53-1; a stale call; a lapsed place) runs
+// leanUnsetTokenLua, which puts back what a write replaced (the key's
+// value, with the fencing key's retention as its TTL; a key of another
+// type makes SET fail, writing nothing), before the full path decides and
+// says what is wrong.
+var (
+	leanSetTokenLua = `
+--[[ leanSetTokenLua: needs nothing; defines token s now t us raw wrote ]]
+local token, s, now, t, us, raw
+` + leanClockLua + `
+s = t[1] .. us
+local wrote = not ARGV[6]
+if wrote then
+  raw = redis.pcall('SET', KEYS[2], s, 'PX', ` + retentionMs + `, 'GET')
+else
+  raw = redis.pcall('GET', KEYS[2])
+end
+if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
+  now = t[1] * 1000000 + t[2]
+  token = now
+  if raw and token <= raw + 0 then
+    token = raw + 1
+    s = string.format('%.0f', token)
+    if wrote then
+      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+    end
+  end
+  if token > 9007199254740991 then
+    token = nil
+  end
+end
+`
+	leanUnsetTokenLua = `
+--[[ leanUnsetTokenLua: needs raw wrote ]]
+if wrote and not raw then
+  redis.call('DEL', KEYS[2])
+elseif wrote and type(raw) == 'string' then
+  redis.call('SET', KEYS[2], raw, 'PX', ` + retentionMs + `)
+end
+`
+)
+
 var (
 	seenLua         = `--[[ seenLua: needs raw ]](not ARGV[6] or (raw and raw + 0 or 0) <= ARGV[6] + 0)`
 	leanAnnounceLua = `
@@ -81,9 +138,9 @@ end
 	cancelLua = `
 --[[ cancelLua: needs deleted leave value; defines err out ]]
 local err
-if KEYS[6] then
+if KEYS[5] then
   err = leave(value)
-  redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+  redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
 end
 local out = {deleted}
 if err then
@@ -194,9 +251,9 @@ end
 `
 	leanWakeLua = `
 --[[ leanWakeLua: needs msg room; defines r ]]
-local r = redis.pcall('SPUBLISH', KEYS[5] .. ':' .. room, msg)
+local r = redis.pcall('SPUBLISH', KEYS[1] .. ':wake:' .. room, msg)
 if type(r) == 'table' and r.err then
-  redis.pcall('PUBLISH', KEYS[5] .. ':' .. room, msg)
+  redis.pcall('PUBLISH', KEYS[1] .. ':wake:' .. room, msg)
 end
 `
 )
@@ -210,7 +267,8 @@ end
 // check passes before its first write: the lease is a string not holding
 // value; the fencing key holds a token that can be followed (or none);
 // value is not void (when n says only the lease exists, neither the line
-// nor the void key does); the line is a sorted set (ZSCORE) and the
+// nor the void key does; when value has a place, the line exists, so n
+// says whether the void key does, and only a caller not in line asks); the line is a sorted set (ZSCORE) and the
 // waiters' key a hash (HSET, the first write, fails on another type and
 // writes nothing). Otherwise it has written nothing and the full path
 // decides, and says what is wrong.
@@ -223,7 +281,7 @@ end
 // own number format.
 //
 // leanPassLua is the lean path of releaseScript for a release of value's
-// string when someone is in line (line), for Release (not Cancel: KEYS[6]
+// string when someone is in line (line), for Release (not Cancel: KEYS[5]
 // absent): the first place in line, if it is an exclusive one (a Mutex's
 // or an Election's entry, without a mode) that has not lapsed, gets the
 // lease for its claim window with a new token, and its room is told, as
@@ -240,13 +298,15 @@ var (
 if n > 0 and ARGV[3] then
   local cur = redis.pcall('GET', KEYS[1])
   local raw = redis.pcall('GET', KEYS[2])
-  if type(cur) == 'string' and cur ~= value and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
-      and (n == 1 or redis.call('EXISTS', KEYS[6]) == 0) then
-    local fresh, rank = n == 1, false
-    if not fresh then
-      rank = redis.pcall('ZRANK', KEYS[3], value)
-    end
-    if type(rank) ~= 'table' and (rank or ` + seenLua + `) then
+  local fresh, rank = n == 1, false
+  local behind = type(cur) == 'string' and cur ~= value and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
+  if behind and not fresh then
+    rank = redis.pcall('ZRANK', KEYS[3], value)
+  end
+  -- A place in line (rank) says that the line exists besides the lease,
+  -- so n says whether the void key does.
+  if behind and type(rank) ~= 'table' and (fresh or rank and n == 2 or not rank and redis.call('EXISTS', KEYS[5]) == 0) then
+    if rank or ` + seenLua + ` then
       local t, us
 ` + leanClockLua + `
       local keep = ARGV[3] + 0
@@ -261,15 +321,14 @@ end
 `
 	leanPassLua = `
 --[[ leanPassLua: needs line ]]
-if line and not KEYS[6] then
+if line and not KEYS[5] then
 ` + leanHeadLua + `
   if room and m == 'x' then
-` + leanTokenLua + `
+` + leanSetTokenLua + `
     if token and lapse + 0 > math.floor(now / 1000) then
       redis.call('ZREM', KEYS[3], v)
       redis.call('HDEL', KEYS[4], v)
       redis.call('SET', KEYS[1], v, 'PX', claim)
-      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
       local msg = s .. '\n' .. v
 ` + leanWakeLua + `
       if ARGV[2] == '1' then
@@ -277,6 +336,7 @@ if line and not KEYS[6] then
       end
       return {1, token, v, room}
     end
+` + leanUnsetTokenLua + `
   end
 end
 `
@@ -310,7 +370,7 @@ end
 var (
 	leanSemQueueLua = `
 --[[ leanSemQueueLua: needs n value ]]
-if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[6]) == 0) then
+if ARGV[3] and (n == 0 or redis.call('EXISTS', KEYS[5]) == 0) then
   local raw = redis.pcall('GET', KEYS[2])
   if not raw or type(raw) == 'string' and string.find(raw, '^%d+$') then
     local t, us
@@ -336,7 +396,7 @@ end
 `
 	leanSemPassLua = `
 --[[ leanSemPassLua: needs deleted now t us ]]
-if not KEYS[6] and redis.call('ZCARD', KEYS[1]) + 1 == ARGV[2] + 0 then
+if not KEYS[5] and redis.call('ZCARD', KEYS[1]) + 1 == ARGV[2] + 0 then
 ` + leanHeadLua + `
   local raw = room and redis.pcall('GET', KEYS[2])
   if room and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$')) then
@@ -397,7 +457,7 @@ if n > 0 and ARGV[3] then
     local e = f and string.match(f, '^(%d+) %d+$')
     local raw = e and redis.pcall('GET', KEYS[2])
     if e and (not raw or type(raw) == 'string' and string.find(raw, '^%d+$'))
-        and (n == 1 or redis.call('EXISTS', KEYS[6]) == 0) then
+        and (n == 1 or redis.call('EXISTS', KEYS[5]) == 0) then
       local t, us
 ` + leanClockLua + `
       local ms = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -421,7 +481,7 @@ end
 `
 	leanRWPassLua = `
 --[[ leanRWPassLua: needs deleted gone line t ]]
-if gone and line and not KEYS[6] then
+if gone and line and not KEYS[5] then
 ` + leanHeadLua + `
   local exclusive = room and m ~= 'r'
   local raw = exclusive and redis.pcall('GET', KEYS[2])
@@ -454,7 +514,7 @@ end
 func voidLua(reply string) string {
 	return `
 --[[ voidLua: needs err leave value ]]
-if redis.call('EXISTS', KEYS[6]) == 1 then
+if redis.call('EXISTS', KEYS[5]) == 1 then
   err = leave(value)
   if err then
     return err
@@ -697,7 +757,7 @@ local function passTo(last, now, v, claim, room)
   redis.call('SET', KEYS[2], text, 'PX', ` + retentionMs + `)
   redis.call('ZREM', KEYS[3], v)
   redis.call('HDEL', KEYS[4], v)
-  publish(KEYS[5] .. ':' .. room, text .. '\n' .. v)
+  publish(KEYS[1] .. ':wake:' .. room, text .. '\n' .. v)
   announce(token, v)
   return token
 end
@@ -1096,7 +1156,7 @@ return out
 // one is stale and refused with rank -1, see staleLua). A lock's Acquire
 // sends ARGV[1] alone: a missing ARGV[2] is no election, a missing ARGV[3]
 // a caller that does not stand in line. The acquisition's value is not an argument: it is
-// the end of its void key, KEYS[6], after KEYS[1] .. ":void:" (each
+// the end of its void key, KEYS[5], after KEYS[1] .. ":void:" (each
 // argument costs Redis more than cutting it out of the key).
 //
 // Reply: the token, a number alone, when the lease is now the caller's, for
@@ -1132,24 +1192,27 @@ return out
 // it had not run.
 //
 // Cost per call (callgrind instructions and µs in Redis; COSTS.md,
-// scripts/script-cost): the common case 72k, 5.1 µs (an election's 80k);
-// refused (TryLock) 56k; standing in line behind a string 107k (behind
-// readers 222k).
+// scripts/script-cost): the common case 68k, 5.1 µs (an election's 80k);
+// refused (TryLock) 56k; standing in line behind a string 106k (behind
+// readers 222k); a refresh of its place 120k.
 var acquireScript = newScript(`
-local value = string.sub(KEYS[6], #KEYS[1] + 7)
+local value = string.sub(KEYS[5], #KEYS[1] + 7)
 -- The common case: a free lease, nobody in line, a value not void.
-local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6])
+local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5])
 if n == 0 then
-` + leanTokenLua + `
+` + leanSetTokenLua + `
   if token and ` + seenLua + ` then
     redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
-    redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+    if not wrote then
+      redis.call('SET', KEYS[2], s, 'PX', ` + retentionMs + `)
+    end
     if ARGV[2] == '1' then
       local msg = s .. '\n' .. value
 ` + leanAnnounceLua + `
     end
     return token
   end
+` + leanUnsetTokenLua + `
 end
 -- The next most common: a TryLock refused by another's string, with
 -- nobody in line (only the lease exists); as the full path replies.
@@ -1194,9 +1257,9 @@ announcing = ARGV[2] == '1'
 // without the helpers too (leanPassLua). Otherwise the full path goes on
 // from what that part found (deleted, gone).
 //
-// Cost per call (as for acquireScript): the common case 37k, 2.5 µs
+// Cost per call (as for acquireScript): the common case 35k, 2.5 µs
 // (Cancel's 53k; an election's 51k); passing the lease to an exclusive
-// waiter 120k (to a reader 194k).
+// waiter 111k (to a reader 194k).
 var releaseScript = newScript(`
 -- The common case: the lease holds the value, and nobody is in line.
 local value = ARGV[1]
@@ -1215,11 +1278,11 @@ if cur == value then
       msg = msg .. '\n'
 ` + leanAnnounceLua + `
     end
-    if KEYS[6] then
+    if KEYS[5] then
       -- After the delete: at maxmemory Redis refuses a script's first
       -- write unless it frees memory, and the delete must not depend on
       -- the marker.
-      redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+      redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
     end
     return 1
   end
@@ -1320,10 +1383,10 @@ return {0, cur}
 // line behind readers 212k. The full path reads every holder (HGETALL),
 // so it grows with the number of readers; the common cases do not.
 var rwAcquireScript = newScript(`
-local value = string.sub(KEYS[6], #KEYS[1] + 7)
+local value = string.sub(KEYS[5], #KEYS[1] + 7)
 -- The common cases: nobody in line, a value not void, and a free lock or,
 -- for a reader, one that readers hold (the mark, and no writer).
-local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6])
+local n = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[5])
 local free = n == 0
 if n == 1 and ARGV[2] == 'r' then
   -- (A value that holds already keeps its token: the full path.)
@@ -1393,8 +1456,8 @@ if not h.err and h[2] then
 end
 local line = not h.err and redis.call('EXISTS', KEYS[3]) == 1
 if not h.err and not line then
-  if KEYS[6] then
-    redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+  if KEYS[5] then
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
   end
   return deleted
 end
@@ -1485,9 +1548,9 @@ return out
 // Cost per call (as for acquireScript): a free permit 106k, 7.9 µs; all
 // permits held, standing in line 137k.
 var semAcquireScript = newScript(`
-local value = string.sub(KEYS[6], #KEYS[1] + 7)
+local value = string.sub(KEYS[5], #KEYS[1] + 7)
 -- The common case: nobody in line, a value not void, a free permit.
-local n = redis.call('EXISTS', KEYS[3], KEYS[6])
+local n = redis.call('EXISTS', KEYS[3], KEYS[5])
 if n == 0 then
   -- ZCARD counts the holders whose lease has ended too, so fewer than
   -- permits means one is free; it fails on a lease key that is no sorted
@@ -1608,8 +1671,8 @@ if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] .. string.sub(us, 
 end
 local deleted = redis.call('ZREM', KEYS[1], value)
 if redis.call('EXISTS', KEYS[3]) == 0 then
-  if KEYS[6] then
-    redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
+  if KEYS[5] then
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
   end
   return deleted
 end
