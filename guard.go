@@ -656,6 +656,15 @@ func (g *Guard) finishDelete() {
 		err = &noAnswerError{last: d.cause}
 	}
 	g.finish(releaseResult{err: err})
+	// A renewal of ours that the path held back may still land, before
+	// or after the deletes that got no answer, and keep the lease a full
+	// TTL from its landing, which no reckoning of ours can bound: the
+	// lock would then stay taken, with nobody holding it, after this
+	// Release returned. So the delete goes on in the background, as the
+	// cancel that also voids the value (a renewal landing after it is
+	// refused), for a TTL more, and frees the lock as soon as the path
+	// is back (TestHeldRenewalOutlivesNoRelease).
+	g.hold.giveUp(g.value, true, time.Now().Add(g.leaseTTL))
 }
 
 // noAnswerError reports a final delete that got no answer from Redis
