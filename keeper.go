@@ -42,8 +42,11 @@ import (
 // made on it, for the rest of the connection's life. Subscribing at the
 // first Lock cost serial Lock+Release pairs with a context that cannot be
 // cancelled about a fifth of their rate, and any command the client sends
-// alone as much. Elsewhere (go-redis, whose subscriptions have
-// connections of their own) a keeper subscribes as soon as it is made.
+// alone as much. A client that holds a lock longer than keeperDelay moves
+// its connection all the same, from then on (at 2d4e301, whose keeper
+// waited for a guard's first renewal, that took a third of the TTL).
+// Elsewhere (go-redis, whose subscriptions have connections of their own)
+// a keeper subscribes as soon as it is made.
 //
 // A restart between a guard's acquisition and a delayed keeper's first
 // confirmation breaks no subscription of the keeper's, so at that first
