@@ -43,8 +43,8 @@ import (
 // first Lock cost serial Lock+Release pairs with a context that cannot be
 // cancelled about a fifth of their rate, and any command the client sends
 // alone as much. A client that holds a lock longer than keeperDelay moves
-// its connection all the same, from then on (at 2d4e301, whose keeper
-// waited for a guard's first renewal, that took a third of the TTL).
+// its connection all the same, from then on (before keepers watched young
+// guards, that took a guard's first renewal, a third of the TTL in).
 // Elsewhere (go-redis, whose subscriptions have connections of their own)
 // a keeper subscribes as soon as it is made.
 //
