@@ -385,17 +385,24 @@
 // client, which lives while the client has a live guard, a Lock call
 // waiting in a room, or a room or a watch that lingers after its last
 // user, and which stops once, when the last of them goes. While any of a
-// client's guards is held, from its acquisition on, the session keeps one
-// subscription per node those guards live on (one on a single server; one
-// per hash slot on a Redis Cluster), to a channel nobody publishes on: it
-// breaks when the connection to the node does, and when it is confirmed
-// again every guard on that node renews at once, and once more as soon as
-// the node serves commands if it refused them at first (a young guard
-// from its renewal timer, fired at once, which brings its first renewal
-// forward). So a holder whose lease was lost with a
-// Redis restarted without persistence is Lost within a round trip of the
-// server answering again, not at its next renewal (SAFETY.md, "What the
-// contract rests on", states the window that remains). A subscription
+// client's guards is held, the session keeps one subscription per node
+// those guards live on (one on a single server; one per hash slot on a
+// Redis Cluster), to a channel nobody publishes on: it breaks when the
+// connection to the node does, and when it is confirmed again every guard
+// on that node renews at once, and once more as soon as the node serves
+// commands if it refused them at first (a young guard from its renewal
+// timer, fired at once, which brings its first renewal forward). On
+// go-redis the subscription is made at the first acquisition. On rueidis,
+// where it would share the connection of the commands and move it off
+// rueidis's direct path for lone commands (a fifth of the rate of serial
+// Lock+Release pairs), it is made once a guard has lived 100 ms, so locks
+// held for less never make one, and at its first confirmation every
+// guard renews at once (a restart before it broke nothing). So a holder
+// whose lease was lost with a Redis restarted without persistence is Lost
+// within a round trip of the server answering again (or, after a restart
+// in the first 100 ms of its hold, at most 100 ms after that), not at its
+// next renewal (SAFETY.md, "What the contract rests on", states the
+// window that remains). A subscription
 // lingers a quarter of a second after its last guard or waiter, so that
 // locks taken one after the other share it; one that breaks while it
 // lingers (the client was closed) is not set up again, and the session
@@ -442,7 +449,9 @@
 //	  with waiters in this process)    session         its last waiter leaves
 //	a keeper's subscription (one     the client's    a linger of 250 ms after      the linger (Settle)
 //	  per node the client's guards     session         its last guard ends
-//	  live on), and its probe
+//	  live on; on rueidis from a
+//	  guard's 100th ms on), and its
+//	  probe
 //	a client's renewal batcher       the client's    the session's stop            the session's stop
 //	  (from its guards' first          session                                       (Settle)
 //	  renewal on)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/distkit-go/distlock/lease"
 )
 
@@ -27,6 +29,33 @@ import (
 // final loss: an actor is told on its renewNow slot, and a young guard (no
 // goroutine yet) has its renewal timer fired at once, which brings its
 // first renewal forward.
+//
+// # When it subscribes
+//
+// On rueidis, a keeper subscribes only once one of its guards has lived
+// keeperDelay, and a lock taken and released within that never makes it
+// subscribe. There the subscription shares its connection with the
+// commands, and is not free for them: rueidis sends a lone command on a
+// connection that nothing else uses straight from the caller's goroutine,
+// and moves the connection to its background pipeline (two goroutines
+// and a queue that every command passes through) once a subscription is
+// made on it, for the rest of the connection's life. Subscribing at the
+// first Lock cost serial Lock+Release pairs with a context that cannot be
+// cancelled about a fifth of their rate, and any command the client sends
+// alone as much. A client that holds a lock longer than keeperDelay moves
+// its connection all the same, from then on (before keepers watched young
+// guards, that took a guard's first renewal, a third of the TTL in).
+// Elsewhere (go-redis, whose subscriptions have connections of their own)
+// a keeper subscribes as soon as it is made.
+//
+// A restart between a guard's acquisition and a delayed keeper's first
+// confirmation breaks no subscription of the keeper's, so at that first
+// confirmation every guard it watches renews at once, as after a break: a
+// guard whose lease the server forgot learns it then, at most keeperDelay
+// (or a pause between two tries to subscribe, no longer) after the server
+// answers again. The keeper's timer (wake) runs while it has guards and no
+// subscription: it finds the oldest guard, and subscribes or waits for
+// that guard to reach keeperDelay.
 //
 // # Which node
 //
@@ -64,6 +93,12 @@ const (
 // long as a waiting room lingers (roomLinger), for the same reason.
 const keeperLinger = roomLinger
 
+// keeperDelay is how long a guard lives before its keeper subscribes (see
+// "When it subscribes"): a tenth of a second, the longest pause between
+// two tries to subscribe, so a restart before the subscription is noticed
+// no later than one while the server is down.
+const keeperDelay = keeperMaxRetry
+
 // keeper is one watch group's watch, a part of its client's session; see
 // above. Its fields are guarded by the session's mu, except those set at
 // creation.
@@ -71,14 +106,23 @@ type keeper struct {
 	s      *session
 	group  string
 	store  store
-	keys   lease.Keys // whose channel it subscribes to
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the subscription goroutine has ended
+	keys   lease.Keys         // whose channel it subscribes to
+	cancel context.CancelFunc // ends run's context; set with started
+	done   chan struct{}      // closed when the subscription goroutine has ended
 
 	guards map[*Guard]struct{}
 	// idleSince is when its last guard left; the session's linger closes
 	// it keeperLinger after that, unless a guard came meanwhile.
 	idleSince time.Time
+	// delayed: it subscribes once a guard has lived keeperDelay (see
+	// "When it subscribes"); set at creation.
+	delayed bool
+	// started: its subscription goroutine (run) has been started.
+	// waking: the timer wake, made at its first arming and reused, will
+	// run woken, which starts it once a guard is keeperDelay old.
+	started bool
+	waking  bool
+	wake    *time.Timer
 	// off: the subscription has ended for good (the server refused
 	// pub/sub); the guards renew on their schedule.
 	off bool
@@ -111,9 +155,10 @@ func watchGroup(e *engine) string {
 }
 
 // watch adds a new guard to the keeper of its watch group in its client's
-// session, starting one if there is none, sets the watch on its Lock
-// context and arms its renewal timer to fire due from now; the guard
-// leaves the keeper at its end or its final loss. The order matters, and
+// session, making one if there is none (its subscription waits for a guard
+// to have lived keeperDelay: see "When it subscribes"), sets the watch on
+// its Lock context and arms its renewal timer to fire due from now; the
+// guard leaves the keeper at its end or its final loss. The order matters, and
 // all of it is done under the session's lock: g.keeper first, since the
 // watch's run and the timer's may read it as soon as they are set; the
 // watch before the timer, since the actor that the timer starts stops the
@@ -127,27 +172,86 @@ func (ss *sessionSet) watch(g *Guard, due time.Duration) {
 	group := watchGroup(e)
 	k := s.keepers[group]
 	if k == nil {
-		ctx, cancel := context.WithCancel(context.Background())
 		// Its channel, "<lock>:keeper:<process>", shares the lock's hash
 		// tag (and so its node) but is none of the lock's wake channels.
 		keys := e.keys
 		keys.Wake = e.keys.Lease + ":keeper"
-		k = &keeper{s: s, group: group, store: e.store, keys: keys, cancel: cancel, done: make(chan struct{}),
-			guards: make(map[*Guard]struct{})}
+		k = &keeper{s: s, group: group, store: e.store, keys: keys, done: make(chan struct{}),
+			guards: make(map[*Guard]struct{}), delayed: delaysWatch(e.client)}
 		s.keepers[group] = k
-		s.spawn(func() { k.run(ctx) })
+		if !k.delayed {
+			k.start()
+		}
 	}
 	k.guards[g] = struct{}{}
 	g.keeper = k
+	if !k.started && !k.waking {
+		k.arm(keeperDelay)
+	}
 	if g.lockCtx.Done() != nil {
 		g.unwatch = context.AfterFunc(g.lockCtx, g.lockCtxEnded)
 	}
 	g.renewal = time.AfterFunc(due, g.activate)
 }
 
+// delaysWatch reports whether the keepers of client subscribe only once a
+// guard has lived keeperDelay: on rueidis (see "When it subscribes").
+func delaysWatch(client any) bool {
+	_, ok := client.(rueidis.Client)
+	return ok
+}
+
+// start starts the keeper's subscription. The caller holds the session's
+// mu.
+func (k *keeper) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	k.started, k.cancel = true, cancel
+	k.s.spawn(func() { k.run(ctx) })
+}
+
+// arm has woken run in d. The caller holds the session's mu.
+func (k *keeper) arm(d time.Duration) {
+	k.waking = true
+	if k.wake == nil {
+		k.wake = time.AfterFunc(d, k.woken)
+	} else {
+		k.wake.Reset(d)
+	}
+}
+
+// woken is the function of the keeper's timer: it starts the subscription
+// once the oldest guard the keeper watches has lived keeperDelay, and
+// otherwise arms the timer for when it will have. A keeper with no guard
+// left waits for the next one's watch, which arms the timer again; one
+// that has left its session stays as it is (its stop does not wait for a
+// subscription it never started).
+func (k *keeper) woken() {
+	s := k.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k.waking = false
+	if k.started || k.off || s.stopped || s.keepers[k.group] != k {
+		return
+	}
+	var oldest time.Time
+	for g := range k.guards {
+		if oldest.IsZero() || g.acquired.Before(oldest) {
+			oldest = g.acquired
+		}
+	}
+	if oldest.IsZero() {
+		return
+	}
+	if left := keeperDelay - time.Since(oldest); left > 0 {
+		k.arm(left)
+		return
+	}
+	k.start()
+}
+
 // detach removes a guard; the last one out leaves the keeper idle, to
-// linger with its subscription, or to go at once without one. It never
-// waits.
+// linger (with its subscription, if it has made one), or to go at once
+// when the server refused its subscription. It never waits.
 func (k *keeper) detach(g *Guard) {
 	s := k.s
 	s.mu.Lock()
@@ -170,11 +274,19 @@ func (k *keeper) detach(g *Guard) {
 // stop ends the subscription of a keeper that has left its session (if a
 // subscription is being asked for, once the server has answered it, or
 // after keeperSettle) and waits for its goroutine to end (the unsubscribe
-// is bounded by the lease package's unsubscribe timeout).
+// is bounded by the lease package's unsubscribe timeout). A keeper that
+// never subscribed only has its timer stopped (woken, if it runs anyway,
+// finds it out of its session).
 func (k *keeper) stop() {
 	k.s.mu.Lock()
-	asking := k.asking
+	asking, started := k.asking, k.started
+	if k.wake != nil {
+		k.wake.Stop()
+	}
 	k.s.mu.Unlock()
+	if !started {
+		return
+	}
 	if asking != nil {
 		t := time.NewTimer(keeperSettle)
 		select {
@@ -210,11 +322,12 @@ func (k *keeper) ask() (answered func()) {
 }
 
 // run keeps the keeper subscribed until ctx ends, and has the guards
-// renew each time the subscription is confirmed again after it broke.
-// The ready callback runs in the goroutine that calls Subscribe, or in
-// the client's own; confirmed is only used by one of them at a time.
-// Where the server refuses pub/sub it stops: the guards renew on their
-// schedule.
+// renew each time the subscription is confirmed again after it broke, and
+// at its first confirmation too when the keeper subscribed late (for a
+// restart before it: see "When it subscribes"). The ready callback runs
+// in the goroutine that calls Subscribe, or in the client's own;
+// confirmed is only used by one of them at a time. Where the server
+// refuses pub/sub it stops: the guards renew on their schedule.
 func (k *keeper) run(ctx context.Context) {
 	defer close(k.done)
 	defer k.cancel() // ends a probe when run ends on its own (see down)
@@ -229,7 +342,7 @@ func (k *keeper) run(ctx context.Context) {
 		return k.store.Subscribe(ctx, k.keys, proc.roomID, func() {
 			answered()
 			pause.reset()
-			if confirmed {
+			if confirmed || k.delayed {
 				k.answered(ctx)
 			}
 			confirmed = true
@@ -259,8 +372,9 @@ func (k *keeper) down(noPubSub bool) (again bool) {
 }
 
 // answered is told, in the subscription's ready callback, that the
-// subscription is confirmed again after it broke: every guard renews at
-// once (renewAll). A confirmed subscription does not always mean that the
+// subscription is confirmed again after it broke (or for the first time,
+// on a keeper that subscribed late): every guard renews at once
+// (renewAll). A confirmed subscription does not always mean that the
 // server serves the guards' keys: a Cluster primary that rejoins after a
 // restart confirms subscriptions at once but refuses commands
 // (CLUSTERDOWN) for two seconds of its own, and a server loading its data

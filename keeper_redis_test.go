@@ -23,7 +23,64 @@ import (
 // a larger token.
 func TestYoungHolderNoticesARestart(t *testing.T) {
 	srv := redistest.Start(t)
-	youngHolderNoticesRestart(t, srv.Client(), srv.Client(), "young", func(*distlock.Guard) { srv.Restart() })
+	youngHolderNoticesRestart(t, srv.Client(), srv.Client(), "young", 500*time.Millisecond, func(*distlock.Guard) { srv.Restart() })
+}
+
+// TestYoungHolderNoticesARestartBeforeItsWatch is
+// TestYoungHolderNoticesARestart with the restart 20 ms after the Lock,
+// before the client's keeper has subscribed (on rueidis it subscribes once
+// a guard has lived 100 ms, keeperDelay): the restart breaks no
+// subscription of the keeper's, and the holder learns of it when the
+// keeper's first subscription is confirmed, on the new server. Without the
+// renewal at that first confirmation the holder learnt of it at its first
+// renewal, ten seconds in.
+func TestYoungHolderNoticesARestartBeforeItsWatch(t *testing.T) {
+	srv := redistest.Start(t)
+	youngHolderNoticesRestart(t, srv.Client(), srv.Client(), "young-early", 20*time.Millisecond, func(*distlock.Guard) { srv.Restart() })
+}
+
+// TestShortHoldsDoNotSubscribeOnRueidis takes and releases a lock over and
+// over on a rueidis client, each hold far shorter than the 100 ms after
+// which the client's restart watch subscribes (keeperDelay): the server
+// is asked for no subscription, so the client's connection keeps rueidis's
+// fast path for lone commands. A lock held for longer makes the one
+// subscription. Before the watch waited, the first Lock subscribed.
+func TestShortHoldsDoNotSubscribeOnRueidis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	m, err := distlock.NewMutex(c, "short")
+	require.NoError(t, err)
+	for range 200 {
+		g, err := m.Lock(context.Background())
+		require.NoError(t, err)
+		_, err = g.Release(context.Background())
+		require.NoError(t, err)
+	}
+	assert.Zero(t, subscriptions(t, srv), "subscriptions after 200 short holds")
+	g, err := m.Lock(context.Background())
+	require.NoError(t, err)
+	assert.Eventually(t, func() bool { return subscriptions(t, srv) == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the held lock's subscription")
+	_, err = g.Release(context.Background())
+	require.NoError(t, err)
+}
+
+// subscriptions returns how many SSUBSCRIBE and SUBSCRIBE commands srv
+// has run.
+func subscriptions(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	stats, err := srv.Info("commandstats")
+	require.NoError(t, err)
+	n := 0
+	for _, cmd := range []string{"cmdstat_ssubscribe", "cmdstat_subscribe"} {
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stats[cmd], "calls="), ",")
+		if calls != "" {
+			c, err := strconv.Atoi(calls)
+			require.NoError(t, err, "%s: %s", cmd, stats[cmd])
+			n += c
+		}
+	}
+	return n
 }
 
 // TestYoungHolderNoticesANodeRestart is TestYoungHolderNoticesARestart on a
@@ -46,7 +103,7 @@ func TestYoungHolderNoticesANodeRestart(t *testing.T) {
 	for i := 1; cl.PrimaryOf(keyOf(t, c, name)) == cl.PrimaryOf(first.Key()); i++ {
 		name = "young-" + strconv.Itoa(i)
 	}
-	youngHolderNoticesRestart(t, c, cl.Client(), name, func(g *distlock.Guard) {
+	youngHolderNoticesRestart(t, c, cl.Client(), name, 500*time.Millisecond, func(g *distlock.Guard) {
 		node := cl.PrimaryOf(g.Key())
 		node.Restart()
 		// A primary that rejoins after a restart refuses commands
@@ -79,20 +136,20 @@ func keyOf(t *testing.T, c rueidis.Client, name string) string {
 }
 
 // youngHolderNoticesRestart locks name on holder with the default TTL and
-// has a Mutex of name on waiter wait for it; half a second after the Lock
-// it calls restart, which restarts the server of the holder's guard empty
+// has a Mutex of name on waiter wait for it; restartIn after the Lock it
+// calls restart, which restarts the server of the holder's guard empty
 // and returns once it answers. The holder must be Lost within
 // half a second of that, for the lease its renewal found gone, and the
 // waiter must then hold the lock with a larger token.
-func youngHolderNoticesRestart(t *testing.T, holderClient, waiterClient rueidis.Client, name string, restart func(*distlock.Guard)) {
+func youngHolderNoticesRestart(t *testing.T, holderClient, waiterClient rueidis.Client, name string, restartIn time.Duration,
+	restart func(*distlock.Guard)) {
 	t.Helper()
 	const (
 		// The promise: every holder learns of the restart within this of
 		// the server answering. Without the keeper's watch of young guards
 		// it took 9.4 s (the first renewal, a third of the TTL in).
 		within    = 500 * time.Millisecond
-		restartIn = 500 * time.Millisecond // after the Lock
-		waitBound = 10 * time.Second       // for the waiter, and for the loss on a stalled machine
+		waitBound = 10 * time.Second // for the waiter, and for the loss on a stalled machine
 	)
 	holder, err := distlock.NewMutex(holderClient, name)
 	require.NoError(t, err)
@@ -116,8 +173,10 @@ func youngHolderNoticesRestart(t *testing.T, holderClient, waiterClient rueidis.
 	}()
 
 	time.Sleep(time.Until(locked.Add(restartIn))) // the scenario's timing, not a synchronisation
+	t.Logf("restarting %v after the Lock", time.Since(locked))
 	restart(g)
 	answering := time.Now() // restart returns once the new server answers
+	t.Logf("the server answers again %v after the Lock", answering.Sub(locked))
 	select {
 	case <-g.Context().Done():
 	case <-time.After(waitBound):

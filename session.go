@@ -31,8 +31,10 @@ import (
 // while it has one. A part whose last user left lingers for roomLinger
 // with its subscription (a lock taken over and over, or waited for over
 // and over, subscribes once rather than at every turn), on the session's
-// one linger timer; it goes at once when it has no subscription, or when
-// its subscription ends while it lingers (a closed client ends every
+// one linger timer; it goes at once when it has no subscription (a
+// keeper on rueidis that has not subscribed yet lingers all the same: see
+// keeper.go, "When it subscribes"), or when its subscription ends while
+// it lingers (a closed client ends every
 // subscription on it, so a session of a closed client goes as soon as the
 // client has told its subscribers, not after a linger). When its last part
 // goes, the session leaves the registry and stops: its batcher is told to

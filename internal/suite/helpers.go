@@ -384,6 +384,16 @@ func waitSubscribed(t *testing.T, srv *redistest.Server, key string, n int) {
 		"waiting for %d subscribed rooms of %s", n, key)
 }
 
+// waitWatched waits until the restart watch of the client that holds key
+// has subscribed (on rueidis it does once a guard has lived 100 ms, and
+// its first confirmation has every guard renew, and a probe ask), so that
+// a quiet window opened a few round trips later counts none of it.
+func waitWatched(t *testing.T, srv *redistest.Server, key string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(subscribedChannels(t, srv, key+":keeper:*")) > 0 }, eventually, pollEvery,
+		"waiting for the restart watch of %s's holder", key)
+}
+
 // exists reports whether key exists.
 func exists(t *testing.T, srv *redistest.Server, key string) bool {
 	t.Helper()

@@ -300,6 +300,7 @@ func rwWaitingIsQuietAndGivesUpAtOnce(t *testing.T, lib Library) {
 	}{{"reader behind a writer", holder.Lock, rw.RLock}, {"writer behind a reader", holder.RLock, rw.Lock}} {
 		g, err := tc.hold(t.Context())
 		require.NoError(t, err)
+		waitWatched(t, srv, rw.Key())
 		ctx, cancel := context.WithCancel(t.Context())
 		result := async(t, ctx, tc.wait)
 		waitInLine(t, srv, rw.Key(), 1)

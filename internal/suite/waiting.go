@@ -171,6 +171,7 @@ func waitQuiet(t *testing.T, lib Library) {
 	holder := newMutex(t, c, "res", distlock.WithTTL(longTTL))
 	g, err := holder.Lock(t.Context())
 	require.NoError(t, err)
+	waitWatched(t, srv, holder.Key())
 	result := lockAsync(t, t.Context(), newMutex(t, c, "res", distlock.WithTTL(longTTL)))
 	waitInLine(t, srv, holder.Key(), 1)
 	waitSubscribed(t, srv, holder.Key(), 1)
