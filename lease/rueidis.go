@@ -175,7 +175,11 @@ func pipelineWait(ctx context.Context, d rueidis.DedicatedClient, s *Script, key
 const unsubscribeTimeout = time.Second
 
 func (r rueidisRedis) Subscribe(ctx context.Context, channel string, sharded bool, ready func(), message func(string)) error {
-	kind, cmd := "subscribe", r.rc.B().Subscribe().Channel(channel).Build()
+	// A plain SUBSCRIBE names no key, so rueidis's Cluster client would
+	// send it to any node; the slot of the channel's name sends it to the
+	// node that holds the lock's keys, whose restart then ends it (the
+	// restart watch on a Redis 6.2 Cluster, which has no sharded pub/sub).
+	kind, cmd := "subscribe", r.rc.B().Subscribe().Channel(channel).Build().SetSlot(channel)
 	if sharded {
 		kind, cmd = "ssubscribe", r.rc.B().Ssubscribe().Channel(channel).Build()
 	}
