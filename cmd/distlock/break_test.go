@@ -358,6 +358,9 @@ func TestRunWaitBoundsAStoppedRedis(t *testing.T) {
 	t.Run("before the connect", func(t *testing.T) {
 		srv := redistest.Start(t)
 		dir := t.TempDir()
+		// Build the binary first: run alone, this test would otherwise time
+		// the go build (a second and more) as if distlock took it.
+		distlockBin(t)
 		srv.Pause()
 		defer srv.Resume()
 		began := time.Now()
@@ -374,6 +377,7 @@ func TestRunWaitBoundsAStoppedRedis(t *testing.T) {
 		srv := redistest.Start(t)
 		dir := t.TempDir()
 		writeLockFor(t, srv, "k", "holder:1", frozenTTL)
+		distlockBin(t)
 		began := time.Now()
 		p := start(t, nil, cmdline(runArgs(srv, "-v", "-w", w, "k"), childArgs(t, dir, "x")...)...)
 		p.waitStderr(t, "waiting for")
