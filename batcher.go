@@ -144,10 +144,16 @@ type renewAsk struct {
 	ttl   time.Duration
 	group string
 	wake  chan struct{} // the asker's one-slot wake-up
+	// moved is where a quiet ask's confirmation is published at once, as
+	// the lease deadline it sets, in nanoseconds after base (nil: nowhere;
+	// see Guard.vouched).
+	moved *atomic.Int64
+	base  time.Time
 
 	latest   time.Time
 	deadline time.Time // the member's lease deadline; zero when it has none
 	asked    time.Time // when the member asked, the send time of an answer without a batch
+	quiet    bool      // an answer that confirms the lease does not wake the asker
 
 	batch    *renewBatch // the batch it went into, once sent
 	gone     bool        // the member stopped waiting
@@ -156,12 +162,12 @@ type renewAsk struct {
 	ready    atomic.Bool // ans is there (set after ans is written)
 }
 
-// renewAnswer is the answer to one member: the batch's send time, and its
-// outcome or the batch's error.
+// renewAnswer is the answer to one member: the batch's send time, when
+// the answer came, and its outcome or the batch's error.
 type renewAnswer struct {
-	sent time.Time
-	r    lease.Renewal
-	err  error
+	sent, at time.Time
+	r        lease.Renewal
+	err      error
 }
 
 // renewBatch is one script in flight; live counts the members that still
@@ -211,18 +217,21 @@ func (b *batcher) newAsk(keys *lease.Keys, value string, ttl time.Duration, wake
 // ask asks for one renewal of a's lease, to be sent by latest. It never
 // blocks. a must have no ask pending (its last answer read, or none
 // asked). The one answer is written into a, unless the asker drops the
-// ask first, and the asker is woken. The answer carries the batch's send
+// ask first, and the asker is woken, unless quiet is set and the answer
+// confirms the lease in time (the asker then reads it when it next wakes
+// on its own; louden takes quiet back): the deadline it sets is then
+// published in moved at once. The answer carries the batch's send
 // time, from which the lease is dated when confirmed; at the member's
 // deadline dl (zero: none) it is context.DeadlineExceeded with asked as
 // the send time (for the latency), as a renewal sent alone returns when
 // its context's deadline passes.
-func (b *batcher) ask(a *renewAsk, dl, latest, asked time.Time) {
+func (b *batcher) ask(a *renewAsk, dl, latest, asked time.Time, quiet bool) {
 	a.ready.Store(false)
 	b.mu.Lock()
-	a.latest, a.deadline, a.asked = latest, dl, asked
+	a.latest, a.deadline, a.asked, a.quiet = latest, dl, asked, quiet
 	a.batch, a.gone, a.answered = nil, false, false
 	if !dl.IsZero() && !asked.Before(dl) {
-		a.answer(a.expired())
+		a.expire(asked)
 		b.mu.Unlock()
 		return
 	}
@@ -238,14 +247,23 @@ func (b *batcher) ask(a *renewAsk, dl, latest, asked time.Time) {
 	}
 }
 
-// answer gives a its one answer, unless it has one, and wakes the asker;
-// the caller holds b.mu. The wake-up slot holds one, so this never
-// blocks.
+// answer gives a its one answer, unless it has one, and wakes the asker
+// (but for a quiet ask's confirmation); the caller holds b.mu. The
+// wake-up slot holds one, so this never blocks.
 func (a *renewAsk) answer(ans renewAnswer) {
 	if !a.answered {
 		a.answered = true
 		a.ans = ans
 		a.ready.Store(true)
+		if a.quiet && ans.err == nil && ans.r.OK {
+			if dl := leaseDeadline(ans.sent, a.ttl); ans.at.Before(dl) {
+				if a.moved != nil {
+					a.moved.Store(int64(dl.Sub(a.base)))
+				}
+				return
+			}
+			// Confirmed too late to count: the asker acts on it now.
+		}
 		select {
 		case a.wake <- struct{}{}:
 		default: // woken already
@@ -253,16 +271,30 @@ func (a *renewAsk) answer(ans renewAnswer) {
 	}
 }
 
-// expired is the answer of a member whose deadline passed first.
-func (a *renewAsk) expired() renewAnswer {
-	return renewAnswer{sent: a.asked, err: context.DeadlineExceeded}
+// louden has a's answer wake the asker when it comes, confirmation or
+// not, and reports whether it is there already (the asker, which reads
+// it now, is not woken for it).
+func (b *batcher) louden(a *renewAsk) (answered bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	a.quiet = false
+	return a.answered
+}
+
+// expire answers, at now, a member whose deadline passed first; the
+// caller holds b.mu. (Out of line: the frame of ask, which the actor's
+// renewals run on, stays small.)
+//
+//go:noinline
+func (a *renewAsk) expire(now time.Time) {
+	a.answer(renewAnswer{sent: a.asked, at: now, err: context.DeadlineExceeded})
 }
 
 // add puts a in its group, and reports whether the loop must be woken
 // (a is due before it would wake); the caller holds b.mu.
 func (b *batcher) add(a *renewAsk) (wake bool) {
 	if b.closed {
-		a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
+		a.answer(renewAnswer{sent: a.asked, at: a.asked, err: errBatcherStopped})
 		return false
 	}
 	g := b.groups[a.group]
@@ -349,9 +381,10 @@ func (b *batcher) run() {
 		case <-t.C:
 		case <-b.ctx.Done():
 			b.mu.Lock()
+			now := time.Now()
 			for _, g := range b.groups {
 				for _, a := range g.asks {
-					a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
+					a.answer(renewAnswer{sent: a.asked, at: now, err: errBatcherStopped})
 				}
 			}
 			b.groups, b.due, b.closed = nil, nil, true
@@ -379,7 +412,7 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 			switch {
 			case a.gone:
 			case !a.deadline.IsZero() && !now.Before(a.deadline):
-				a.answer(a.expired())
+				a.expire(now)
 			default:
 				asks = append(asks, a)
 			}
@@ -465,6 +498,7 @@ func (b *batcher) send(bt *renewBatch) {
 	b.armExpiry(bt, sent)
 	b.mu.Unlock()
 	err := b.store.RenewBatch(bt.ctx, items, out)
+	at := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if bt.timer != nil && bt.timer.Stop() {
@@ -475,10 +509,10 @@ func (b *batcher) send(bt *renewBatch) {
 			continue // it left this batch and asked again
 		}
 		if err != nil {
-			a.answer(renewAnswer{sent: sent, err: err})
+			a.answer(renewAnswer{sent: sent, at: at, err: err})
 			continue
 		}
-		a.answer(renewAnswer{sent: sent, r: out[i]})
+		a.answer(renewAnswer{sent: sent, at: at, r: out[i]})
 	}
 }
 
@@ -493,7 +527,7 @@ func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 		switch {
 		case a.batch != bt || a.answered || a.gone || a.deadline.IsZero():
 		case !now.Before(a.deadline):
-			a.answer(a.expired())
+			a.expire(now)
 			bt.left()
 		case next.IsZero() || a.deadline.Before(next):
 			// Those whose deadline is the call's too: not every client

@@ -286,7 +286,7 @@ func TestBatcherEarliestDeadlineFirst(t *testing.T) {
 		for i := range n {
 			// Asked latest deadline first: ask i lapses at n-i seconds.
 			asks[i] = b.newAsk(&lease.Keys{Lease: strconv.Itoa(i)}, strconv.Itoa(i), fakeTTL, make(chan struct{}, 1))
-			b.ask(&asks[i], start.Add(time.Duration(n-i)*time.Second), due, start)
+			b.ask(&asks[i], start.Add(time.Duration(n-i)*time.Second), due, start, false)
 		}
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
@@ -395,7 +395,7 @@ func TestBatcherFailedBatchFailsEveryMember(t *testing.T) {
 // the send time, unless the answer had come.
 func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
 	a := b.newAsk(&k, value, ttl, make(chan struct{}, 1))
-	b.ask(&a, dl, latest, asked)
+	b.ask(&a, dl, latest, asked, false)
 	select {
 	case <-a.wake:
 		return a.ans.sent, a.ans.r, a.ans.err
@@ -584,7 +584,7 @@ func TestBatcherLateReplyOfABatchLeft(t *testing.T) {
 		start := time.Now()
 		k := lease.Keys{Lease: "a"}
 		a := b.newAsk(&k, "va", fakeTTL, make(chan struct{}, 1))
-		b.ask(&a, start.Add(100*time.Millisecond), start.Add(10*time.Millisecond), start)
+		b.ask(&a, start.Add(100*time.Millisecond), start.Add(10*time.Millisecond), start, false)
 		<-a.wake
 		require.True(t, a.ready.Load())
 		require.ErrorIs(t, a.ans.err, context.DeadlineExceeded, "the first ask, at its deadline")
@@ -593,7 +593,7 @@ func TestBatcherLateReplyOfABatchLeft(t *testing.T) {
 		gate := make(chan struct{})
 		s.set(func(s *batchStore) { s.stuck, s.gate = nil, gate })
 		again := time.Now()
-		b.ask(&a, again.Add(time.Second), again.Add(10*time.Millisecond), again)
+		b.ask(&a, again.Add(time.Second), again.Add(10*time.Millisecond), again, false)
 		time.Sleep(20 * time.Millisecond)
 		require.Len(t, s.calls(), 2, "the second ask's batch is in flight")
 		close(stuck) // the first batch's reply lands now

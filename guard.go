@@ -95,6 +95,11 @@ type Guard struct {
 	// downgraded: a Downgrade made this write hold of an RWMutex a read
 	// hold. Written by the actor, read by mode from any goroutine.
 	downgraded atomic.Bool
+	// moved is the lease deadline that the last renewal through the
+	// batcher confirmed, as nanoseconds after acquired (0: none yet),
+	// which the batcher publishes at once while the actor reads the
+	// answer later (see guardActor.renew). Only vouched reads it.
+	moved atomic.Int64
 
 	// pub is what the guard shows to every goroutine: its status, its
 	// context and its subscriptions.
@@ -216,11 +221,30 @@ func (g *Guard) State() State {
 	if g == nil {
 		return 0
 	}
-	s := g.pub.st.Load()
-	if s.state == Acquired && !time.Now().Before(s.deadline) {
+	state, deadline := g.vouched()
+	if state == Acquired && !time.Now().Before(deadline) {
 		return Lost
 	}
-	return s.state
+	return state
+}
+
+// vouched returns the guard's state as its owner published it and, while
+// it is Acquired, the deadline it vouches for: the published one, or a
+// later one that a renewal confirmed and the batcher published before the
+// actor read the answer (Guard.moved). Only the owner changes the state:
+// a confirmation that the owner has not read moves the deadline, nothing
+// else.
+func (g *Guard) vouched() (State, time.Time) {
+	s := g.pub.st.Load()
+	d := s.deadline
+	if s.state == Acquired {
+		if m := g.moved.Load(); m != 0 {
+			if md := g.acquired.Add(time.Duration(m)); md.After(d) {
+				d = md
+			}
+		}
+	}
+	return s.state, d
 }
 
 // Deadline returns until when the guard vouches for the lease: the local
@@ -242,11 +266,11 @@ func (g *Guard) Deadline() time.Time {
 	if g == nil {
 		return time.Time{}
 	}
-	s := g.pub.st.Load()
-	if s.state != Acquired || !time.Now().Before(s.deadline) {
+	state, deadline := g.vouched()
+	if state != Acquired || !time.Now().Before(deadline) {
 		return time.Time{}
 	}
-	return s.deadline
+	return deadline
 }
 
 // Done returns a channel that is closed once the guard has ended (released

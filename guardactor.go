@@ -126,11 +126,12 @@ type downgradeMsg struct {
 	reply actor.Reply[error]
 }
 
-// renewedMsg is the answer to a renewal sent alone at sent.
+// renewedMsg is the answer, which came at at, to a renewal sent alone at
+// sent.
 type renewedMsg struct {
-	sent time.Time
-	r    lease.Renewal
-	err  error
+	sent, at time.Time
+	r        lease.Renewal
+	err      error
 }
 
 // downgradedMsg is the answer to a Downgrade's script: whether it ran
@@ -160,8 +161,8 @@ func newGuardActor(g *Guard) *guardActor {
 // proc.actors while it runs.
 func (l *guardActor) run() {
 	proc.actors.Add(1)
-	defer proc.actors.Add(-1)
 	l.a.Run(l.loop)
+	proc.actors.Add(-1)
 }
 
 // poke wakes the actor without blocking.
@@ -226,20 +227,67 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		if l.g.how == 0 {
 			lockDone = l.g.lockCtx.Done()
 		}
+		var m guardMsg
+		var by wakeUp
 		select {
-		case m := <-inbox:
-			l.handle(m)
+		case m = <-inbox:
+			by = byMessage
 		case <-l.wake:
-			l.woken()
+			by = byWake
 		case <-l.timerC:
-			l.fired()
+			by = byTimer
 		case <-lockDone:
-			l.begin(endRelease)
-			l.g.warnLockDeadline()
+			by = byLockCtx
 		}
+		l.step(by, m)
 	}
 	l.timer.Stop()
 	l.exited()
+}
+
+// wakeUp is what woke the actor's loop.
+type wakeUp int8
+
+const (
+	byMessage wakeUp = iota // a message on the mailbox
+	byWake                  // its one-slot wake-up (the batcher, the keeper)
+	byTimer                 // its timer
+	byLockCtx               // the end of the Lock context
+)
+
+// step acts on one wake-up of the loop (m is the message, for byMessage).
+// An answer the batcher wrote without waking the actor (a renewal it
+// confirmed, see renew) is read first, whatever woke the actor: the
+// guard's deadline, and whatever is decided now, must count it.
+//
+// It is kept out of the loop's frame on purpose: the loop's frame and the
+// select's stay on the goroutine's stack while it is parked, and what
+// step calls comes and goes above them.
+//
+//go:noinline
+func (l *guardActor) step(by wakeUp, m guardMsg) {
+	if l.asking && l.req.ready.Load() {
+		l.answered()
+	}
+	switch by {
+	case byMessage:
+		l.handle(m)
+	case byWake:
+		l.woken()
+	case byTimer:
+		l.timerC = nil
+		l.fired()
+	case byLockCtx:
+		l.begin(endRelease)
+		l.g.warnLockDeadline()
+	}
+}
+
+// answered reads the batcher's answer to the renewal in flight.
+func (l *guardActor) answered() {
+	l.asking = false
+	a := &l.req.ans
+	l.renewed(a.sent, a.at, a.r, a.err)
 }
 
 // start takes the guard over: the renewal timer has done its part (a
@@ -274,23 +322,23 @@ func (l *guardActor) start() {
 
 // woken acts on a wake-up: the keeper's restart poke (a renewal that is
 // scheduled, not in flight, goes now, and through the batcher with no
-// slack left: the keeper flushes the batcher), and the batcher's answer.
+// slack left: the keeper flushes the batcher), or the batcher's answer,
+// which step has read.
 func (l *guardActor) woken() {
-	if l.soon.Swap(false) && l.g.how == 0 && !l.retiring && !l.renewAt.IsZero() {
+	if l.soon.Swap(false) && l.g.how == 0 && !l.retiring && !l.renewAt.IsZero() && !l.asking {
 		l.renewAt = time.Time{}
 		l.latest = time.Now()
 		l.renew()
 	}
-	if l.asking && l.req.ready.Load() {
-		l.asking = false
-		l.renewed(l.req.ans.sent, l.req.ans.r, l.req.ans.err)
-	}
 }
 
 // fired acts on the timer: D has come (the guard is Lost unless a renewal
-// was confirmed meanwhile), the next renewal is due, or both.
+// was confirmed meanwhile), the next renewal is due, or both. While a
+// renewal through the batcher is in flight, renewAt is when its answer,
+// if it confirmed the lease, is read (step has read one that is there):
+// an answer that is still missing then is asked to wake the actor when
+// it comes.
 func (l *guardActor) fired() {
-	l.timerC = nil
 	now := time.Now()
 	if !l.watchD.IsZero() && !now.Before(l.watchD) {
 		l.watchD = time.Time{}
@@ -298,7 +346,13 @@ func (l *guardActor) fired() {
 	}
 	if !l.renewAt.IsZero() && !now.Before(l.renewAt) {
 		l.renewAt = time.Time{}
-		l.renew()
+		switch {
+		case !l.asking:
+			l.renew()
+		case l.batcher.louden(&l.req):
+			// The answer came just now, quietly.
+			l.answered()
+		}
 	}
 }
 
@@ -351,7 +405,7 @@ func (l *guardActor) handle(m guardMsg) {
 		}
 	case renewedMsg:
 		l.lone = false
-		l.renewed(m.sent, m.r, m.err)
+		l.renewed(m.sent, m.at, m.r, m.err)
 	case downgradedMsg:
 		l.downgraded(m)
 	case deletedMsg:
@@ -361,9 +415,10 @@ func (l *guardActor) handle(m guardMsg) {
 	}
 }
 
-// renewed acts on the answer to a renewal sent at sent, alone or in a
-// batch: the next renewal is scheduled, or the loss is final.
-func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
+// renewed acts on the answer, which came at at, to a renewal sent at sent,
+// alone or in a batch: the next renewal is scheduled, or the loss is
+// final.
+func (l *guardActor) renewed(sent, at time.Time, r lease.Renewal, err error) {
 	g := l.g
 	if g.how != 0 {
 		l.afterBegin()
@@ -377,7 +432,7 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 		l.retire()
 		return
 	}
-	next, final := g.renewed(sent, r, err)
+	next, final := g.renewed(sent, at, r, err)
 	if final {
 		l.retire()
 		return
@@ -396,10 +451,7 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
 	if l.batcher == nil && l.g.hold.batchable() && l.g.keeper != nil {
-		// (A set's renewals go as batches of their own, one per group.)
-		if l.batcher = l.g.keeper.s.batcherFor(e); l.batcher != nil {
-			l.req = l.batcher.newAsk(&e.keys, l.g.value, e.ttl, l.wake)
-		}
+		l.joinBatcher()
 	}
 	if l.batcher != nil {
 		l.latest = time.Now().Add(d)
@@ -412,9 +464,31 @@ func (l *guardActor) renewIn(d time.Duration) {
 	l.renewAt = time.Now().Add(d)
 }
 
+// joinBatcher has the guard renew through its client's batcher from now
+// on, if the client's session has one for it. (A set's renewals go as
+// batches of their own, one per group.)
+//
+//go:noinline
+func (l *guardActor) joinBatcher() {
+	e := l.g.e
+	if l.batcher = l.g.keeper.s.batcherFor(e); l.batcher != nil {
+		l.req = l.batcher.newAsk(&e.keys, l.g.value, e.ttl, l.wake)
+		l.req.moved, l.req.base = &l.g.moved, l.g.acquired
+	}
+}
+
 // renew sends one renewal: through the batcher, as an ask whose answer
-// the batcher writes into it and wakes the actor for; otherwise in a child, whose answer
-// comes on the mailbox. The call's deadline is the lease deadline while
+// the batcher writes into it; otherwise in a child, whose answer comes on
+// the mailbox. The batcher wakes the actor for an answer at once, but for
+// one that confirms in time the lease of a guard that is Acquired (nearly
+// every answer): that one moves D on and changes nothing else, so the
+// batcher publishes the new D itself (in Guard.moved, which State and
+// Deadline read, see Guard.vouched), and the actor reads the answer when
+// it next wakes anyway, a renewal period after the send, when the next
+// renewal is due (or at D, if it watches a deadline that comes first).
+// One wake-up per renewal, not two. Whatever else wakes the actor in
+// between reads the answer first (see step), so that the actor never
+// decides on a deadline older than what the batcher confirmed. The call's deadline is the lease deadline while
 // the lease is held (L1: no call for a held lock outlives D; the batcher
 // keeps it itself, see batcher.go, "Deadlines"), and one renewal period
 // when it is Lost. A lease whose deadline has passed before the deadline
@@ -431,9 +505,29 @@ func (l *guardActor) renew() {
 	}
 	if l.batcher != nil {
 		l.asking = true
-		l.batcher.ask(&l.req, dl, l.latest, sent)
+		quiet := s.state == Acquired
+		l.batcher.ask(&l.req, dl, l.latest, sent, quiet)
+		if quiet {
+			// When the next renewal's timer would fire if the batch went
+			// at latest; it went then or earlier, and renewIn then asks
+			// at once for a renewal due within the slack. Guards that
+			// shared a batch ask together again from the next round on
+			// (their asks' latest is the batch's send time plus a period).
+			period := renewAfter(e.ttl)
+			l.renewAt = l.latest.Add(period - renewSlack(period))
+		}
 		return
 	}
+	l.renewAlone(sent, dl)
+}
+
+// renewAlone sends one renewal, sent at sent with the call's deadline dl,
+// in a child.
+//
+//go:noinline
+func (l *guardActor) renewAlone(sent, dl time.Time) {
+	g := l.g
+	e := g.e
 	if l.ended == nil {
 		l.ended, l.endRenewals = context.WithCancel(context.Background())
 	}
@@ -443,7 +537,7 @@ func (l *guardActor) renew() {
 		ctx, cancel := context.WithDeadline(ended, dl)
 		r, err := g.hold.renew(ctx, g.value, e.ttl)
 		cancel()
-		_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
+		_ = l.a.Send(actx, renewedMsg{sent: sent, at: time.Now(), r: r, err: err})
 	})
 }
 
@@ -736,9 +830,22 @@ func (g *Guard) confirm(sent time.Time, ttl time.Duration) {
 	prev := g.pub.st.Load()
 	next := &status{state: Acquired, since: prev.since, deadline: leaseDeadline(sent, ttl)}
 	if prev.state != Lost {
-		g.apply(change{next: next})
+		g.extend(next)
 		return
 	}
+	g.regain(next)
+}
+
+// extend publishes the deadline that a renewal of an Acquired guard moved
+// on: apply's one shortcut. Nothing else changes (no transition, no event,
+// no cause), so none of apply's order is at stake, and the status is
+// stored alone: whoever reads it loads it without a lock.
+func (g *Guard) extend(next *status) { g.pub.st.Store(next) }
+
+// regain publishes a Lost guard's return to Acquired.
+//
+//go:noinline
+func (g *Guard) regain(next *status) {
 	next.since = time.Now()
 	g.apply(change{next: next, ev: Event{State: Acquired, Time: next.since}, emit: true, from: Lost})
 	g.logger().Info("distlock: lock regained")
@@ -784,15 +891,51 @@ func (g *Guard) checkDeadline() {
 // log at Warn) and the renewal is retried after a short pause that grows
 // with each failure; the guard turns Lost when its deadline comes first,
 // and a Lost guard keeps trying every TTL/9.
-func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.Duration, final bool) {
+func (g *Guard) renewed(sent, at time.Time, r lease.Renewal, err error) (next time.Duration, final bool) {
+	ttl := g.e.ttl
+	if err != nil || !r.OK || g.void && g.pub.st.Load().state == Lost || !at.Before(leaseDeadline(sent, ttl)) {
+		return g.notConfirmed(sent, at, r, err)
+	}
+	g.observeRenew(sent, at, nil)
+	g.confirm(sent, ttl)
+	if g.e.debug() {
+		g.debugRenewed()
+	}
+	return sent.Add(renewAfter(ttl)).Sub(time.Now()), false
+}
+
+// observeRenew tells the Observer of the answer, which came at at, to a
+// renewal sent at sent; err is its failure, if any. (Kept out of line with
+// every rare path of renewed: a renewal's frames stay small.)
+//
+//go:noinline
+func (g *Guard) observeRenew(sent, at time.Time, err error) {
+	e := g.e
+	e.obs.ObserveRenew(RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token,
+		Latency: at.Sub(sent), Err: err})
+}
+
+//go:noinline
+func (g *Guard) debugRenewed() {
+	g.logger().Debug("distlock: renewed", "deadline_in", time.Until(g.pub.st.Load().deadline))
+}
+
+// notConfirmed is renewed for an answer that confirmed nothing that
+// counts: a failure, a refusal, a value that no longer proves the lease
+// was ours throughout, or a confirmation that came too late.
+//
+//go:noinline
+func (g *Guard) notConfirmed(sent, at time.Time, r lease.Renewal, err error) (next time.Duration, final bool) {
 	e := g.e
 	ttl := e.ttl
 	now := time.Now()
-	info := RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token, Latency: now.Sub(sent), Err: err}
+	var refused *LostError
+	infoErr := err
 	if err == nil && !r.OK {
-		info.Err = &LostError{Key: g.hold.refusedKey(), Reason: LostRefused, Holder: lease.Owner(r.Holder)}
+		refused = &LostError{Key: g.hold.refusedKey(), Reason: LostRefused, Holder: lease.Owner(r.Holder)}
+		infoErr = refused
 	}
-	e.obs.ObserveRenew(info)
+	g.observeRenew(sent, at, infoErr)
 	s := g.pub.st.Load()
 	switch {
 	case err != nil && s.state == Acquired && now.Before(s.deadline):
@@ -820,7 +963,7 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 			}
 		}
 		if e.debug() {
-			g.logger().Debug("distlock: renewal failed", "err", err, "took", now.Sub(sent))
+			g.logger().Debug("distlock: renewal failed", "err", err, "took", at.Sub(sent))
 		}
 		g.lose(cause)
 		// A Lost guard keeps trying: a renewal that finds the key still
@@ -830,7 +973,7 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 		if e.debug() {
 			g.logger().Debug("distlock: renewal refused", "holder", r.Holder)
 		}
-		g.lose(info.Err.(*LostError))
+		g.lose(refused)
 		return 0, true
 	case s.state == Lost && g.void:
 		// The key holds this acquisition's value again, but a call of
@@ -843,15 +986,10 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 			g.logger().Debug("distlock: a renewal found the value again, but the acquisition has a call whose outcome it never saw; the loss is final")
 		}
 		return 0, true
-	case !now.Before(leaseDeadline(sent, ttl)):
-		// Confirmed, but too late to count: the lease may already be gone
-		// by the time we could act on it.
-		g.lose(&LostError{Key: e.keys.Lease, Reason: LostDeadline})
-		return 0, false
 	}
-	g.confirm(sent, ttl)
-	if e.debug() {
-		g.logger().Debug("distlock: renewed", "deadline_in", g.pub.st.Load().deadline.Sub(now))
-	}
-	return sent.Add(renewAfter(ttl)).Sub(now), false
+	// Confirmed, but too late to count (it came at or after the deadline
+	// it would have set): the lease may already be gone by the time we
+	// could act on it.
+	g.lose(&LostError{Key: e.keys.Lease, Reason: LostDeadline})
+	return 0, false
 }
