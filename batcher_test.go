@@ -657,3 +657,54 @@ func TestBatcherNotForReplicaAck(t *testing.T) {
 	_, ok = batcherFor(&engine{client: s, store: &fakeStore{}})
 	assert.False(t, ok, "a store that cannot batch")
 }
+
+// TestBatcherQuietConfirmation checks the order in which a guard learns
+// of a renewal through the batcher that confirmed its lease: the deadline
+// moves on at once (State and Deadline count it), the actor is not woken
+// for it (the Observer hears of it only when the actor next wakes, to ask
+// for the next renewal), and an end that comes first reads it before it
+// decides anything.
+func TestBatcherQuietConfirmation(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		s := newBatchStore()
+		rec := &recorder{}
+		g, err := batchMutexes(t, s, 1, WithObserver(rec))[0].Lock(t.Context())
+		require.NoError(t, err)
+		start, first := time.Now(), g.Deadline()
+		renewed := func() int {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			return len(rec.renews)
+		}
+
+		time.Sleep(renewAfter(fakeTTL) + time.Millisecond)
+		synctest.Wait()
+		require.Len(t, s.calls(), 1)
+		second := g.Deadline()
+		assert.Equal(t, leaseDeadline(start.Add(renewAfter(fakeTTL)), fakeTTL), second, "the confirmed deadline, at once")
+		assert.Zero(t, renewed(), "the actor was woken for a confirmation")
+		assert.True(t, second.After(first))
+
+		// The next renewal is asked for: the actor reads the first answer
+		// then, and the second moves the deadline on again.
+		time.Sleep(renewAfter(fakeTTL))
+		synctest.Wait()
+		require.Len(t, s.calls(), 2)
+		assert.Equal(t, 1, renewed(), "the first renewal, read when the second was asked for")
+		assert.True(t, g.Deadline().After(second))
+
+		// An end reads the answer it finds before anything else.
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		require.Len(t, rec.renews, 2, "every renewal is observed, the last one at the end")
+		for i, r := range rec.renews {
+			assert.NoError(t, r.Err, "renewal %d", i)
+		}
+		require.Len(t, rec.transitions, 1)
+		assert.Equal(t, Acquired, rec.transitions[0].From)
+		assert.Equal(t, Released, rec.transitions[0].To)
+	})
+}
