@@ -95,10 +95,11 @@ type Guard struct {
 	// downgraded: a Downgrade made this write hold of an RWMutex a read
 	// hold. Written by the actor, read by mode from any goroutine.
 	downgraded atomic.Bool
-	// moved is the lease deadline that the last renewal through the
-	// batcher confirmed, as nanoseconds after acquired (0: none yet),
-	// which the batcher publishes at once while the actor reads the
-	// answer later (see guardActor.renew). Only vouched reads it.
+	// moved is the lease deadline that the last renewal confirmed, as
+	// nanoseconds after acquired (0: none yet): the actor's owner stores
+	// it (Guard.extend), and the batcher too, for a confirmation it does
+	// not wake the actor for (see guardActor.renew). Only vouched reads
+	// it.
 	moved atomic.Int64
 
 	// pub is what the guard shows to every goroutine: its status, its
@@ -229,11 +230,11 @@ func (g *Guard) State() State {
 }
 
 // vouched returns the guard's state as its owner published it and, while
-// it is Acquired, the deadline it vouches for: the published one, or a
-// later one that a renewal confirmed and the batcher published before the
-// actor read the answer (Guard.moved). Only the owner changes the state:
-// a confirmation that the owner has not read moves the deadline, nothing
-// else.
+// it is Acquired, the deadline it vouches for: the published one (of the
+// acquisition, or of the last regain), or a later one that a renewal
+// confirmed since (Guard.moved), which the batcher may have published
+// before the actor read the answer. Only the owner changes the state: a
+// confirmation moves the deadline, nothing else.
 func (g *Guard) vouched() (State, time.Time) {
 	s := g.pub.st.Load()
 	d := s.deadline

@@ -497,15 +497,15 @@ func (l *guardActor) joinBatcher() {
 func (l *guardActor) renew() {
 	g := l.g
 	e := g.e
-	s := g.pub.st.Load()
+	state, d := g.vouched()
 	sent := time.Now()
 	dl := sent.Add(renewAfter(e.ttl))
-	if s.state == Acquired {
-		dl = s.deadline
+	if state == Acquired {
+		dl = d
 	}
 	if l.batcher != nil {
 		l.asking = true
-		quiet := s.state == Acquired
+		quiet := state == Acquired
 		l.batcher.ask(&l.req, dl, l.latest, sent, quiet)
 		if quiet {
 			// When the next renewal's timer would fire if the batch went
@@ -562,8 +562,8 @@ func (l *guardActor) stopRenewing() {
 // and retries), and a dial may not watch it. The loop arms the timer.
 func (l *guardActor) armDeadline() {
 	l.watchD = time.Time{}
-	if s := l.g.pub.st.Load(); s.state == Acquired {
-		l.watchD = s.deadline
+	if state, d := l.g.vouched(); state == Acquired {
+		l.watchD = d
 	}
 }
 
@@ -645,7 +645,7 @@ func (l *guardActor) downgrade() {
 			continue
 		}
 		d := e.store.(downgrader)      // Guard.Downgrade checked it
-		dl := g.pub.st.Load().deadline // L1: no call for a held lock outlives D
+		_, dl := g.vouched() // L1: no call for a held lock outlives D
 		ctx, cancel := context.WithCancel(m.ctx)
 		l.cancelDowngrade = cancel
 		l.a.Go(func(actx context.Context) {
@@ -827,20 +827,21 @@ func (g *Guard) confirm(sent time.Time, ttl time.Duration) {
 	g.lastSent, g.leaseTTL = sent, ttl
 	g.renewErr = nil
 	g.retry.reset()
+	d := leaseDeadline(sent, ttl)
 	prev := g.pub.st.Load()
-	next := &status{state: Acquired, since: prev.since, deadline: leaseDeadline(sent, ttl)}
 	if prev.state != Lost {
-		g.extend(next)
+		g.extend(d)
 		return
 	}
-	g.regain(next)
+	g.regain(&status{state: Acquired, since: prev.since, deadline: d})
 }
 
-// extend publishes the deadline that a renewal of an Acquired guard moved
-// on: apply's one shortcut. Nothing else changes (no transition, no event,
-// no cause), so none of apply's order is at stake, and the status is
-// stored alone: whoever reads it loads it without a lock.
-func (g *Guard) extend(next *status) { g.pub.st.Store(next) }
+// extend publishes the deadline d that a renewal of an Acquired guard
+// confirmed: apply's one shortcut. Nothing else changes (no transition, no
+// event, no cause), so none of apply's order is at stake; d goes where the
+// batcher publishes the confirmations it does not wake the actor for
+// (Guard.moved, see Guard.vouched), and a renewal allocates no status.
+func (g *Guard) extend(d time.Time) { g.moved.Store(int64(d.Sub(g.acquired))) }
 
 // regain publishes a Lost guard's return to Acquired.
 //
@@ -854,12 +855,12 @@ func (g *Guard) regain(next *status) {
 // lose moves an Acquired guard to Lost for cause; the deadline it had is
 // kept. The first loss cancels the guard's context.
 func (g *Guard) lose(cause *LostError) {
-	prev := g.pub.st.Load()
-	if prev.state != Acquired {
+	state, d := g.vouched()
+	if state != Acquired {
 		return
 	}
 	now := time.Now()
-	g.apply(change{next: &status{state: Lost, since: now, deadline: prev.deadline, err: cause}, cause: cause,
+	g.apply(change{next: &status{state: Lost, since: now, deadline: d, err: cause}, cause: cause,
 		ev: Event{State: Lost, Time: now, Err: cause}, emit: true, from: Acquired})
 	g.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
 }
@@ -868,7 +869,7 @@ func (g *Guard) lose(cause *LostError) {
 // renewals failed up to it (the last failure says why), or because none
 // was confirmed in time.
 func (g *Guard) checkDeadline() {
-	if s := g.pub.st.Load(); s.state == Acquired && !time.Now().Before(s.deadline) {
+	if state, d := g.vouched(); state == Acquired && !time.Now().Before(d) {
 		cause := &LostError{Key: g.e.keys.Lease, Reason: LostDeadline}
 		if g.renewErr != nil {
 			cause.Reason, cause.Err = LostRenewFailed, g.renewErr
@@ -917,7 +918,7 @@ func (g *Guard) observeRenew(sent, at time.Time, err error) {
 
 //go:noinline
 func (g *Guard) debugRenewed() {
-	g.logger().Debug("distlock: renewed", "deadline_in", time.Until(g.pub.st.Load().deadline))
+	g.logger().Debug("distlock: renewed", "deadline_in", time.Until(g.Deadline()))
 }
 
 // notConfirmed is renewed for an answer that confirmed nothing that
@@ -936,24 +937,24 @@ func (g *Guard) notConfirmed(sent, at time.Time, r lease.Renewal, err error) (ne
 		infoErr = refused
 	}
 	g.observeRenew(sent, at, infoErr)
-	s := g.pub.st.Load()
+	state, deadline := g.vouched()
 	switch {
-	case err != nil && s.state == Acquired && now.Before(s.deadline):
+	case err != nil && state == Acquired && now.Before(deadline):
 		g.renewErr = err
 		pause := g.retry.next()
-		if left := s.deadline.Sub(now); pause >= left {
+		if left := deadline.Sub(now); pause >= left {
 			// No retry can be sent before the deadline: the guard is
 			// Lost then (see armDeadline).
 			pause = left
 		}
-		rerr := &RenewError{Key: e.keys.Lease, Err: err, Deadline: s.deadline, Retry: pause}
+		rerr := &RenewError{Key: e.keys.Lease, Err: err, Deadline: deadline, Retry: pause}
 		g.apply(change{ev: Event{State: Acquired, Time: now, Err: rerr}, emit: true, from: Acquired})
 		g.logger().Warn("distlock: renewal failed; the lease still holds, retrying",
-			"err", err, "deadline_in", s.deadline.Sub(now), "retry_in", pause)
+			"err", err, "deadline_in", deadline.Sub(now), "retry_in", pause)
 		return pause, false
 	case err != nil:
 		cause := &LostError{Key: e.keys.Lease, Reason: LostRenewFailed, Err: err}
-		if errors.Is(err, context.DeadlineExceeded) && s.state == Acquired {
+		if errors.Is(err, context.DeadlineExceeded) && state == Acquired {
 			// A renewal still in flight at the deadline: Lost for the
 			// failures before it, if there were any, or for the deadline.
 			if g.renewErr != nil {
@@ -975,7 +976,7 @@ func (g *Guard) notConfirmed(sent, at time.Time, r lease.Renewal, err error) (ne
 		}
 		g.lose(refused)
 		return 0, true
-	case s.state == Lost && g.void:
+	case state == Lost && g.void:
 		// The key holds this acquisition's value again, but a call of
 		// the acquisition whose outcome it never saw may have reached
 		// Redis late and granted the value anew after another holder
