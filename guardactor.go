@@ -644,8 +644,8 @@ func (l *guardActor) downgrade() {
 			l.downgrades = l.downgrades[1:]
 			continue
 		}
-		d := e.store.(downgrader)      // Guard.Downgrade checked it
-		_, dl := g.vouched() // L1: no call for a held lock outlives D
+		d := e.store.(downgrader) // Guard.Downgrade checked it
+		_, dl := g.vouched()      // L1: no call for a held lock outlives D
 		ctx, cancel := context.WithCancel(m.ctx)
 		l.cancelDowngrade = cancel
 		l.a.Go(func(actx context.Context) {
