@@ -1,7 +1,6 @@
 package distlock
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"runtime"
@@ -302,10 +301,10 @@ func (b *batcher) add(a *renewAsk) (wake bool) {
 	case g == nil:
 		g = &askGroup{id: a.group, latest: a.latest}
 		b.groups[a.group] = g
-		heap.Push(&b.due, g)
+		b.due.push(g)
 	case a.latest.Before(g.latest):
 		g.latest = a.latest
-		heap.Fix(&b.due, g.index)
+		b.due.up(g.index)
 	}
 	g.asks = append(g.asks, a)
 	wake = b.armed.IsZero() || a.latest.Before(b.armed)
@@ -405,7 +404,7 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 	defer b.mu.Unlock()
 	var out []*renewBatch
 	for len(b.due) > 0 && (b.flush || !b.due[0].latest.After(now)) {
-		g := heap.Pop(&b.due).(*askGroup)
+		g := b.due.pop()
 		delete(b.groups, g.id)
 		asks := g.asks[:0]
 		for _, a := range g.asks {
@@ -562,24 +561,63 @@ type batchBuf struct {
 var batchBufs = sync.Pool{New: func() any { return new(batchBuf) }}
 
 // groupHeap orders the groups with pending renewals by their earliest
-// latest (container/heap).
+// latest: a binary heap, typed (container/heap's interface calls cost an
+// asker's renewal stack depth as well as time).
 type groupHeap []*askGroup
 
-func (h groupHeap) Len() int           { return len(h) }
-func (h groupHeap) Less(i, j int) bool { return h[i].latest.Before(h[j].latest) }
-func (h groupHeap) Swap(i, j int) {
+func (h groupHeap) less(i, j int) bool { return h[i].latest.Before(h[j].latest) }
+
+func (h groupHeap) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index, h[j].index = i, j
 }
-func (h *groupHeap) Push(x any) {
-	g := x.(*askGroup)
+
+// push adds g.
+func (h *groupHeap) push(g *askGroup) {
 	g.index = len(*h)
 	*h = append(*h, g)
+	h.up(g.index)
 }
-func (h *groupHeap) Pop() any {
+
+// up moves the group at j up to its place, after its latest moved earlier.
+func (h groupHeap) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !h.less(j, i) {
+			return
+		}
+		h.swap(i, j)
+		j = i
+	}
+}
+
+// pop removes and returns the group with the earliest latest.
+func (h *groupHeap) pop() *askGroup {
 	old := *h
-	g := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
+	n := len(old) - 1
+	old.swap(0, n)
+	g := old[n]
+	old[n] = nil
+	*h = old[:n]
+	h.down(0)
 	return g
+}
+
+// down moves the group at i down to its place.
+func (h groupHeap) down(i int) {
+	n := len(h)
+	for {
+		j := 2*i + 1
+		if j >= n {
+			return
+		}
+		if r := j + 1; r < n && h.less(r, j) {
+			j = r
+		}
+		if !h.less(j, i) {
+			return
+		}
+		h.swap(i, j)
+		i = j
+	}
 }

@@ -72,6 +72,7 @@ type guardActor struct {
 	armedAt time.Time
 	renewAt time.Time
 	watchD  time.Time
+	sendNow bool // a renewal is due now: sent when the step returns (sendDue)
 	// Through the batcher the renewal is asked to be sent by latest.
 	// While one is in flight, asking says req is with the batcher (its
 	// answer is written into it, and wake wakes the actor) or lone says a
@@ -281,6 +282,7 @@ func (l *guardActor) step(by wakeUp, m guardMsg) {
 		l.begin(endRelease)
 		l.g.warnLockDeadline()
 	}
+	l.sendDue()
 }
 
 // answered reads the batcher's answer to the renewal in flight.
@@ -318,6 +320,7 @@ func (l *guardActor) start() {
 	}
 	l.renewIn(due)
 	l.armDeadline()
+	l.sendDue()
 }
 
 // woken acts on a wake-up: the keeper's restart poke (a renewal that is
@@ -328,7 +331,7 @@ func (l *guardActor) woken() {
 	if l.soon.Swap(false) && l.g.how == 0 && !l.retiring && !l.renewAt.IsZero() && !l.asking {
 		l.renewAt = time.Time{}
 		l.latest = time.Now()
-		l.renew()
+		l.sendNow = true
 	}
 }
 
@@ -348,7 +351,7 @@ func (l *guardActor) fired() {
 		l.renewAt = time.Time{}
 		switch {
 		case !l.asking:
-			l.renew()
+			l.sendNow = true
 		case l.batcher.louden(&l.req):
 			// The answer came just now, quietly.
 			l.answered()
@@ -458,10 +461,22 @@ func (l *guardActor) renewIn(d time.Duration) {
 		d -= min(max(d, 0), renewSlack(renewAfter(e.ttl)))
 	}
 	if d <= 0 {
-		l.renew()
+		l.sendNow = true
 		return
 	}
 	l.renewAt = time.Now().Add(d)
+}
+
+// sendDue sends the renewal that is due now, if one is (sendNow), once
+// the step that found it due has returned: the calls a renewal makes (the
+// batcher's ask, its heap) then stack on the loop's frame alone, not on
+// the calls that found it due, so that the goroutine's stack stays at the
+// runtime's smallest.
+func (l *guardActor) sendDue() {
+	if l.sendNow {
+		l.sendNow = false
+		l.renew()
+	}
 }
 
 // joinBatcher has the guard renew through its client's batcher from now
@@ -546,7 +561,7 @@ func (l *guardActor) renewAlone(sent, dl time.Time) {
 // answer, if one comes, is stale), and a lone renewal in flight
 // (cancelled: its answer still comes, and lone stays set until then).
 func (l *guardActor) stopRenewing() {
-	l.renewAt = time.Time{}
+	l.renewAt, l.sendNow = time.Time{}, false
 	if l.asking {
 		l.batcher.drop(&l.req)
 		l.asking = false
