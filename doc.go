@@ -412,15 +412,17 @@
 // which 3.7 KiB is heap (the Mutex, the guard, its actor and the goroutine's
 // descriptor) and 4.0 KiB the actor's stack; the target is not met. The
 // stack is the runtime's 2 KiB minimum grown once: a 2 KiB stack leaves
-// its frames about 1,100 bytes, the actor parked in its select already
-// uses about 1,000 of them (its entry through the renewal timer and the
-// actor runtime's Run, its loop, the select), and a renewal's calls need
-// more; the runtime does not shrink it back while the actor lives (it
-// shrinks a stack only when less than a quarter of it is in use, counting
-// 800 bytes of guard: a parked actor would need under 224 bytes of frames,
-// and the select alone takes 304). A renewal allocates only the status it
-// publishes and wakes the actor once (its timer; the batcher's answer
-// does not wake it, see above). The CPU, commands and Redis figures are in
+// its frames about 1,100 bytes; the actor parked in its select uses about
+// 740 of them (its entry through the renewal timer and the actor
+// runtime's Run, its loop, the select), and a renewal's calls now fit in
+// the rest, but its activation (the actor's context and timer, joining
+// the client's batcher) goes deeper once, and the runtime does not
+// shrink it back while the actor lives (it shrinks a stack only when less
+// than a quarter of it is in use, counting 800 bytes of guard: a parked
+// actor would need under 224 bytes of frames, and the select alone takes
+// 304). A renewal allocates nothing of its own and wakes the actor once
+// (its timer; the batcher's answer does not wake it, see above). The CPU,
+// commands and Redis figures are in
 // BENCHMARKS.md, "Many held locks".
 //
 // # Goroutines
