@@ -269,6 +269,13 @@ const (
 func (l *guardActor) step(by wakeUp, m guardMsg) {
 	if l.asking && l.req.ready.Load() {
 		l.answered()
+		if l.exit {
+			// The answer ended the actor (a final loss, or the last step
+			// of an end): the guard is no longer its own. A message it
+			// took goes unanswered, and its caller, told the actor
+			// stopped, reads who owns the guard now (see Guard.end).
+			return
+		}
 	}
 	switch by {
 	case byMessage:
