@@ -1,7 +1,6 @@
 package distlock
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"runtime"
@@ -144,10 +143,16 @@ type renewAsk struct {
 	ttl   time.Duration
 	group string
 	wake  chan struct{} // the asker's one-slot wake-up
+	// moved is where a quiet ask's confirmation is published at once, as
+	// the lease deadline it sets, in nanoseconds after base (nil: nowhere;
+	// see Guard.vouched).
+	moved *atomic.Int64
+	base  time.Time
 
 	latest   time.Time
 	deadline time.Time // the member's lease deadline; zero when it has none
 	asked    time.Time // when the member asked, the send time of an answer without a batch
+	quiet    bool      // an answer that confirms the lease does not wake the asker
 
 	batch    *renewBatch // the batch it went into, once sent
 	gone     bool        // the member stopped waiting
@@ -156,12 +161,12 @@ type renewAsk struct {
 	ready    atomic.Bool // ans is there (set after ans is written)
 }
 
-// renewAnswer is the answer to one member: the batch's send time, and its
-// outcome or the batch's error.
+// renewAnswer is the answer to one member: the batch's send time, when
+// the answer came, and its outcome or the batch's error.
 type renewAnswer struct {
-	sent time.Time
-	r    lease.Renewal
-	err  error
+	sent, at time.Time
+	r        lease.Renewal
+	err      error
 }
 
 // renewBatch is one script in flight; live counts the members that still
@@ -211,18 +216,21 @@ func (b *batcher) newAsk(keys *lease.Keys, value string, ttl time.Duration, wake
 // ask asks for one renewal of a's lease, to be sent by latest. It never
 // blocks. a must have no ask pending (its last answer read, or none
 // asked). The one answer is written into a, unless the asker drops the
-// ask first, and the asker is woken. The answer carries the batch's send
+// ask first, and the asker is woken, unless quiet is set and the answer
+// confirms the lease in time (the asker then reads it when it next wakes
+// on its own; louden takes quiet back): the deadline it sets is then
+// published in moved at once. The answer carries the batch's send
 // time, from which the lease is dated when confirmed; at the member's
 // deadline dl (zero: none) it is context.DeadlineExceeded with asked as
 // the send time (for the latency), as a renewal sent alone returns when
 // its context's deadline passes.
-func (b *batcher) ask(a *renewAsk, dl, latest, asked time.Time) {
+func (b *batcher) ask(a *renewAsk, dl, latest, asked time.Time, quiet bool) {
 	a.ready.Store(false)
 	b.mu.Lock()
-	a.latest, a.deadline, a.asked = latest, dl, asked
+	a.latest, a.deadline, a.asked, a.quiet = latest, dl, asked, quiet
 	a.batch, a.gone, a.answered = nil, false, false
 	if !dl.IsZero() && !asked.Before(dl) {
-		a.answer(a.expired())
+		a.expire(asked)
 		b.mu.Unlock()
 		return
 	}
@@ -238,14 +246,23 @@ func (b *batcher) ask(a *renewAsk, dl, latest, asked time.Time) {
 	}
 }
 
-// answer gives a its one answer, unless it has one, and wakes the asker;
-// the caller holds b.mu. The wake-up slot holds one, so this never
-// blocks.
+// answer gives a its one answer, unless it has one, and wakes the asker
+// (but for a quiet ask's confirmation); the caller holds b.mu. The
+// wake-up slot holds one, so this never blocks.
 func (a *renewAsk) answer(ans renewAnswer) {
 	if !a.answered {
 		a.answered = true
 		a.ans = ans
 		a.ready.Store(true)
+		if a.quiet && ans.err == nil && ans.r.OK {
+			if dl := leaseDeadline(ans.sent, a.ttl); ans.at.Before(dl) {
+				if a.moved != nil {
+					a.moved.Store(int64(dl.Sub(a.base)))
+				}
+				return
+			}
+			// Confirmed too late to count: the asker acts on it now.
+		}
 		select {
 		case a.wake <- struct{}{}:
 		default: // woken already
@@ -253,16 +270,30 @@ func (a *renewAsk) answer(ans renewAnswer) {
 	}
 }
 
-// expired is the answer of a member whose deadline passed first.
-func (a *renewAsk) expired() renewAnswer {
-	return renewAnswer{sent: a.asked, err: context.DeadlineExceeded}
+// louden has a's answer wake the asker when it comes, confirmation or
+// not, and reports whether it is there already (the asker, which reads
+// it now, is not woken for it).
+func (b *batcher) louden(a *renewAsk) (answered bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	a.quiet = false
+	return a.answered
+}
+
+// expire answers, at now, a member whose deadline passed first; the
+// caller holds b.mu. (Out of line: the frame of ask, which the actor's
+// renewals run on, stays small.)
+//
+//go:noinline
+func (a *renewAsk) expire(now time.Time) {
+	a.answer(renewAnswer{sent: a.asked, at: now, err: context.DeadlineExceeded})
 }
 
 // add puts a in its group, and reports whether the loop must be woken
 // (a is due before it would wake); the caller holds b.mu.
 func (b *batcher) add(a *renewAsk) (wake bool) {
 	if b.closed {
-		a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
+		a.answer(renewAnswer{sent: a.asked, at: a.asked, err: errBatcherStopped})
 		return false
 	}
 	g := b.groups[a.group]
@@ -270,10 +301,10 @@ func (b *batcher) add(a *renewAsk) (wake bool) {
 	case g == nil:
 		g = &askGroup{id: a.group, latest: a.latest}
 		b.groups[a.group] = g
-		heap.Push(&b.due, g)
+		b.due.push(g)
 	case a.latest.Before(g.latest):
 		g.latest = a.latest
-		heap.Fix(&b.due, g.index)
+		b.due.up(g.index)
 	}
 	g.asks = append(g.asks, a)
 	wake = b.armed.IsZero() || a.latest.Before(b.armed)
@@ -349,9 +380,10 @@ func (b *batcher) run() {
 		case <-t.C:
 		case <-b.ctx.Done():
 			b.mu.Lock()
+			now := time.Now()
 			for _, g := range b.groups {
 				for _, a := range g.asks {
-					a.answer(renewAnswer{sent: a.asked, err: errBatcherStopped})
+					a.answer(renewAnswer{sent: a.asked, at: now, err: errBatcherStopped})
 				}
 			}
 			b.groups, b.due, b.closed = nil, nil, true
@@ -372,14 +404,14 @@ func (b *batcher) take(now time.Time) []*renewBatch {
 	defer b.mu.Unlock()
 	var out []*renewBatch
 	for len(b.due) > 0 && (b.flush || !b.due[0].latest.After(now)) {
-		g := heap.Pop(&b.due).(*askGroup)
+		g := b.due.pop()
 		delete(b.groups, g.id)
 		asks := g.asks[:0]
 		for _, a := range g.asks {
 			switch {
 			case a.gone:
 			case !a.deadline.IsZero() && !now.Before(a.deadline):
-				a.answer(a.expired())
+				a.expire(now)
 			default:
 				asks = append(asks, a)
 			}
@@ -465,6 +497,7 @@ func (b *batcher) send(bt *renewBatch) {
 	b.armExpiry(bt, sent)
 	b.mu.Unlock()
 	err := b.store.RenewBatch(bt.ctx, items, out)
+	at := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if bt.timer != nil && bt.timer.Stop() {
@@ -475,10 +508,10 @@ func (b *batcher) send(bt *renewBatch) {
 			continue // it left this batch and asked again
 		}
 		if err != nil {
-			a.answer(renewAnswer{sent: sent, err: err})
+			a.answer(renewAnswer{sent: sent, at: at, err: err})
 			continue
 		}
-		a.answer(renewAnswer{sent: sent, r: out[i]})
+		a.answer(renewAnswer{sent: sent, at: at, r: out[i]})
 	}
 }
 
@@ -493,7 +526,7 @@ func (b *batcher) armExpiry(bt *renewBatch, now time.Time) {
 		switch {
 		case a.batch != bt || a.answered || a.gone || a.deadline.IsZero():
 		case !now.Before(a.deadline):
-			a.answer(a.expired())
+			a.expire(now)
 			bt.left()
 		case next.IsZero() || a.deadline.Before(next):
 			// Those whose deadline is the call's too: not every client
@@ -528,24 +561,63 @@ type batchBuf struct {
 var batchBufs = sync.Pool{New: func() any { return new(batchBuf) }}
 
 // groupHeap orders the groups with pending renewals by their earliest
-// latest (container/heap).
+// latest: a binary heap, typed (container/heap's interface calls cost an
+// asker's renewal stack depth as well as time).
 type groupHeap []*askGroup
 
-func (h groupHeap) Len() int           { return len(h) }
-func (h groupHeap) Less(i, j int) bool { return h[i].latest.Before(h[j].latest) }
-func (h groupHeap) Swap(i, j int) {
+func (h groupHeap) less(i, j int) bool { return h[i].latest.Before(h[j].latest) }
+
+func (h groupHeap) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index, h[j].index = i, j
 }
-func (h *groupHeap) Push(x any) {
-	g := x.(*askGroup)
+
+// push adds g.
+func (h *groupHeap) push(g *askGroup) {
 	g.index = len(*h)
 	*h = append(*h, g)
+	h.up(g.index)
 }
-func (h *groupHeap) Pop() any {
+
+// up moves the group at j up to its place, after its latest moved earlier.
+func (h groupHeap) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !h.less(j, i) {
+			return
+		}
+		h.swap(i, j)
+		j = i
+	}
+}
+
+// pop removes and returns the group with the earliest latest.
+func (h *groupHeap) pop() *askGroup {
 	old := *h
-	g := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
+	n := len(old) - 1
+	old.swap(0, n)
+	g := old[n]
+	old[n] = nil
+	*h = old[:n]
+	h.down(0)
 	return g
+}
+
+// down moves the group at i down to its place.
+func (h groupHeap) down(i int) {
+	n := len(h)
+	for {
+		j := 2*i + 1
+		if j >= n {
+			return
+		}
+		if r := j + 1; r < n && h.less(r, j) {
+			j = r
+		}
+		if !h.less(j, i) {
+			return
+		}
+		h.swap(i, j)
+		i = j
+	}
 }

@@ -286,7 +286,7 @@ func TestBatcherEarliestDeadlineFirst(t *testing.T) {
 		for i := range n {
 			// Asked latest deadline first: ask i lapses at n-i seconds.
 			asks[i] = b.newAsk(&lease.Keys{Lease: strconv.Itoa(i)}, strconv.Itoa(i), fakeTTL, make(chan struct{}, 1))
-			b.ask(&asks[i], start.Add(time.Duration(n-i)*time.Second), due, start)
+			b.ask(&asks[i], start.Add(time.Duration(n-i)*time.Second), due, start, false)
 		}
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
@@ -395,7 +395,7 @@ func TestBatcherFailedBatchFailsEveryMember(t *testing.T) {
 // the send time, unless the answer had come.
 func (b *batcher) renew(ended context.Context, dl time.Time, k lease.Keys, value string, ttl time.Duration, latest, asked time.Time) (time.Time, lease.Renewal, error) {
 	a := b.newAsk(&k, value, ttl, make(chan struct{}, 1))
-	b.ask(&a, dl, latest, asked)
+	b.ask(&a, dl, latest, asked, false)
 	select {
 	case <-a.wake:
 		return a.ans.sent, a.ans.r, a.ans.err
@@ -584,7 +584,7 @@ func TestBatcherLateReplyOfABatchLeft(t *testing.T) {
 		start := time.Now()
 		k := lease.Keys{Lease: "a"}
 		a := b.newAsk(&k, "va", fakeTTL, make(chan struct{}, 1))
-		b.ask(&a, start.Add(100*time.Millisecond), start.Add(10*time.Millisecond), start)
+		b.ask(&a, start.Add(100*time.Millisecond), start.Add(10*time.Millisecond), start, false)
 		<-a.wake
 		require.True(t, a.ready.Load())
 		require.ErrorIs(t, a.ans.err, context.DeadlineExceeded, "the first ask, at its deadline")
@@ -593,7 +593,7 @@ func TestBatcherLateReplyOfABatchLeft(t *testing.T) {
 		gate := make(chan struct{})
 		s.set(func(s *batchStore) { s.stuck, s.gate = nil, gate })
 		again := time.Now()
-		b.ask(&a, again.Add(time.Second), again.Add(10*time.Millisecond), again)
+		b.ask(&a, again.Add(time.Second), again.Add(10*time.Millisecond), again, false)
 		time.Sleep(20 * time.Millisecond)
 		require.Len(t, s.calls(), 2, "the second ask's batch is in flight")
 		close(stuck) // the first batch's reply lands now
@@ -656,4 +656,55 @@ func TestBatcherNotForReplicaAck(t *testing.T) {
 	assert.False(t, ok, "an engine that waits for replicas")
 	_, ok = batcherFor(&engine{client: s, store: &fakeStore{}})
 	assert.False(t, ok, "a store that cannot batch")
+}
+
+// TestBatcherQuietConfirmation checks the order in which a guard learns
+// of a renewal through the batcher that confirmed its lease: the deadline
+// moves on at once (State and Deadline count it), the actor is not woken
+// for it (the Observer hears of it only when the actor next wakes, to ask
+// for the next renewal), and an end that comes first reads it before it
+// decides anything.
+func TestBatcherQuietConfirmation(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		s := newBatchStore()
+		rec := &recorder{}
+		g, err := batchMutexes(t, s, 1, WithObserver(rec))[0].Lock(t.Context())
+		require.NoError(t, err)
+		start, first := time.Now(), g.Deadline()
+		renewed := func() int {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			return len(rec.renews)
+		}
+
+		time.Sleep(renewAfter(fakeTTL) + time.Millisecond)
+		synctest.Wait()
+		require.Len(t, s.calls(), 1)
+		second := g.Deadline()
+		assert.Equal(t, leaseDeadline(start.Add(renewAfter(fakeTTL)), fakeTTL), second, "the confirmed deadline, at once")
+		assert.Zero(t, renewed(), "the actor was woken for a confirmation")
+		assert.True(t, second.After(first))
+
+		// The next renewal is asked for: the actor reads the first answer
+		// then, and the second moves the deadline on again.
+		time.Sleep(renewAfter(fakeTTL))
+		synctest.Wait()
+		require.Len(t, s.calls(), 2)
+		assert.Equal(t, 1, renewed(), "the first renewal, read when the second was asked for")
+		assert.True(t, g.Deadline().After(second))
+
+		// An end reads the answer it finds before anything else.
+		st, err := g.Release(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, Released, st)
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		require.Len(t, rec.renews, 2, "every renewal is observed, the last one at the end")
+		for i, r := range rec.renews {
+			assert.NoError(t, r.Err, "renewal %d", i)
+		}
+		require.Len(t, rec.transitions, 1)
+		assert.Equal(t, Acquired, rec.transitions[0].From)
+		assert.Equal(t, Released, rec.transitions[0].To)
+	})
 }

@@ -372,8 +372,11 @@
 // command (Release, Leave, Downgrade) reaches it on its mailbox with a
 // one-slot reply. Its loop never waits on Redis: a renewal goes to the
 // client's batcher, which writes the answer into the actor's one renewal
-// request and wakes the actor (a renewal allocates nothing and starts no
-// goroutine), and a call that goes alone (a Downgrade, the final delete, a renewal
+// request (a renewal starts no goroutine). An answer that confirms the
+// lease in time moves the deadline that State and Deadline report at
+// once, and the actor reads it when it next wakes anyway, to ask for the
+// next renewal (so the Observer hears of a renewal a period after it);
+// any other answer wakes the actor at once. A call that goes alone (a Downgrade, the final delete, a renewal
 // that cannot be batched) runs in a child whose answer comes back the same
 // way, so the actor answers at once even while Redis is slow. It exits
 // when the guard ends and when Redis refuses a renewal (a loss that can
@@ -416,12 +419,19 @@
 // which 3.7 KiB is heap (the Mutex, the guard, its actor and the goroutine's
 // descriptor) and 4.0 KiB the actor's stack; the target is not met. The
 // stack is the runtime's 2 KiB minimum grown once: a 2 KiB stack leaves
-// its frames about 1,100 bytes, the actor parked in its select already
-// uses about 1,000 of them (its entry through the renewal timer and the
-// actor runtime's Run, its loop, the select), and a renewal's calls need
-// more; the runtime does not shrink it back while the actor lives. A renewal
-// allocates nothing of its own and wakes the actor twice (its timer, and
-// the batcher's answer). The CPU, commands and Redis figures are in
+// its frames about 1,100 bytes; the actor parked in its select uses about
+// 740 of them (its entry through the renewal timer and the actor
+// runtime's Run, its loop, the select), and a renewal's calls, counted
+// by their frames' sizes, just about fit in the rest (not shown by a
+// measurement: no actor's stack stays at 2 KiB), but its activation (the
+// actor's context and timer, joining the client's batcher) goes deeper
+// once, and the runtime does not
+// shrink it back while the actor lives (it shrinks a stack only when less
+// than a quarter of it is in use, counting 800 bytes of guard: a parked
+// actor would need under 224 bytes of frames, and the select alone takes
+// 304). A renewal allocates nothing of its own and wakes the actor once
+// (its timer; the batcher's answer does not wake it, see above). The CPU,
+// commands and Redis figures are in
 // BENCHMARKS.md, "Many held locks".
 //
 // # Goroutines

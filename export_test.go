@@ -11,7 +11,7 @@ import (
 // LeaseDeadline returns g's local lease deadline D: the send time of the last
 // write Redis confirmed plus the TTL minus the margin. It keeps its value
 // while the guard is Lost, and is zero once the guard is released.
-func LeaseDeadline(g *Guard) time.Time { return g.pub.st.Load().deadline }
+func LeaseDeadline(g *Guard) time.Time { _, d := g.vouched(); return d }
 
 // Margin returns how long before the earliest server-side expiry a guard
 // with this TTL stops reporting Acquired.

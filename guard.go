@@ -95,6 +95,12 @@ type Guard struct {
 	// downgraded: a Downgrade made this write hold of an RWMutex a read
 	// hold. Written by the actor, read by mode from any goroutine.
 	downgraded atomic.Bool
+	// moved is the lease deadline that the last renewal confirmed, as
+	// nanoseconds after acquired (0: none yet): the actor's owner stores
+	// it (Guard.extend), and the batcher too, for a confirmation it does
+	// not wake the actor for (see guardActor.renew). Only vouched reads
+	// it.
+	moved atomic.Int64
 
 	// pub is what the guard shows to every goroutine: its status, its
 	// context and its subscriptions.
@@ -216,11 +222,30 @@ func (g *Guard) State() State {
 	if g == nil {
 		return 0
 	}
-	s := g.pub.st.Load()
-	if s.state == Acquired && !time.Now().Before(s.deadline) {
+	state, deadline := g.vouched()
+	if state == Acquired && !time.Now().Before(deadline) {
 		return Lost
 	}
-	return s.state
+	return state
+}
+
+// vouched returns the guard's state as its owner published it and, while
+// it is Acquired, the deadline it vouches for: the published one (of the
+// acquisition, or of the last regain), or a later one that a renewal
+// confirmed since (Guard.moved), which the batcher may have published
+// before the actor read the answer. Only the owner changes the state: a
+// confirmation moves the deadline, nothing else.
+func (g *Guard) vouched() (State, time.Time) {
+	s := g.pub.st.Load()
+	d := s.deadline
+	if s.state == Acquired {
+		if m := g.moved.Load(); m != 0 {
+			if md := g.acquired.Add(time.Duration(m)); md.After(d) {
+				d = md
+			}
+		}
+	}
+	return s.state, d
 }
 
 // Deadline returns until when the guard vouches for the lease: the local
@@ -242,11 +267,11 @@ func (g *Guard) Deadline() time.Time {
 	if g == nil {
 		return time.Time{}
 	}
-	s := g.pub.st.Load()
-	if s.state != Acquired || !time.Now().Before(s.deadline) {
+	state, deadline := g.vouched()
+	if state != Acquired || !time.Now().Before(deadline) {
 		return time.Time{}
 	}
-	return s.deadline
+	return deadline
 }
 
 // Done returns a channel that is closed once the guard has ended (released
@@ -367,7 +392,11 @@ func (g *Guard) Subscribe(ctx context.Context) <-chan Event {
 // end of the lease, since the key is gone by then anyway. If ctx ends (or
 // ReleaseTimeout passes) first, Release returns Released and an error
 // matching ctx.Err() (context.DeadlineExceeded for ReleaseTimeout); the
-// release goes on in the background and [Guard.Done] reports its end. So
+// release goes on in the background and [Guard.Done] reports its end. This
+// holds on every path, also when the guard's actor is held up (an
+// [Observer] that blocks, a starved process) and has not yet taken the
+// end when ctx ends: the end is then handed to the background, and State
+// and the guard's context report it once the actor takes it. So
 // the usual deferred call
 //
 //	defer g.Release(context.WithoutCancel(ctx))
@@ -454,7 +483,8 @@ func (g *Guard) warnLockDeadline() {
 // end begins the guard's end as how says, unless it has begun already,
 // and sees that the rest of it is done. Whoever owns the guard makes the
 // end: its actor, when it has one (end asks it on its mailbox, and the
-// actor answers at once: its loop never waits); otherwise the caller,
+// actor answers at once, its loop never waiting on Redis; end waits for
+// the answer only until ctx ends or bound passes, see tell); otherwise the caller,
 // which claims the guard first, in one compare-and-swap, so that a timer
 // that would activate the actor finds it taken.
 //
@@ -476,17 +506,46 @@ func (g *Guard) end(how endHow, ctx context.Context, bound time.Time, byWatch bo
 		a = g.owner.Load() // the timer made it an actor, or another end claimed it
 	}
 	if a != ending && a != retired {
-		_, err := actor.Call(context.Background(), a.a, func(r actor.Reply[struct{}]) guardMsg {
-			return endMsg{how: how, reply: r}
-		})
+		err := g.tell(a, how, ctx, bound)
 		if err == nil {
 			return
 		}
-		a = g.owner.Load() // it stopped (actor.ErrStopped): ending, or retired
+		if !errors.Is(err, actor.ErrStopped) {
+			// The caller's wait is over before the actor answered (it is
+			// held up: an Observer that blocks, a starved process). The
+			// end still comes: a goroutine of the process's background
+			// work, which Settle waits for, tells the actor with no bound
+			// and returns once it has answered or stopped; a second end
+			// message is answered at once, so it does not matter whether
+			// the actor took this one.
+			proc.goWork(func() {
+				defer proc.work.done()
+				g.end(how, context.WithoutCancel(ctx), time.Time{}, byWatch)
+			})
+			return
+		}
+		a = g.owner.Load() // it stopped: ending, or retired
 	}
 	if a == retired && g.owner.CompareAndSwap(retired, ending) {
 		g.endClaimed(how, ctx, bound, byWatch, true)
 	}
+}
+
+// tell asks the guard's actor a to begin the end as how says, and waits
+// for its answer until ctx ends or bound passes (zero: until ctx ends). It
+// returns nil once the actor has begun the end, [actor.ErrStopped] when
+// the actor stopped before, and an error matching context.DeadlineExceeded
+// or ctx.Err() when the wait ended first.
+func (g *Guard) tell(a *guardActor, how endHow, ctx context.Context, bound time.Time) error {
+	if _, ok := ctx.Deadline(); !ok && !bound.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, bound)
+		defer cancel()
+	}
+	_, err := actor.Call(ctx, a.a, func(r actor.Reply[struct{}]) guardMsg {
+		return endMsg{how: how, reply: r}
+	})
+	return err
 }
 
 // endClaimed makes the end of a guard that the caller has claimed (owner

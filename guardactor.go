@@ -72,6 +72,7 @@ type guardActor struct {
 	armedAt time.Time
 	renewAt time.Time
 	watchD  time.Time
+	sendNow bool // a renewal is due now: sent when the step returns (sendDue)
 	// Through the batcher the renewal is asked to be sent by latest.
 	// While one is in flight, asking says req is with the batcher (its
 	// answer is written into it, and wake wakes the actor) or lone says a
@@ -126,11 +127,12 @@ type downgradeMsg struct {
 	reply actor.Reply[error]
 }
 
-// renewedMsg is the answer to a renewal sent alone at sent.
+// renewedMsg is the answer, which came at at, to a renewal sent alone at
+// sent.
 type renewedMsg struct {
-	sent time.Time
-	r    lease.Renewal
-	err  error
+	sent, at time.Time
+	r        lease.Renewal
+	err      error
 }
 
 // downgradedMsg is the answer to a Downgrade's script: whether it ran
@@ -160,8 +162,8 @@ func newGuardActor(g *Guard) *guardActor {
 // proc.actors while it runs.
 func (l *guardActor) run() {
 	proc.actors.Add(1)
-	defer proc.actors.Add(-1)
 	l.a.Run(l.loop)
+	proc.actors.Add(-1)
 }
 
 // poke wakes the actor without blocking.
@@ -226,20 +228,75 @@ func (l *guardActor) loop(_ *actor.Actor[guardMsg], inbox <-chan guardMsg) {
 		if l.g.how == 0 {
 			lockDone = l.g.lockCtx.Done()
 		}
+		var m guardMsg
+		var by wakeUp
 		select {
-		case m := <-inbox:
-			l.handle(m)
+		case m = <-inbox:
+			by = byMessage
 		case <-l.wake:
-			l.woken()
+			by = byWake
 		case <-l.timerC:
-			l.fired()
+			by = byTimer
 		case <-lockDone:
-			l.begin(endRelease)
-			l.g.warnLockDeadline()
+			by = byLockCtx
 		}
+		l.step(by, m)
 	}
 	l.timer.Stop()
 	l.exited()
+}
+
+// wakeUp is what woke the actor's loop.
+type wakeUp int8
+
+const (
+	byMessage wakeUp = iota // a message on the mailbox
+	byWake                  // its one-slot wake-up (the batcher, the keeper)
+	byTimer                 // its timer
+	byLockCtx               // the end of the Lock context
+)
+
+// step acts on one wake-up of the loop (m is the message, for byMessage).
+// An answer the batcher wrote without waking the actor (a renewal it
+// confirmed, see renew) is read first, whatever woke the actor: the
+// guard's deadline, and whatever is decided now, must count it.
+//
+// It is kept out of the loop's frame on purpose: the loop's frame and the
+// select's stay on the goroutine's stack while it is parked, and what
+// step calls comes and goes above them.
+//
+//go:noinline
+func (l *guardActor) step(by wakeUp, m guardMsg) {
+	if l.asking && l.req.ready.Load() {
+		l.answered()
+		if l.exit {
+			// The answer ended the actor (a final loss, or the last step
+			// of an end): the guard is no longer its own. A message it
+			// took goes unanswered, and its caller, told the actor
+			// stopped, reads who owns the guard now (see Guard.end).
+			return
+		}
+	}
+	switch by {
+	case byMessage:
+		l.handle(m)
+	case byWake:
+		l.woken()
+	case byTimer:
+		l.timerC = nil
+		l.fired()
+	case byLockCtx:
+		l.begin(endRelease)
+		l.g.warnLockDeadline()
+	}
+	l.sendDue()
+}
+
+// answered reads the batcher's answer to the renewal in flight.
+func (l *guardActor) answered() {
+	l.asking = false
+	a := &l.req.ans
+	l.renewed(a.sent, a.at, a.r, a.err)
 }
 
 // start takes the guard over: the renewal timer has done its part (a
@@ -270,27 +327,28 @@ func (l *guardActor) start() {
 	}
 	l.renewIn(due)
 	l.armDeadline()
+	l.sendDue()
 }
 
 // woken acts on a wake-up: the keeper's restart poke (a renewal that is
 // scheduled, not in flight, goes now, and through the batcher with no
-// slack left: the keeper flushes the batcher), and the batcher's answer.
+// slack left: the keeper flushes the batcher), or the batcher's answer,
+// which step has read.
 func (l *guardActor) woken() {
-	if l.soon.Swap(false) && l.g.how == 0 && !l.retiring && !l.renewAt.IsZero() {
+	if l.soon.Swap(false) && l.g.how == 0 && !l.retiring && !l.renewAt.IsZero() && !l.asking {
 		l.renewAt = time.Time{}
 		l.latest = time.Now()
-		l.renew()
-	}
-	if l.asking && l.req.ready.Load() {
-		l.asking = false
-		l.renewed(l.req.ans.sent, l.req.ans.r, l.req.ans.err)
+		l.sendNow = true
 	}
 }
 
 // fired acts on the timer: D has come (the guard is Lost unless a renewal
-// was confirmed meanwhile), the next renewal is due, or both.
+// was confirmed meanwhile), the next renewal is due, or both. While a
+// renewal through the batcher is in flight, renewAt is when its answer,
+// if it confirmed the lease, is read (step has read one that is there):
+// an answer that is still missing then is asked to wake the actor when
+// it comes.
 func (l *guardActor) fired() {
-	l.timerC = nil
 	now := time.Now()
 	if !l.watchD.IsZero() && !now.Before(l.watchD) {
 		l.watchD = time.Time{}
@@ -298,7 +356,13 @@ func (l *guardActor) fired() {
 	}
 	if !l.renewAt.IsZero() && !now.Before(l.renewAt) {
 		l.renewAt = time.Time{}
-		l.renew()
+		switch {
+		case !l.asking:
+			l.sendNow = true
+		case l.batcher.louden(&l.req):
+			// The answer came just now, quietly.
+			l.answered()
+		}
 	}
 }
 
@@ -351,7 +415,7 @@ func (l *guardActor) handle(m guardMsg) {
 		}
 	case renewedMsg:
 		l.lone = false
-		l.renewed(m.sent, m.r, m.err)
+		l.renewed(m.sent, m.at, m.r, m.err)
 	case downgradedMsg:
 		l.downgraded(m)
 	case deletedMsg:
@@ -361,9 +425,10 @@ func (l *guardActor) handle(m guardMsg) {
 	}
 }
 
-// renewed acts on the answer to a renewal sent at sent, alone or in a
-// batch: the next renewal is scheduled, or the loss is final.
-func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
+// renewed acts on the answer, which came at at, to a renewal sent at sent,
+// alone or in a batch: the next renewal is scheduled, or the loss is
+// final.
+func (l *guardActor) renewed(sent, at time.Time, r lease.Renewal, err error) {
 	g := l.g
 	if g.how != 0 {
 		l.afterBegin()
@@ -377,7 +442,7 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 		l.retire()
 		return
 	}
-	next, final := g.renewed(sent, r, err)
+	next, final := g.renewed(sent, at, r, err)
 	if final {
 		l.retire()
 		return
@@ -396,25 +461,56 @@ func (l *guardActor) renewed(sent time.Time, r lease.Renewal, err error) {
 func (l *guardActor) renewIn(d time.Duration) {
 	e := l.g.e
 	if l.batcher == nil && l.g.hold.batchable() && l.g.keeper != nil {
-		// (A set's renewals go as batches of their own, one per group.)
-		if l.batcher = l.g.keeper.s.batcherFor(e); l.batcher != nil {
-			l.req = l.batcher.newAsk(&e.keys, l.g.value, e.ttl, l.wake)
-		}
+		l.joinBatcher()
 	}
 	if l.batcher != nil {
 		l.latest = time.Now().Add(d)
 		d -= min(max(d, 0), renewSlack(renewAfter(e.ttl)))
 	}
 	if d <= 0 {
-		l.renew()
+		l.sendNow = true
 		return
 	}
 	l.renewAt = time.Now().Add(d)
 }
 
+// sendDue sends the renewal that is due now, if one is (sendNow), once
+// the step that found it due has returned: the calls a renewal makes (the
+// batcher's ask, its heap) then stack on the loop's frame alone, not on
+// the calls that found it due, so that the goroutine's stack stays at the
+// runtime's smallest.
+func (l *guardActor) sendDue() {
+	if l.sendNow {
+		l.sendNow = false
+		l.renew()
+	}
+}
+
+// joinBatcher has the guard renew through its client's batcher from now
+// on, if the client's session has one for it. (A set's renewals go as
+// batches of their own, one per group.)
+//
+//go:noinline
+func (l *guardActor) joinBatcher() {
+	e := l.g.e
+	if l.batcher = l.g.keeper.s.batcherFor(e); l.batcher != nil {
+		l.req = l.batcher.newAsk(&e.keys, l.g.value, e.ttl, l.wake)
+		l.req.moved, l.req.base = &l.g.moved, l.g.acquired
+	}
+}
+
 // renew sends one renewal: through the batcher, as an ask whose answer
-// the batcher writes into it and wakes the actor for; otherwise in a child, whose answer
-// comes on the mailbox. The call's deadline is the lease deadline while
+// the batcher writes into it; otherwise in a child, whose answer comes on
+// the mailbox. The batcher wakes the actor for an answer at once, but for
+// one that confirms in time the lease of a guard that is Acquired (nearly
+// every answer): that one moves D on and changes nothing else, so the
+// batcher publishes the new D itself (in Guard.moved, which State and
+// Deadline read, see Guard.vouched), and the actor reads the answer when
+// it next wakes anyway, a renewal period after the send, when the next
+// renewal is due (or at D, if it watches a deadline that comes first).
+// One wake-up per renewal, not two. Whatever else wakes the actor in
+// between reads the answer first (see step), so that the actor never
+// decides on a deadline older than what the batcher confirmed. The call's deadline is the lease deadline while
 // the lease is held (L1: no call for a held lock outlives D; the batcher
 // keeps it itself, see batcher.go, "Deadlines"), and one renewal period
 // when it is Lost. A lease whose deadline has passed before the deadline
@@ -423,17 +519,37 @@ func (l *guardActor) renewIn(d time.Duration) {
 func (l *guardActor) renew() {
 	g := l.g
 	e := g.e
-	s := g.pub.st.Load()
+	state, d := g.vouched()
 	sent := time.Now()
 	dl := sent.Add(renewAfter(e.ttl))
-	if s.state == Acquired {
-		dl = s.deadline
+	if state == Acquired {
+		dl = d
 	}
 	if l.batcher != nil {
 		l.asking = true
-		l.batcher.ask(&l.req, dl, l.latest, sent)
+		quiet := state == Acquired
+		l.batcher.ask(&l.req, dl, l.latest, sent, quiet)
+		if quiet {
+			// When the next renewal's timer would fire if the batch went
+			// at latest; it went then or earlier, and renewIn then asks
+			// at once for a renewal due within the slack. Guards that
+			// shared a batch ask together again from the next round on
+			// (their asks' latest is the batch's send time plus a period).
+			period := renewAfter(e.ttl)
+			l.renewAt = l.latest.Add(period - renewSlack(period))
+		}
 		return
 	}
+	l.renewAlone(sent, dl)
+}
+
+// renewAlone sends one renewal, sent at sent with the call's deadline dl,
+// in a child.
+//
+//go:noinline
+func (l *guardActor) renewAlone(sent, dl time.Time) {
+	g := l.g
+	e := g.e
 	if l.ended == nil {
 		l.ended, l.endRenewals = context.WithCancel(context.Background())
 	}
@@ -443,7 +559,7 @@ func (l *guardActor) renew() {
 		ctx, cancel := context.WithDeadline(ended, dl)
 		r, err := g.hold.renew(ctx, g.value, e.ttl)
 		cancel()
-		_ = l.a.Send(actx, renewedMsg{sent: sent, r: r, err: err})
+		_ = l.a.Send(actx, renewedMsg{sent: sent, at: time.Now(), r: r, err: err})
 	})
 }
 
@@ -452,7 +568,7 @@ func (l *guardActor) renew() {
 // answer, if one comes, is stale), and a lone renewal in flight
 // (cancelled: its answer still comes, and lone stays set until then).
 func (l *guardActor) stopRenewing() {
-	l.renewAt = time.Time{}
+	l.renewAt, l.sendNow = time.Time{}, false
 	if l.asking {
 		l.batcher.drop(&l.req)
 		l.asking = false
@@ -468,8 +584,8 @@ func (l *guardActor) stopRenewing() {
 // and retries), and a dial may not watch it. The loop arms the timer.
 func (l *guardActor) armDeadline() {
 	l.watchD = time.Time{}
-	if s := l.g.pub.st.Load(); s.state == Acquired {
-		l.watchD = s.deadline
+	if state, d := l.g.vouched(); state == Acquired {
+		l.watchD = d
 	}
 }
 
@@ -550,8 +666,8 @@ func (l *guardActor) downgrade() {
 			l.downgrades = l.downgrades[1:]
 			continue
 		}
-		d := e.store.(downgrader)      // Guard.Downgrade checked it
-		dl := g.pub.st.Load().deadline // L1: no call for a held lock outlives D
+		d := e.store.(downgrader) // Guard.Downgrade checked it
+		_, dl := g.vouched()      // L1: no call for a held lock outlives D
 		ctx, cancel := context.WithCancel(m.ctx)
 		l.cancelDowngrade = cancel
 		l.a.Go(func(actx context.Context) {
@@ -733,12 +849,26 @@ func (g *Guard) confirm(sent time.Time, ttl time.Duration) {
 	g.lastSent, g.leaseTTL = sent, ttl
 	g.renewErr = nil
 	g.retry.reset()
+	d := leaseDeadline(sent, ttl)
 	prev := g.pub.st.Load()
-	next := &status{state: Acquired, since: prev.since, deadline: leaseDeadline(sent, ttl)}
 	if prev.state != Lost {
-		g.apply(change{next: next})
+		g.extend(d)
 		return
 	}
+	g.regain(&status{state: Acquired, since: prev.since, deadline: d})
+}
+
+// extend publishes the deadline d that a renewal of an Acquired guard
+// confirmed: apply's one shortcut. Nothing else changes (no transition, no
+// event, no cause), so none of apply's order is at stake; d goes where the
+// batcher publishes the confirmations it does not wake the actor for
+// (Guard.moved, see Guard.vouched), and a renewal allocates no status.
+func (g *Guard) extend(d time.Time) { g.moved.Store(int64(d.Sub(g.acquired))) }
+
+// regain publishes a Lost guard's return to Acquired.
+//
+//go:noinline
+func (g *Guard) regain(next *status) {
 	next.since = time.Now()
 	g.apply(change{next: next, ev: Event{State: Acquired, Time: next.since}, emit: true, from: Lost})
 	g.logger().Info("distlock: lock regained")
@@ -747,12 +877,12 @@ func (g *Guard) confirm(sent time.Time, ttl time.Duration) {
 // lose moves an Acquired guard to Lost for cause; the deadline it had is
 // kept. The first loss cancels the guard's context.
 func (g *Guard) lose(cause *LostError) {
-	prev := g.pub.st.Load()
-	if prev.state != Acquired {
+	state, d := g.vouched()
+	if state != Acquired {
 		return
 	}
 	now := time.Now()
-	g.apply(change{next: &status{state: Lost, since: now, deadline: prev.deadline, err: cause}, cause: cause,
+	g.apply(change{next: &status{state: Lost, since: now, deadline: d, err: cause}, cause: cause,
 		ev: Event{State: Lost, Time: now, Err: cause}, emit: true, from: Acquired})
 	g.logger().Warn("distlock: lock lost", "reason", cause.Reason.String(), "err", cause)
 }
@@ -761,7 +891,7 @@ func (g *Guard) lose(cause *LostError) {
 // renewals failed up to it (the last failure says why), or because none
 // was confirmed in time.
 func (g *Guard) checkDeadline() {
-	if s := g.pub.st.Load(); s.state == Acquired && !time.Now().Before(s.deadline) {
+	if state, d := g.vouched(); state == Acquired && !time.Now().Before(d) {
 		cause := &LostError{Key: g.e.keys.Lease, Reason: LostDeadline}
 		if g.renewErr != nil {
 			cause.Reason, cause.Err = LostRenewFailed, g.renewErr
@@ -784,33 +914,69 @@ func (g *Guard) checkDeadline() {
 // log at Warn) and the renewal is retried after a short pause that grows
 // with each failure; the guard turns Lost when its deadline comes first,
 // and a Lost guard keeps trying every TTL/9.
-func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.Duration, final bool) {
+func (g *Guard) renewed(sent, at time.Time, r lease.Renewal, err error) (next time.Duration, final bool) {
+	ttl := g.e.ttl
+	if err != nil || !r.OK || g.void && g.pub.st.Load().state == Lost || !at.Before(leaseDeadline(sent, ttl)) {
+		return g.notConfirmed(sent, at, r, err)
+	}
+	g.observeRenew(sent, at, nil)
+	g.confirm(sent, ttl)
+	if g.e.debug() {
+		g.debugRenewed()
+	}
+	return sent.Add(renewAfter(ttl)).Sub(time.Now()), false
+}
+
+// observeRenew tells the Observer of the answer, which came at at, to a
+// renewal sent at sent; err is its failure, if any. (Kept out of line with
+// every rare path of renewed: a renewal's frames stay small.)
+//
+//go:noinline
+func (g *Guard) observeRenew(sent, at time.Time, err error) {
+	e := g.e
+	e.obs.ObserveRenew(RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token,
+		Latency: at.Sub(sent), Err: err})
+}
+
+//go:noinline
+func (g *Guard) debugRenewed() {
+	g.logger().Debug("distlock: renewed", "deadline_in", time.Until(g.Deadline()))
+}
+
+// notConfirmed is renewed for an answer that confirmed nothing that
+// counts: a failure, a refusal, a value that no longer proves the lease
+// was ours throughout, or a confirmation that came too late.
+//
+//go:noinline
+func (g *Guard) notConfirmed(sent, at time.Time, r lease.Renewal, err error) (next time.Duration, final bool) {
 	e := g.e
 	ttl := e.ttl
 	now := time.Now()
-	info := RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token, Latency: now.Sub(sent), Err: err}
+	var refused *LostError
+	infoErr := err
 	if err == nil && !r.OK {
-		info.Err = &LostError{Key: g.hold.refusedKey(), Reason: LostRefused, Holder: lease.Owner(r.Holder)}
+		refused = &LostError{Key: g.hold.refusedKey(), Reason: LostRefused, Holder: lease.Owner(r.Holder)}
+		infoErr = refused
 	}
-	e.obs.ObserveRenew(info)
-	s := g.pub.st.Load()
+	g.observeRenew(sent, at, infoErr)
+	state, deadline := g.vouched()
 	switch {
-	case err != nil && s.state == Acquired && now.Before(s.deadline):
+	case err != nil && state == Acquired && now.Before(deadline):
 		g.renewErr = err
 		pause := g.retry.next()
-		if left := s.deadline.Sub(now); pause >= left {
+		if left := deadline.Sub(now); pause >= left {
 			// No retry can be sent before the deadline: the guard is
 			// Lost then (see armDeadline).
 			pause = left
 		}
-		rerr := &RenewError{Key: e.keys.Lease, Err: err, Deadline: s.deadline, Retry: pause}
+		rerr := &RenewError{Key: e.keys.Lease, Err: err, Deadline: deadline, Retry: pause}
 		g.apply(change{ev: Event{State: Acquired, Time: now, Err: rerr}, emit: true, from: Acquired})
 		g.logger().Warn("distlock: renewal failed; the lease still holds, retrying",
-			"err", err, "deadline_in", s.deadline.Sub(now), "retry_in", pause)
+			"err", err, "deadline_in", deadline.Sub(now), "retry_in", pause)
 		return pause, false
 	case err != nil:
 		cause := &LostError{Key: e.keys.Lease, Reason: LostRenewFailed, Err: err}
-		if errors.Is(err, context.DeadlineExceeded) && s.state == Acquired {
+		if errors.Is(err, context.DeadlineExceeded) && state == Acquired {
 			// A renewal still in flight at the deadline: Lost for the
 			// failures before it, if there were any, or for the deadline.
 			if g.renewErr != nil {
@@ -820,7 +986,7 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 			}
 		}
 		if e.debug() {
-			g.logger().Debug("distlock: renewal failed", "err", err, "took", now.Sub(sent))
+			g.logger().Debug("distlock: renewal failed", "err", err, "took", at.Sub(sent))
 		}
 		g.lose(cause)
 		// A Lost guard keeps trying: a renewal that finds the key still
@@ -830,9 +996,9 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 		if e.debug() {
 			g.logger().Debug("distlock: renewal refused", "holder", r.Holder)
 		}
-		g.lose(info.Err.(*LostError))
+		g.lose(refused)
 		return 0, true
-	case s.state == Lost && g.void:
+	case state == Lost && g.void:
 		// The key holds this acquisition's value again, but a call of
 		// the acquisition whose outcome it never saw may have reached
 		// Redis late and granted the value anew after another holder
@@ -843,15 +1009,10 @@ func (g *Guard) renewed(sent time.Time, r lease.Renewal, err error) (next time.D
 			g.logger().Debug("distlock: a renewal found the value again, but the acquisition has a call whose outcome it never saw; the loss is final")
 		}
 		return 0, true
-	case !now.Before(leaseDeadline(sent, ttl)):
-		// Confirmed, but too late to count: the lease may already be gone
-		// by the time we could act on it.
-		g.lose(&LostError{Key: e.keys.Lease, Reason: LostDeadline})
-		return 0, false
 	}
-	g.confirm(sent, ttl)
-	if e.debug() {
-		g.logger().Debug("distlock: renewed", "deadline_in", g.pub.st.Load().deadline.Sub(now))
-	}
-	return sent.Add(renewAfter(ttl)).Sub(now), false
+	// Confirmed, but too late to count (it came at or after the deadline
+	// it would have set): the lease may already be gone by the time we
+	// could act on it.
+	g.lose(&LostError{Key: e.keys.Lease, Reason: LostDeadline})
+	return 0, false
 }

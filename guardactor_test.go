@@ -755,3 +755,77 @@ func TestUncertainGuardDoesNotRegain(t *testing.T) {
 		assert.Equal(t, Lost, st)
 	})
 }
+
+// blockingRenewObserver is an Observer whose ObserveRenew blocks, holding
+// the guard's actor up, until release is closed.
+type blockingRenewObserver struct {
+	nopObserver
+	blocked chan struct{} // closed when the first ObserveRenew blocks
+	release chan struct{}
+	once    sync.Once
+}
+
+func (o *blockingRenewObserver) ObserveRenew(RenewInfo) {
+	o.once.Do(func() { close(o.blocked) })
+	<-o.release
+}
+
+// A Release or Leave is bounded by its context on every path, also when
+// the guard's actor is held up (here by an Observer that blocks): it
+// returns the context's error when the wait ends, and the end comes in
+// the background once the actor can take it.
+func TestEndBoundedWhileActorIsHeldUp(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		leave    bool
+		timeout  time.Duration // 0: a context without a deadline (ReleaseTimeout)
+		released int           // deletes sent
+	}{
+		{name: "Release with a deadline", timeout: 100 * time.Millisecond, released: 1},
+		{name: "Release without a deadline", released: 1},
+		{name: "Leave with a deadline", leave: true, timeout: 100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				f := &fakeStore{}
+				obs := &blockingRenewObserver{blocked: make(chan struct{}), release: make(chan struct{})}
+				g, err := fakeMutex(t, f, WithObserver(obs)).Lock(t.Context())
+				require.NoError(t, err)
+				<-obs.blocked // the actor renewed and is held up
+				synctest.Wait()
+				require.Equal(t, int64(1), actorsRunning())
+
+				ctx, want := t.Context(), ReleaseTimeout
+				if tc.timeout > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tc.timeout)
+					defer cancel()
+					want = tc.timeout
+				}
+				start := time.Now()
+				end := g.Release
+				if tc.leave {
+					end = g.Leave
+				}
+				st, err := end(ctx)
+				assert.Equal(t, want, time.Since(start), "the wait is bounded by its context")
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+				assert.Equal(t, Released, st)
+				select {
+				case <-g.Done():
+					t.Fatal("the guard ended while its actor was held up")
+				default:
+				}
+
+				close(obs.release)
+				<-g.Done() // the end still comes
+				synctest.Wait()
+				assert.Equal(t, Released, g.State())
+				f.mu.Lock()
+				assert.Len(t, f.releases, tc.released)
+				f.mu.Unlock()
+				require.NoError(t, Settle(t.Context()))
+			})
+		})
+	}
+}
