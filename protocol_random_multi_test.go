@@ -475,27 +475,32 @@ type setCall struct {
 }
 
 // classifySet recognises a set's scripts (lease.Client.AcquireAll,
-// ReleaseAll, CancelAll) by their keys: six per lock, a fencing key second
-// in each six. An acquire's first argument is its TTL, a release's the
-// value. A set of one lock is sent six keys, as a Mutex's acquire and
-// Cancel are, and told apart by its arguments: a Mutex's acquire that
-// stands in line sends its kind ("" or "1") second where a set's sends its
-// claim window, and a Mutex's Cancel sends three arguments where a set's
-// sends two (a set's Release one, a Mutex's five keys). A set that gives
-// back the names it reached sends only those: one, when it gives up in
-// the line of its first name. (A single attempt at a set of one lock,
-// its TTL alone, looks like a Mutex's; the round makes none.)
+// ReleaseAll, CancelAll) by their keys: setKeysPerLock per lock, a fencing
+// key second in each group and the value's void key last. An acquire's
+// first argument is its TTL, a release's the value. A set of one lock is
+// sent as many keys as a Mutex's acquire and Cancel are, and told apart by
+// its arguments: a Mutex's acquire that stands in line sends its kind (""
+// or "1") second where a set's sends its claim window, and a Mutex's
+// Cancel sends three arguments where a set's sends two (a set's Release
+// one; a Mutex's Release sends one key fewer). A set that gives back the
+// names it reached sends only those: one, when it gives up in the line of
+// its first name. (A single attempt at a set of one lock, its TTL alone,
+// looks like a Mutex's; the round makes none.)
+// setKeysPerLock is how many keys a set's scripts take per lock (lease,
+// fence, queue, waiters, the value's void key: lease's setKeys).
+const setKeysPerLock = 5
+
 func classifySet(args []string) (setCall, bool) {
 	var c setCall
 	if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
 		return c, false
 	}
 	n, err := strconv.Atoi(args[2])
-	if err != nil || n < 6 || n%6 != 0 || len(args) < 3+n+1 {
+	if err != nil || n < setKeysPerLock || n%setKeysPerLock != 0 || len(args) < 3+n+1 {
 		return c, false
 	}
 	keys, argv := args[3:3+n], args[3+n:]
-	if n == 6 {
+	if n == setKeysPerLock {
 		_, ttlErr := strconv.ParseInt(argv[0], 10, 64)
 		claim, claimErr := int64(0), error(nil)
 		if len(argv) > 1 {
@@ -507,13 +512,13 @@ func classifySet(args []string) (setCall, bool) {
 			return c, false
 		}
 	}
-	for i := 0; i < n; i += 6 {
+	for i := 0; i < n; i += setKeysPerLock {
 		if !strings.HasSuffix(keys[i+1], ":fence") {
 			return c, false
 		}
 		c.keys = append(c.keys, keys[i])
 	}
-	c.value = strings.TrimPrefix(keys[5], keys[0]+":void:")
+	c.value = strings.TrimPrefix(keys[setKeysPerLock-1], keys[0]+":void:")
 	if ms, err := strconv.ParseInt(argv[0], 10, 64); err == nil {
 		c.kind, c.ttl = acquireCall, time.Duration(ms)*time.Millisecond
 		if len(argv) > 1 {
@@ -637,14 +642,14 @@ func TestClassifySet(t *testing.T) {
 		for _, name := range names {
 			k, err := lease.NewKeys(distlock.DefaultNamespace, name)
 			require.NoError(t, err)
-			out = append(out, k.Lease, k.Fence, k.Queue, k.Waiters, k.Wake, k.Void("v#1"))
+			out = append(out, k.Lease, k.Fence, k.Queue, k.Waiters, k.Void("v#1"))
 		}
 		return out
 	}
 	eval := func(keys []string, argv ...string) []string {
 		return slices.Concat([]string{"EVALSHA", "sha", strconv.Itoa(len(keys))}, keys, argv)
 	}
-	five := keys("a")[:5]
+	four := keys("a")[:4] // a Mutex's Release: no void key
 	for _, c := range []struct {
 		name string
 		args []string
@@ -659,7 +664,7 @@ func TestClassifySet(t *testing.T) {
 		{"mutex acquire in line", eval(keys("a"), "1000", "", "500", "room", "0"), false, 0},
 		{"election acquire in line", eval(keys("a"), "1000", "1", "500", "room", "0"), false, 0},
 		{"mutex cancel", eval(keys("a"), "v#1", "", "1000"), false, 0},
-		{"mutex release", eval(five, "v#1"), false, 0},
+		{"mutex release", eval(four, "v#1"), false, 0},
 	} {
 		got, ok := classifySet(c.args)
 		assert.Equal(t, c.set, ok, c.name)
