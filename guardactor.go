@@ -935,7 +935,7 @@ func (g *Guard) renewed(sent, at time.Time, r lease.Renewal, err error) (next ti
 func (g *Guard) observeRenew(sent, at time.Time, err error) {
 	e := g.e
 	e.obs.ObserveRenew(RenewInfo{Key: e.keys.Lease, Kind: e.kind, Mode: g.mode().String(), Token: g.token,
-		Latency: at.Sub(sent), Err: err})
+		Latency: at.Sub(sent), Sent: sent, Err: err})
 }
 
 //go:noinline

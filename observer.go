@@ -20,7 +20,9 @@ type Observer interface {
 	// ObserveAcquire is called once per Lock, TryLock or TryLockFor call
 	// that got as far as asking Redis, when it returns.
 	ObserveAcquire(AcquireInfo)
-	// ObserveRenew is called after each renewal attempt.
+	// ObserveRenew is called after each renewal attempt, on the guard's own
+	// goroutine; a batched confirmation may reach it a renewal period late
+	// (see RenewInfo.Sent).
 	ObserveRenew(RenewInfo)
 	// ObserveTransition is called at each change of a guard's state, after
 	// the acquisition: Acquired to Lost, Lost to Acquired, and to Released.
@@ -51,6 +53,12 @@ type RenewInfo struct {
 	Mode    string // for an RWMutex, "read" or "write" (a downgraded guard's renewals: "read"); empty otherwise
 	Token   int64
 	Latency time.Duration // from sending the renewal to its outcome
+	// Sent is when the renewal was sent, so Sent+Latency is when its
+	// answer came. A renewal confirmed in time through the client's
+	// renewal batch is reported when the guard's actor next wakes (at its
+	// next renewal at the latest), not when the answer came: an Observer
+	// that cares when it happened reads these, not its own clock.
+	Sent time.Time
 	// Err is nil when Redis confirmed the lease; a *LostError with reason
 	// LostRefused when the key no longer held this acquisition's value;
 	// otherwise the Redis or deadline error, or a *ReplicaAckError when too

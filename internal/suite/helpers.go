@@ -589,13 +589,15 @@ func (w *renewWatch) ObserveRenew(i distlock.RenewInfo) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.latency = max(w.latency, i.Latency)
-	now := time.Now()
-	w.spans = append(w.spans, [2]time.Time{now.Add(-i.Latency), now})
+	// A batched confirmation may be reported a renewal period after its
+	// answer: the span is the one the library measured.
+	answered := i.Sent.Add(i.Latency)
+	w.spans = append(w.spans, [2]time.Time{i.Sent, answered})
 	if i.Err != nil {
 		w.failed = append(w.failed, i.Err)
 		return
 	}
-	w.renewed = append(w.renewed, time.Now())
+	w.renewed = append(w.renewed, answered)
 }
 
 func (w *renewWatch) ObserveTransition(i distlock.TransitionInfo) {
