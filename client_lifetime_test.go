@@ -58,8 +58,20 @@ func TestClosedClientsAreNotKept(t *testing.T) {
 				opt.Username, opt.Password = "app", "secret"
 			}
 			holder := redistest.NewClient(t, opt)
-			g, err := newMutex(t, holder, "held", distlock.WithTTL(time.Minute)).Lock(t.Context())
+			hm := newMutex(t, holder, "held", distlock.WithTTL(time.Minute))
+			g, err := hm.Lock(t.Context())
 			require.NoError(t, err)
+			// The holder's restart watch subscribes once its guard has
+			// lived a moment, and that may take a connection of the
+			// holder's client: count the connections after it, not before.
+			if tc.noPubSub {
+				time.Sleep(500 * time.Millisecond) // its subscription is refused
+			} else {
+				require.Eventually(t, func() bool {
+					chans, err := srv.MustDo("PUBSUB", "SHARDCHANNELS", hm.Key()+":keeper:*").AsStrSlice()
+					return err == nil && len(chans) > 0
+				}, 10*time.Second, 5*time.Millisecond, "the holder's restart watch")
+			}
 			before := connectedClients(t, srv)
 
 			const jobs = 40
