@@ -254,15 +254,18 @@ func (a *renewAsk) answer(ans renewAnswer) {
 		a.answered = true
 		a.ans = ans
 		a.ready.Store(true)
-		if a.quiet && ans.err == nil && ans.r.OK {
+		if a.quiet && ans.err == nil && ans.r.OK && (a.deadline.IsZero() || ans.at.Before(a.deadline)) {
 			if dl := leaseDeadline(ans.sent, a.ttl); ans.at.Before(dl) {
 				if a.moved != nil {
 					a.moved.Store(int64(dl.Sub(a.base)))
 				}
 				return
 			}
-			// Confirmed too late to count: the asker acts on it now.
 		}
+		// A failure, or a confirmation too late to count, or one that
+		// came after the member's deadline (its State has said Lost
+		// since: only the asker may make it Acquired again, as a regain
+		// it publishes): the asker acts on it now.
 		select {
 		case a.wake <- struct{}{}:
 		default: // woken already

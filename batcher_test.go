@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -707,4 +708,31 @@ func TestBatcherQuietConfirmation(t *testing.T) {
 		assert.Equal(t, Acquired, rec.transitions[0].From)
 		assert.Equal(t, Released, rec.transitions[0].To)
 	})
+}
+
+// A quiet ask's confirmation that comes after the member's own deadline
+// (the batch's expiry timer not yet run) is not published quietly: the
+// guard's State has said Lost since that deadline, and only its actor may
+// make it Acquired again, as a regain it tells its subscribers of. The
+// asker is woken for it, and the deadline it vouches for is not moved.
+func TestBatcherQuietConfirmationAfterTheDeadlineWakes(t *testing.T) {
+	var moved atomic.Int64
+	wake := make(chan struct{}, 1)
+	base := time.Now()
+	a := &renewAsk{ttl: fakeTTL, wake: wake, moved: &moved, base: base, quiet: true}
+	sent := base.Add(time.Second)
+	a.deadline = sent.Add(10 * time.Millisecond)
+	a.answer(renewAnswer{sent: sent, at: a.deadline, r: lease.Renewal{OK: true}})
+	assert.Zero(t, moved.Load(), "a confirmation after the deadline moved it quietly")
+	assert.Len(t, wake, 1, "the asker was not woken")
+
+	// Before the deadline it is quiet.
+	a = &renewAsk{ttl: fakeTTL, wake: wake, moved: &moved, base: base, quiet: true, deadline: a.deadline}
+	select {
+	case <-wake:
+	default:
+	}
+	a.answer(renewAnswer{sent: sent, at: a.deadline.Add(-time.Millisecond), r: lease.Renewal{OK: true}})
+	assert.Equal(t, int64(leaseDeadline(sent, fakeTTL).Sub(base)), moved.Load())
+	assert.Empty(t, wake, "a confirmation in time woke the asker")
 }
